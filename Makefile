@@ -1,0 +1,43 @@
+# mgcaffe: every target creates and uses its own virtual environment in .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all venv demo test test-fast lint proto bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## demo: the main job on built-in defaults
+demo: $(STAMP)
+	$(BIN)/python tools/demo.py
+
+## test: lint, then the whole test suite (what CI runs)
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## test-fast: the quick loop; skips tests marked slow
+test-fast: $(STAMP) lint
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check mgcaffe tests tools benchmarks
+
+## proto: regenerate mgcaffe/proto/caffe_pb2.py from proto/caffe.proto
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=mgcaffe/proto proto/caffe.proto
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output

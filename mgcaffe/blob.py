@@ -1,0 +1,129 @@
+"""Blob: a named N-d array of data and a same-shaped array of gradients (diff), as in Caffe."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from .errors import NetError
+
+
+class Blob:
+    """Data and diff arrays of one shape, on one device.
+
+    `data` and `diff` are writable arrays of the blob's array module (`xp`); write into them
+    in place (`blob.data[...] = x`) or assign an array of the same shape. Blobs created by
+    `share_data`/`share_diff` alias another blob's arrays, which is how in-place layers and
+    shared parameters work.
+    """
+
+    __slots__ = ("_data", "_diff", "xp", "dtype", "name")
+
+    def __init__(self, shape=(), xp=np, dtype=np.float32, name: str = ""):
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.name = name
+        shape = tuple(int(d) for d in shape)
+        self._check_shape(shape)
+        self._data = xp.zeros(shape, dtype=self.dtype)
+        self._diff = xp.zeros(shape, dtype=self.dtype)
+
+    def _check_shape(self, shape):
+        if any(d < 0 for d in shape):
+            raise NetError(f"blob {self.name!r}: negative dimension in shape {shape}")
+
+    @property
+    def data(self):
+        """The values (forward)."""
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self._assign("data", value)
+
+    @property
+    def diff(self):
+        """The gradients of the objective with respect to the values (backward)."""
+        return self._diff
+
+    @diff.setter
+    def diff(self, value):
+        self._assign("diff", value)
+
+    def _assign(self, which, value):
+        target = self._data if which == "data" else self._diff
+        value = self.xp.asarray(value)
+        if value.shape != target.shape:
+            raise NetError(
+                f"blob {self.name!r}: cannot assign {which} of shape {value.shape} "
+                f"to a blob of shape {target.shape}; call reshape first"
+            )
+        target[...] = value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._data.shape)
+
+    @property
+    def count(self) -> int:
+        """Number of elements."""
+        return int(prod(self._data.shape))
+
+    @property
+    def num_axes(self) -> int:
+        return self._data.ndim
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        """Product of the dimensions start..end-1 (Caffe's count(start, end))."""
+        return int(prod(self.shape[start:end]))
+
+    def canonical_axis(self, axis: int) -> int:
+        """Axis index with negative values counted from the end; errors name the blob."""
+        n = self.num_axes
+        if not -n <= axis < max(n, 1):
+            raise NetError(f"blob {self.name!r}: axis {axis} out of range for shape {self.shape}")
+        return axis + n if axis < 0 else axis
+
+    def reshape(self, *shape) -> None:
+        """Change the shape; arrays are reallocated (zeroed) unless the shape is unchanged.
+
+        Accepts `reshape(2, 3)` or `reshape((2, 3))`, as pycaffe does.
+        """
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        self._check_shape(shape)
+        if shape == self.shape:
+            return
+        self._data = self.xp.zeros(shape, dtype=self.dtype)
+        self._diff = self.xp.zeros(shape, dtype=self.dtype)
+
+    def reshape_like(self, other: Blob) -> None:
+        self.reshape(other.shape)
+
+    def share_data(self, other: Blob) -> None:
+        """Make this blob's data the same array as `other`'s (shapes must hold equal counts)."""
+        if other.count != self.count:
+            raise NetError(
+                f"blob {self.name!r}: cannot share data with {other.name!r}: "
+                f"{self.shape} vs {other.shape}"
+            )
+        self._data = other._data.reshape(self.shape)
+
+    def share_diff(self, other: Blob) -> None:
+        """Make this blob's diff the same array as `other`'s."""
+        if other.count != self.count:
+            raise NetError(
+                f"blob {self.name!r}: cannot share diff with {other.name!r}: "
+                f"{self.shape} vs {other.shape}"
+            )
+        self._diff = other._diff.reshape(self.shape)
+
+    def share(self, other: Blob) -> None:
+        """Alias both data and diff (an in-place top, a shared parameter)."""
+        self.share_data(other)
+        self.share_diff(other)
+
+    def __repr__(self) -> str:
+        return f"Blob({self.name!r}, shape={self.shape}, dtype={self.dtype})"

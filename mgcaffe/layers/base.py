@@ -1,0 +1,175 @@
+"""The Layer contract (Caffe's): setup once, reshape when input shapes change, forward, backward.
+
+A layer subclass
+- declares `type` (the prototxt type string) and its blob counts (`exact_num_bottom`,
+  `min_bottom`, `max_bottom`, `exact_num_top`, `min_top`, `max_top`; None = unchecked);
+- reads its parameter message in `layer_setup` and creates `self.blobs` (learnable
+  parameters, as `Blob`s of `self.dtype` on `self.xp`), unless they already exist (loaded);
+- sizes its tops in `reshape`;
+- writes `top[i].data` in `forward`;
+- in `backward`, ADDS into parameter diffs (only where `self.param_propagate_down[i]`) and
+  OVERWRITES `bottom[i].diff` (only where `propagate_down[i]`).
+
+Layer code uses only `self.xp` array operations so that the same body runs on numpy and CuPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..blob import Blob
+from ..errors import LayerError
+from ..proto import caffe_pb2
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+@dataclass
+class LayerContext:
+    """What a layer needs to know about the net it lives in; passed explicitly, never global.
+
+    phase: caffe_pb2.TRAIN or TEST. xp: numpy or cupy. dtype: blob dtype (float32; tests use
+    float64). seed: base seed of the net (fillers, dropout masks). rank/world_size: this
+    process's share of the data in distributed training (record k is read by rank k % size).
+    """
+
+    phase: int = TRAIN
+    xp: Any = np
+    dtype: Any = np.float32
+    seed: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+class Layer:
+    """Base class of every layer. See the module docstring for the contract."""
+
+    type: ClassVar[str] = ""
+    exact_num_bottom: ClassVar[int | None] = None
+    min_bottom: ClassVar[int | None] = None
+    max_bottom: ClassVar[int | None] = None
+    exact_num_top: ClassVar[int | None] = None
+    min_top: ClassVar[int | None] = None
+    max_top: ClassVar[int | None] = None
+    #: Loss layers: tops get a default loss_weight of 1 on the first top.
+    is_loss: ClassVar[bool] = False
+    #: Layers that may not be forced to backprop into a given bottom (labels, Accuracy).
+    equal_num_bottom_top: ClassVar[bool] = False
+
+    def __init__(self, param: caffe_pb2.LayerParameter, ctx: LayerContext | None = None):
+        self.param = param
+        self.ctx = ctx or LayerContext()
+        self.name = param.name
+        self.phase = self.ctx.phase
+        self.xp = self.ctx.xp
+        self.dtype = np.dtype(self.ctx.dtype)
+        self.blobs: list[Blob] = []
+        self.param_propagate_down: list[bool] = []
+        self.loss_weights: list[float] = []
+        self._rng = None
+
+    # -- contract -------------------------------------------------------------------------
+    def layer_setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Read parameters, create learnable blobs. Called once."""
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Size the tops (and internal buffers) for the bottoms' shapes."""
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Compute top data from bottom data."""
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
+        """Add parameter gradients; overwrite bottom diffs where propagate_down."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """Whether force_backward may make this layer backprop into bottom[bottom_index]."""
+        return True
+
+    # -- provided -------------------------------------------------------------------------
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Check blob counts, run layer_setup and reshape, and set up loss weights."""
+        self.check_blob_counts(bottom, top)
+        self.layer_setup(bottom, top)
+        if len(self.param_propagate_down) != len(self.blobs):
+            self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def check_blob_counts(self, bottom, top) -> None:
+        def check(kind, n, exact, lo, hi):
+            if exact is not None and n != exact:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes {exact} {kind} "
+                                 f"blob(s), got {n}")
+            if lo is not None and n < lo:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes at least {lo} "
+                                 f"{kind} blob(s), got {n}")
+            if hi is not None and n > hi:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes at most {hi} "
+                                 f"{kind} blob(s), got {n}")
+
+        check("bottom", len(bottom), self.exact_num_bottom, self.min_bottom, self.max_bottom)
+        check("top", len(top), self.exact_num_top, self.min_top, self.max_top)
+        if self.equal_num_bottom_top and len(bottom) != len(top):
+            raise LayerError(f"layer {self.name!r} ({self.type}) needs as many tops as bottoms, "
+                             f"got {len(bottom)} bottoms and {len(top)} tops")
+
+    def set_loss_weights(self, top: list[Blob]) -> None:
+        """Caffe's rule: explicit loss_weight per top, else 1 for a loss layer's first top.
+
+        A top with a non-zero weight gets its diff filled with that weight, so the net's
+        backward starts from d(loss)/d(top) = weight.
+        """
+        weights = list(self.param.loss_weight)
+        if weights and len(weights) != len(top):
+            raise LayerError(f"layer {self.name!r}: {len(weights)} loss_weight values for "
+                             f"{len(top)} tops")
+        if not weights:
+            weights = [1.0 if (self.is_loss and i == 0) else 0.0 for i in range(len(top))]
+        self.loss_weights = [float(w) for w in weights]
+        for blob, w in zip(top, self.loss_weights):
+            if w != 0:
+                blob.diff[...] = w
+
+    def loss(self, top: list[Blob]) -> float:
+        """This layer's contribution to the objective: sum of weight * sum(top data)."""
+        total = 0.0
+        for blob, w in zip(top, self.loss_weights):
+            if w != 0:
+                total += w * float(blob.data.sum())
+        return total
+
+    @property
+    def rng(self):
+        """A random generator on this layer's device, seeded from the net seed and the name."""
+        if self._rng is None:
+            seed = None
+            if self.ctx.seed is not None:
+                seed = (int(self.ctx.seed) * 1000003 + _stable_hash(self.name)) % (2**63)
+            self._rng = self.xp.random.default_rng(seed)
+        return self._rng
+
+    def new_blob(self, shape, name: str = "") -> Blob:
+        """A zeroed blob of this layer's dtype on its device."""
+        return Blob(shape, xp=self.xp, dtype=self.dtype, name=name or self.name)
+
+    def error(self, message: str) -> LayerError:
+        """A LayerError whose message starts with this layer's name and type."""
+        return LayerError(f"layer {self.name!r} ({self.type}): {message}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _stable_hash(text: str) -> int:
+    """A process-independent hash (Python's hash() of str is salted per process)."""
+    h = 1469598103934665603
+    for byte in text.encode():
+        h = ((h ^ byte) * 1099511628211) % (2**64)
+    return h

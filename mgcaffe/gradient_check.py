@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .blob import Blob
-from .layers.base import LayerContext, TRAIN
+from .layers.base import TRAIN, LayerContext
 from .layers.registry import create_layer
 
 

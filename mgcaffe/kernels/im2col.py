@@ -1,0 +1,133 @@
+"""im2col / col2im for N-batched 2-D input, with pad, stride and dilation.
+
+Layout (what the convolution layers' GEMMs expect): for input x of shape (N, C, H, W) and a
+kh x kw kernel, the column matrix has shape (C*kh*kw, N*H_out*W_out); row (c, i, j) holds,
+for every output position (n, oh, ow), the input value x[n, c, oh*sh - ph + i*dh,
+ow*sw - pw + j*dw], or 0 where that position falls in the padding. Rows are ordered c, i, j
+(Caffe's order, so a weight of shape (O, C, kh, kw) reshapes to the (O, C*kh*kw) operand).
+
+im2col copies one strided view of the (zero-padded) input; col2im loops over the kh*kw kernel
+offsets adding one strided slice of the whole minibatch per offset (the output positions whose
+input falls in the padding form a border strip that is skipped). Only slicing and
+`xp.lib.stride_tricks.as_strided` are used, so the code runs unchanged on numpy and CuPy.
+"""
+
+from __future__ import annotations
+
+from ..backend import get_array_module
+
+
+def conv_output_size(size: int, kernel: int, pad: int, stride: int, dilation: int) -> int:
+    """Caffe's convolution output length: (size + 2*pad - extent) // stride + 1."""
+    extent = dilation * (kernel - 1) + 1
+    return (size + 2 * pad - extent) // stride + 1
+
+
+def valid_range(size: int, out_size: int, pad: int, stride: int, offset: int):
+    """Output indices [o0, o1) whose input index o*stride - pad + offset lies in [0, size).
+
+    Returns (o0, o1, first input index); o1 <= o0 means no output position reads the input
+    at this kernel offset.
+    """
+    o0 = max(0, -((offset - pad) // stride))  # ceil((pad - offset) / stride)
+    o1 = min(out_size, (size - 1 + pad - offset) // stride + 1)
+    return o0, o1, o0 * stride - pad + offset
+
+
+def _offset_slices(in_shape, out_hw, kernel, pad, stride, dilation):
+    """Yield, per kernel offset (i, j): its index, the output slices and the input slices."""
+    _, _, height, width = in_shape
+    out_h, out_w = out_hw
+    for i in range(kernel[0]):
+        h0, h1, hin = valid_range(height, out_h, pad[0], stride[0], i * dilation[0])
+        for j in range(kernel[1]):
+            w0, w1, win = valid_range(width, out_w, pad[1], stride[1], j * dilation[1])
+            if h1 <= h0 or w1 <= w0:
+                yield i, j, None, None
+                continue
+            out_sl = (slice(h0, h1), slice(w0, w1))
+            in_sl = (slice(hin, hin + (h1 - h0 - 1) * stride[0] + 1, stride[0]),
+                     slice(win, win + (w1 - w0 - 1) * stride[1] + 1, stride[1]))
+            yield i, j, out_sl, in_sl
+
+
+def _pairs(kernel, pad, stride, dilation):
+    return tuple((int(v[0]), int(v[1])) for v in (kernel, pad, stride, dilation))
+
+
+def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padded=None):
+    """Column matrix (C*kh*kw, N*H_out*W_out) of x (N, C, H, W); see the module docstring.
+
+    kernel, pad, stride, dilation: (h, w) pairs. `out`, when given, is a C-contiguous array
+    of that shape and dtype to write into (every element is written). `padded`, when given
+    and pad is non-zero, is a C-contiguous scratch array of shape (N, C, H + 2*ph, W + 2*pw)
+    reused between calls (its border is re-zeroed here, its interior overwritten).
+    """
+    xp = get_array_module(x)
+    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
+    n, c, height, width = x.shape
+    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
+    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
+    rows, cols = c * kernel[0] * kernel[1], n * out_h * out_w
+    if out is None:
+        out = xp.empty((rows, cols), dtype=x.dtype)
+    elif out.shape != (rows, cols):
+        raise ValueError(f"im2col: out has shape {out.shape}, expected {(rows, cols)}")
+    source = _padded_copy(x, pad, padded) if pad != (0, 0) else xp.ascontiguousarray(x)
+    # One strided view (C, kh, kw, N, H_out, W_out) of the padded input and one copy: the
+    # copy runs along the destination's layout, so the writes are sequential.
+    s_n, s_c, s_h, s_w = source.strides
+    view = xp.lib.stride_tricks.as_strided(
+        source,
+        shape=(c, kernel[0], kernel[1], n, out_h, out_w),
+        strides=(s_c, s_h * dilation[0], s_w * dilation[1], s_n, s_h * stride[0],
+                 s_w * stride[1]))
+    out.reshape(c, kernel[0], kernel[1], n, out_h, out_w)[...] = view
+    return out
+
+
+def _padded_copy(x, pad, padded):
+    """x zero-padded by pad=(ph, pw) on each side, written into `padded` when given."""
+    xp = get_array_module(x)
+    n, c, height, width = x.shape
+    shape = (n, c, height + 2 * pad[0], width + 2 * pad[1])
+    if padded is None:
+        padded = xp.zeros(shape, dtype=x.dtype)
+    else:
+        if padded.shape != shape:
+            raise ValueError(f"im2col: padded has shape {padded.shape}, expected {shape}")
+        padded[:, :, :pad[0]] = 0
+        padded[:, :, pad[0] + height:] = 0
+        padded[:, :, :, :pad[1]] = 0
+        padded[:, :, :, pad[1] + width:] = 0
+    padded[:, :, pad[0]:pad[0] + height, pad[1]:pad[1] + width] = x
+    return padded
+
+
+def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None):
+    """Sum a column matrix back onto an image of `shape` (N, C, H, W): im2col's adjoint.
+
+    Every column entry is added to the input cell it was read from; entries that came from
+    padding are dropped. `out`, when given, is overwritten (not accumulated into).
+    """
+    xp = get_array_module(col)
+    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
+    n, c, height, width = (int(d) for d in shape)
+    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
+    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
+    expected = (c * kernel[0] * kernel[1], n * out_h * out_w)
+    if col.shape != expected:
+        raise ValueError(f"col2im: col has shape {col.shape}, expected {expected} for image "
+                         f"shape {tuple(shape)}")
+    if out is None:
+        out = xp.zeros((n, c, height, width), dtype=col.dtype)
+    else:
+        out[...] = 0
+    col6 = col.reshape(c, kernel[0], kernel[1], n, out_h, out_w)
+    out_cn = out.transpose(1, 0, 2, 3)
+    for i, j, out_sl, in_sl in _offset_slices((n, c, height, width), (out_h, out_w), kernel,
+                                              pad, stride, dilation):
+        if out_sl is None:
+            continue
+        out_cn[:, :, in_sl[0], in_sl[1]] += col6[:, i, j, :, out_sl[0], out_sl[1]]
+    return out

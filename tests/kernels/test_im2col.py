@@ -1,0 +1,116 @@
+"""im2col / col2im against naive loops, over a grid of kernel, pad, stride and dilation."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mgcaffe.kernels import col2im, conv_output_size, im2col, valid_range
+
+GEOMETRIES = [
+    # kernel, pad, stride, dilation
+    ((1, 1), (0, 0), (1, 1), (1, 1)),
+    ((3, 3), (1, 1), (1, 1), (1, 1)),
+    ((3, 2), (0, 1), (2, 1), (1, 1)),
+    ((2, 3), (2, 1), (1, 3), (1, 2)),
+    ((3, 3), (2, 2), (2, 2), (2, 2)),
+    ((5, 4), (1, 3), (3, 2), (1, 1)),
+]
+
+
+def naive_im2col(x, kernel, pad, stride, dilation):
+    n, c, h, w = x.shape
+    oh = conv_output_size(h, kernel[0], pad[0], stride[0], dilation[0])
+    ow = conv_output_size(w, kernel[1], pad[1], stride[1], dilation[1])
+    col = np.zeros((c, kernel[0], kernel[1], n, oh, ow), dtype=x.dtype)
+    for ci, i, j, ni, y, z in itertools.product(range(c), range(kernel[0]), range(kernel[1]),
+                                                range(n), range(oh), range(ow)):
+        hi = y * stride[0] - pad[0] + i * dilation[0]
+        wi = z * stride[1] - pad[1] + j * dilation[1]
+        if 0 <= hi < h and 0 <= wi < w:
+            col[ci, i, j, ni, y, z] = x[ni, ci, hi, wi]
+    return col.reshape(c * kernel[0] * kernel[1], n * oh * ow)
+
+
+def naive_col2im(col, shape, kernel, pad, stride, dilation):
+    n, c, h, w = shape
+    oh = conv_output_size(h, kernel[0], pad[0], stride[0], dilation[0])
+    ow = conv_output_size(w, kernel[1], pad[1], stride[1], dilation[1])
+    col6 = col.reshape(c, kernel[0], kernel[1], n, oh, ow)
+    x = np.zeros(shape, dtype=col.dtype)
+    for ci, i, j, ni, y, z in itertools.product(range(c), range(kernel[0]), range(kernel[1]),
+                                                range(n), range(oh), range(ow)):
+        hi = y * stride[0] - pad[0] + i * dilation[0]
+        wi = z * stride[1] - pad[1] + j * dilation[1]
+        if 0 <= hi < h and 0 <= wi < w:
+            x[ni, ci, hi, wi] += col6[ci, i, j, ni, y, z]
+    return x
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_im2col_matches_naive(geometry, dtype):
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 6)).astype(dtype)
+    col = im2col(x, *geometry)
+    assert col.dtype == dtype
+    np.testing.assert_array_equal(col, naive_im2col(x, *geometry))
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_col2im_matches_naive(geometry):
+    shape = (2, 3, 7, 6)
+    expected_cols = naive_im2col(np.zeros(shape), *geometry).shape
+    col = np.random.default_rng(1).standard_normal(expected_cols)
+    np.testing.assert_allclose(col2im(col, shape, *geometry),
+                               naive_col2im(col, shape, *geometry), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_reused_buffers_are_fully_rewritten(geometry):
+    """Stale values in `out`/`padded` (another input's, or garbage) never leak through."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 7, 6))
+    col = im2col(x, *geometry)
+    out = rng.standard_normal(col.shape)
+    (ph, pw) = geometry[1]
+    padded = rng.standard_normal((2, 3, 7 + 2 * ph, 6 + 2 * pw))
+    im2col(x, *geometry, out=out, padded=padded if (ph, pw) != (0, 0) else None)
+    np.testing.assert_array_equal(out, col)
+    image = rng.standard_normal(x.shape)
+    col2im(col, x.shape, *geometry, out=image)
+    np.testing.assert_allclose(image, col2im(col, x.shape, *geometry))
+
+
+def test_col2im_is_the_adjoint_of_im2col():
+    rng = np.random.default_rng(3)
+    geometry = ((3, 2), (1, 2), (2, 1), (2, 1))
+    x = rng.standard_normal((3, 2, 9, 8))
+    cols = im2col(x, *geometry)
+    y = rng.standard_normal(cols.shape)
+    assert np.isclose(np.sum(cols * y), np.sum(x * col2im(y, x.shape, *geometry)))
+
+
+def test_kernel_larger_than_padded_reach_rows_read_nothing():
+    # Offsets whose every window lands in the padding give zero rows.
+    x = np.ones((1, 1, 2, 2))
+    col = im2col(x, (5, 5), (2, 2), (3, 3), (1, 1))
+    np.testing.assert_array_equal(col, naive_im2col(x, (5, 5), (2, 2), (3, 3), (1, 1)))
+
+
+@pytest.mark.parametrize("size,out_size,pad,stride,offset", [
+    (7, 4, 1, 2, 0), (7, 4, 1, 2, 3), (5, 3, 2, 3, 0), (2, 1, 2, 3, 4), (6, 6, 0, 1, 0)])
+def test_valid_range(size, out_size, pad, stride, offset):
+    o0, o1, first = valid_range(size, out_size, pad, stride, offset)
+    valid = [o for o in range(out_size) if 0 <= o * stride - pad + offset < size]
+    assert list(range(o0, max(o0, o1))) == valid
+    if valid:
+        assert first == valid[0] * stride - pad + offset
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="expected"):
+        im2col(np.zeros((1, 1, 4, 4)), (3, 3), out=np.zeros((9, 5)))
+    with pytest.raises(ValueError, match="expected"):
+        col2im(np.zeros((9, 5)), (1, 1, 4, 4), (3, 3))

@@ -1,0 +1,112 @@
+"""Sequential LMDB reading as Caffe's Data layer does it, with Caffe 1.0's sharding rule.
+
+Records are read in key order and the cursor wraps to the first key after the last, forever.
+Record k (0-based position in that endless stream, counted across wraps) is read by this
+reader only if k % world_size == rank, so N readers with batch B together read exactly the
+records one reader with batch N*B reads, in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import lmdb
+
+from ..errors import DataError
+from ..proto import caffe_pb2
+
+log = logging.getLogger("mgcaffe.data")
+
+
+def _check_lmdb_path(path: str) -> None:
+    """Fail with a one-line error for a missing path or a LevelDB where an LMDB was expected."""
+    if not os.path.exists(path):
+        raise DataError(f"LMDB {path!r} not found")
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")):
+        if os.path.exists(os.path.join(path, "CURRENT")):
+            raise DataError(f"{path!r} is a LevelDB; LEVELDB is not supported, convert it to "
+                            "LMDB (e.g. tools/convert_imageset.py --backend lmdb)")
+        raise DataError(f"LMDB {path!r} has no data.mdb: not an LMDB directory")
+
+
+class LMDBReader:
+    """An endless, sharded, sequential reader of one LMDB's (key, value) records.
+
+    `skip` records are passed over first (the data layer's rand_skip) and are not counted in
+    k. The cursor and its read transaction are opened on the first `next()` call, so they
+    belong to the thread that reads (the prefetch thread); `first()` uses its own short
+    transaction.
+    """
+
+    def __init__(self, path, rank: int = 0, world_size: int = 1, skip: int = 0):
+        self.path = os.fspath(path)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"LMDB {self.path!r}: rank {rank} is not in 0..{world_size - 1}")
+        _check_lmdb_path(self.path)
+        try:
+            self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False,
+                                  subdir=os.path.isdir(self.path))
+        except lmdb.Error as exc:
+            raise DataError(f"LMDB {self.path!r}: cannot open ({exc})") from None
+        self._entries = int(self._env.stat()["entries"])
+        if self._entries == 0:
+            self._env.close()
+            raise DataError(f"LMDB {self.path!r} has no records")
+        self.rank = rank
+        self.world_size = world_size
+        self._skip = int(skip) % self._entries
+        self.offset = 0  # k of the next record in the stream
+        self._txn = None
+        self._cursor = None
+
+    def __len__(self) -> int:
+        """Number of records in the whole database (all ranks)."""
+        return self._entries
+
+    def first(self) -> tuple[bytes, bytes]:
+        """The first record in key order (to size the tops at setup); does not move the cursor."""
+        with self._env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            cursor.first()
+            return bytes(cursor.key()), bytes(cursor.value())
+
+    def _open_cursor(self) -> None:
+        self._txn = self._env.begin(buffers=False)
+        self._cursor = self._txn.cursor()
+        self._cursor.first()
+        for _ in range(self._skip):
+            self._advance()
+
+    def _advance(self) -> None:
+        if not self._cursor.next():
+            log.info("Restarting data prefetching from start.")
+            self._cursor.first()
+
+    def next(self) -> tuple[bytes, bytes]:
+        """The next (key, value) this rank reads; wraps around at the end of the database."""
+        if self._cursor is None:
+            self._open_cursor()
+        while True:
+            keep = self.offset % self.world_size == self.rank
+            record = (bytes(self._cursor.key()), bytes(self._cursor.value())) if keep else None
+            self._advance()
+            self.offset += 1
+            if keep:
+                return record
+
+    def close(self) -> None:
+        """Release the transaction and the environment."""
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = self._cursor = None
+        self._env.close()
+
+
+def open_db(path, backend: int = caffe_pb2.DataParameter.LMDB, rank: int = 0,
+            world_size: int = 1, skip: int = 0) -> LMDBReader:
+    """Open a Data layer's source; LEVELDB is refused with a message saying to convert."""
+    if backend == caffe_pb2.DataParameter.LEVELDB:
+        raise DataError(f"source {os.fspath(path)!r}: backend LEVELDB is not supported, "
+                        "convert the database to LMDB and set `backend: LMDB`")
+    return LMDBReader(path, rank=rank, world_size=world_size, skip=skip)

@@ -1,0 +1,148 @@
+"""The Data layer (LMDB of Caffe Datum records) and the prefetching base of the data layers.
+
+Data layers have no bottoms and no backward. Batches are assembled on the host (numpy,
+Pillow) by a prefetch thread and copied once into the tops on the layer's device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_device
+from ..data.datum import datum_to_array, parse_datum
+from ..data.db import open_db
+from ..data.prefetch import Prefetcher
+from ..data.seeding import host_rng, stream_seed
+from ..data.transformer import DataTransformer
+from ..errors import DataError
+from ..proto import caffe_pb2
+from .base import Layer
+from .registry import register_layer
+
+_LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
+
+
+def transform_param_of(param: caffe_pb2.LayerParameter, legacy=None):
+    """The layer's TransformationParameter; old nets kept scale/mean_file/crop_size/mirror in
+    data_param or image_data_param (`legacy`), which Caffe moves into transform_param."""
+    tp = caffe_pb2.TransformationParameter()
+    tp.CopyFrom(param.transform_param)
+    if legacy is not None:
+        for field in _LEGACY_TRANSFORM_FIELDS:
+            if legacy.HasField(field) and not tp.HasField(field):
+                setattr(tp, field, getattr(legacy, field))
+    return tp
+
+
+class BasePrefetchingDataLayer(Layer):
+    """A data layer whose batches come from `load_batch()` run on a prefetch thread.
+
+    Subclasses implement `data_setup(top) -> list of top shapes` (called once, on the main
+    thread) and `load_batch() -> tuple of host arrays, one per top` (called on the prefetch
+    thread only, so the state it touches needs no lock). The thread starts at the first
+    forward; `close()` stops it.
+    """
+
+    exact_num_bottom = 0
+
+    def layer_setup(self, bottom, top):
+        self._prefetcher: Prefetcher | None = None
+        self.prefetch_depth = int(self.param.data_param.prefetch)  # Caffe reads it for all
+        self.top_shapes = [tuple(s) for s in self.data_setup(top)]
+
+    def data_setup(self, top) -> list[tuple[int, ...]]:
+        raise NotImplementedError(f"{type(self).__name__}.data_setup")
+
+    def load_batch(self) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError(f"{type(self).__name__}.load_batch")
+
+    def reshape(self, bottom, top):
+        for blob, shape in zip(top, self.top_shapes):
+            blob.reshape(shape)
+
+    def forward(self, bottom, top):
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher(self.load_batch, depth=max(self.prefetch_depth, 1),
+                                          name=f"layer {self.name!r} ({self.type})")
+        batch = self._prefetcher.get()
+        for blob, array in zip(top, batch):
+            blob.data[...] = to_device(array, self.xp)
+
+    def backward(self, top, propagate_down, bottom):
+        """Data layers have nothing to back-propagate into."""
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a later forward starts a new one where the old stopped
+        reading, minus the batches it had queued)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def stream_rng(self) -> np.random.Generator:
+        """Generator for choices all ranks must share (shuffle order, rand_skip)."""
+        return host_rng(stream_seed(self.ctx.seed, self.ctx.world_size), self.name)
+
+    def transform_rng(self) -> np.random.Generator:
+        """Generator for this rank's augmentation (crop offsets, mirror coins)."""
+        return host_rng(self.ctx.seed, self.name, 1, self.ctx.rank)
+
+
+@register_layer
+class Data(BasePrefetchingDataLayer):
+    """Reads Datum records from an LMDB in key order, wrapping around; tops: data [, label].
+
+    Top shapes come from the first record and the transform; every record must have the
+    first one's size. With world_size N, rank r reads stream record k only if k % N == r.
+    """
+
+    type = "Data"
+    min_top = 1
+    max_top = 2
+
+    def data_setup(self, top):
+        p = self.param.data_param
+        self.source = p.source
+        self.batch_size = int(p.batch_size)
+        if not self.source:
+            raise self.error("data_param.source is not set")
+        if self.batch_size <= 0:
+            raise self.error("data_param.batch_size must be positive")
+        backend = p.backend if p.HasField("backend") else caffe_pb2.DataParameter.LMDB
+        skip = int(self.stream_rng().integers(p.rand_skip)) if p.rand_skip else 0
+        self.reader = open_db(self.source, backend, rank=self.ctx.rank,
+                              world_size=self.ctx.world_size, skip=skip)
+        tp = transform_param_of(self.param, p)
+        if p.force_encoded_color:
+            tp.force_color = True
+        self.transformer = DataTransformer(tp, self.phase, rng=self.transform_rng(),
+                                           dtype=self.dtype, name=f"layer {self.name!r}")
+        key, value = self.reader.first()
+        image = datum_to_array(parse_datum(value, self._what(key)), self.transformer.color,
+                               self._what(key))
+        self.record_shape = image.shape
+        self.output_labels = len(top) > 1
+        out = self.transformer.output_shape(image.shape, self._what(key))
+        shapes = [(self.batch_size, *out)]
+        if self.output_labels:
+            shapes.append((self.batch_size,))
+        return shapes
+
+    def _what(self, key: bytes) -> str:
+        return (f"layer {self.name!r}: LMDB {self.source!r} record "
+                f"{key.decode('utf-8', 'replace')!r}")
+
+    def load_batch(self):
+        data = np.empty(self.top_shapes[0], dtype=self.dtype)
+        labels = np.empty((self.batch_size,), dtype=self.dtype)
+        for i in range(self.batch_size):
+            key, value = self.reader.next()
+            what = self._what(key)
+            datum = parse_datum(value, what)
+            image = datum_to_array(datum, self.transformer.color, what)
+            if image.shape != self.record_shape:
+                c, h, w = self.record_shape
+                raise DataError(f"{what} is {'x'.join(map(str, image.shape))}, expected "
+                                f"{c}x{h}x{w} (the size of the first record)")
+            self.transformer.transform(image, out=data[i], what=what)
+            labels[i] = datum.label
+        return (data, labels) if self.output_labels else (data,)

@@ -1,0 +1,300 @@
+"""Convolution and Deconvolution with Caffe's semantics, each a few large GEMMs per minibatch.
+
+Convolution: weight (num_output, channels/group, kh, kw), bias (num_output,), as in a
+.caffemodel. im2col unrolls the whole minibatch into columns (C*kh*kw, N*H_out*W_out) and one
+batched matmul call (one GEMM per group) multiplies them by the weight; backward reuses the
+forward's columns for the weight gradient and folds the column gradient back with col2im.
+
+Deconvolution (Caffe's transposed convolution): weight (channels, num_output/group, kh, kw);
+its forward is the convolution's input-gradient computation, its backward the convolution's
+forward and weight gradient. Output size: stride*(in-1) + dilation*(kernel-1) + 1 - 2*pad.
+
+Only 2 spatial axes after the channel axis (`axis`, default 1) are implemented; the axes
+before it are batch axes. Memory: each layer keeps, per bottom, the columns (Convolution) or
+the transposed input (Deconvolution) of its last forward, so backward needs no second im2col;
+that is N times the single-image buffer Caffe keeps.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ..blob import Blob
+from ..fillers import fill_blob, filler_rng
+from ..kernels import col2im, conv_output_size, im2col
+from .base import Layer
+from .registry import register_layer
+
+
+def spatial_pair(layer, param, name: str, default: int | None, num_spatial: int = 2):
+    """The (h, w) pair for `name` ("kernel", "pad", "stride", "dilation") with Caffe's rules.
+
+    The repeated field (kernel_size, pad, stride, dilation) holds 1 value (every axis) or one
+    per spatial axis; kernel, pad and stride may instead come as name_h and name_w (both, and
+    not with the repeated field). `default` applies when nothing is given (None: required).
+    """
+    repeated_name = "kernel_size" if name == "kernel" else name
+    values = [int(v) for v in getattr(param, repeated_name)]
+    has_hw = name != "dilation" and (param.HasField(f"{name}_h") or param.HasField(f"{name}_w"))
+    if has_hw:
+        if values:
+            raise layer.error(f"either {repeated_name} or {name}_h/{name}_w may be given, "
+                              f"not both (got {repeated_name}: {values})")
+        if not (param.HasField(f"{name}_h") and param.HasField(f"{name}_w")):
+            raise layer.error(f"{name}_h and {name}_w must be given together")
+        return int(getattr(param, f"{name}_h")), int(getattr(param, f"{name}_w"))
+    if not values:
+        if default is None:
+            raise layer.error(f"{repeated_name} (or {name}_h and {name}_w) is required")
+        return (default,) * num_spatial
+    if len(values) not in (1, num_spatial):
+        raise layer.error(f"{repeated_name} must be given once or once per spatial axis "
+                          f"({num_spatial}); got {len(values)} values {values}")
+    return tuple(values) if len(values) == num_spatial else (values[0],) * num_spatial
+
+
+class _ConvolutionBase(Layer):
+    """What Convolution and Deconvolution share: parameters, blobs, shapes, buffers."""
+
+    min_bottom = 1
+    min_top = 1
+    equal_num_bottom_top = True
+
+    # -- setup -----------------------------------------------------------------------------
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        shape = bottom[0].shape
+        if not -len(shape) <= p.axis < len(shape):
+            raise self.error(f"axis {p.axis} out of range for bottom shape {shape}")
+        self.axis = p.axis % len(shape)
+        num_spatial = len(shape) - self.axis - 1
+        if num_spatial != 2:
+            raise self.error(f"{num_spatial}-D convolution is not implemented: only 2 spatial "
+                             f"axes after the channel axis are (axis {p.axis}, bottom shape "
+                             f"{shape})")
+        self.kernel = spatial_pair(self, p, "kernel", None)
+        self.pad = spatial_pair(self, p, "pad", 0)
+        self.stride = spatial_pair(self, p, "stride", 1)
+        self.dilation = spatial_pair(self, p, "dilation", 1)
+        for name, values in (("kernel", self.kernel), ("stride", self.stride),
+                             ("dilation", self.dilation)):
+            if min(values) <= 0:
+                raise self.error(f"{name} dimensions must be positive, got {values}")
+        self.num_output = int(p.num_output)
+        self.group = int(p.group)
+        self.channels = int(shape[self.axis])
+        if self.num_output <= 0:
+            raise self.error(f"num_output must be positive, got {self.num_output}")
+        if self.group <= 0 or self.channels % self.group or self.num_output % self.group:
+            raise self.error(f"group {self.group} must divide both the input channels "
+                             f"({self.channels}) and num_output ({self.num_output})")
+        self.bias_term = bool(p.bias_term)
+        self._setup_blobs(p)
+        self._buffers = {}
+
+    def _setup_blobs(self, p):
+        shapes = [self.weight_shape()] + ([(self.num_output,)] if self.bias_term else [])
+        if self.blobs:  # loaded weights: Caffe skips the fillers but checks the shapes
+            found = [b.shape for b in self.blobs]
+            if found != [tuple(s) for s in shapes]:
+                raise self.error(f"expected parameter blobs of shapes {shapes} (weight, bias), "
+                                 f"found {found}")
+            return
+        rng = filler_rng(self.ctx.seed, self.name)
+        fillers = [p.weight_filler, p.bias_filler]
+        for i, shape in enumerate(shapes):
+            blob = Blob(shape, xp=self.xp, dtype=self.dtype, name=f"{self.name}[{i}]")
+            fill_blob(blob, fillers[i], rng)
+            self.blobs.append(blob)
+
+    def weight_shape(self) -> tuple[int, ...]:
+        """The weight blob's shape as Caffe lays it out."""
+        raise NotImplementedError
+
+    # -- shapes and buffers ----------------------------------------------------------------
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        for i, b in enumerate(bottom[1:], 1):
+            if b.shape != shape:
+                raise self.error(f"all bottoms must have one shape: bottom[0] {shape}, "
+                                 f"bottom[{i}] {b.shape}")
+        if len(shape) != self.axis + 3 or shape[self.axis] != self.channels:
+            raise self.error(f"expected a bottom with {self.channels} channels at axis "
+                             f"{self.axis} and 2 spatial axes after it, got shape {shape}")
+        self.num = prod(shape[:self.axis])
+        self.in_hw = tuple(shape[self.axis + 1:])
+        self.out_hw = self.output_hw(self.in_hw)
+        if min(self.out_hw) <= 0:
+            raise self.error(f"input {self.in_hw} gives an empty output {self.out_hw} with "
+                             f"kernel {self.kernel}, pad {self.pad}, stride {self.stride}, "
+                             f"dilation {self.dilation}")
+        for t in top:
+            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+
+    def output_hw(self, in_hw) -> tuple[int, int]:
+        """Spatial output size for a spatial input size."""
+        raise NotImplementedError
+
+    def buffer(self, role: str, shape, zero: bool = False):
+        """A scratch array named by its role, reallocated only when its shape changes."""
+        shape = tuple(int(d) for d in shape)
+        array = self._buffers.get(role)
+        if array is None or array.shape != shape:
+            maker = self.xp.zeros if zero else self.xp.empty
+            array = self._buffers[role] = maker(shape, dtype=self.dtype)
+        return array
+
+    def padded_buffer(self, image_shape):
+        """The zero-bordered scratch image im2col pads into (None when pad is 0)."""
+        if self.pad == (0, 0):
+            return None
+        n, c, h, w = image_shape
+        return self.buffer("padded", (n, c, h + 2 * self.pad[0], w + 2 * self.pad[1]),
+                           zero=True)
+
+    def geometry(self):
+        """kernel, pad, stride, dilation as im2col/col2im take them."""
+        return self.kernel, self.pad, self.stride, self.dilation
+
+    def grouped(self, matrix):
+        """View a (rows, cols) matrix as (group, rows/group, cols) for one batched matmul."""
+        rows, cols = matrix.shape
+        return matrix.reshape(self.group, rows // self.group, cols)
+
+    def add_weight_diff(self, a3, b3_transposed):
+        """weight.diff += a3 @ b3_transposed, group by group (Caffe accumulates)."""
+        weight = self.blobs[0]
+        grad = self.buffer("weight_grad", weight.shape)
+        g = self.group
+        self.xp.matmul(a3, b3_transposed, out=grad.reshape(g, weight.shape[0] // g, -1))
+        weight.diff += grad
+
+
+@register_layer
+class Convolution(_ConvolutionBase):
+    """Caffe's Convolution: top = weight * bottom (+ bias), per group, via im2col + GEMM."""
+
+    type = "Convolution"
+
+    def weight_shape(self):
+        return (self.num_output, self.channels // self.group) + self.kernel
+
+    def output_hw(self, in_hw):
+        return tuple(conv_output_size(s, k, p, st, d) for s, k, p, st, d in
+                     zip(in_hw, self.kernel, self.pad, self.stride, self.dilation))
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        rows = self.channels * self.kernel[0] * self.kernel[1]
+        cols = self.num * self.out_hw[0] * self.out_hw[1]
+        # One column matrix per bottom: backward's weight gradient reads the forward's.
+        self._cols = [self.buffer(f"columns{i}", (rows, cols)) for i in range(len(bottom))]
+        self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def forward(self, bottom, top):
+        weight = self.blobs[0].data
+        o, n = self.num_output, self.num
+        spatial = self.out_hw[0] * self.out_hw[1]
+        product = self.buffer("product", (o, n * spatial))
+        for b, t, cols in zip(bottom, top, self._cols):
+            image = b.data.reshape(self._image_shape)
+            im2col(image, *self.geometry(), out=cols, padded=self.padded_buffer(image.shape))
+            self.xp.matmul(self.grouped(weight.reshape(o, -1)), self.grouped(cols),
+                           out=self.grouped(product))
+            # (O, N, P) -> (N, O, P): the one transposing copy, with the bias added on the way.
+            by_sample = product.reshape(o, n, spatial).transpose(1, 0, 2)
+            out = t.data.reshape(n, o, spatial)
+            if self.bias_term:
+                self.xp.add(by_sample, self.blobs[1].data[None, :, None], out=out)
+            else:
+                out[...] = by_sample
+
+    def backward(self, top, propagate_down, bottom):
+        weight = self.blobs[0]
+        o, n = self.num_output, self.num
+        spatial = self.out_hw[0] * self.out_hw[1]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        for t, down, b, cols in zip(top, propagate_down, bottom, self._cols):
+            if not (want_weight or want_bias or down):
+                continue
+            top_diff = t.diff.reshape(n, o, spatial)
+            if want_bias:
+                self.blobs[1].diff += top_diff.sum(axis=(0, 2))
+            if not (want_weight or down):
+                continue
+            diff_t = self.buffer("top_diff_t", (o, n * spatial))
+            diff_t.reshape(o, n, spatial)[...] = top_diff.transpose(1, 0, 2)
+            diff3 = self.grouped(diff_t)
+            if want_weight:
+                self.add_weight_diff(diff3, self.grouped(cols).transpose(0, 2, 1))
+            if down:
+                col_diff = self.buffer("column_diff", cols.shape)
+                w3 = self.grouped(weight.data.reshape(o, -1))
+                self.xp.matmul(w3.transpose(0, 2, 1), diff3, out=self.grouped(col_diff))
+                col2im(col_diff, self._image_shape, *self.geometry(),
+                       out=b.diff.reshape(self._image_shape))
+
+
+@register_layer
+class Deconvolution(_ConvolutionBase):
+    """Caffe's Deconvolution: the transpose of Convolution (its forward is conv's backward)."""
+
+    type = "Deconvolution"
+
+    def weight_shape(self):
+        return (self.channels, self.num_output // self.group) + self.kernel
+
+    def output_hw(self, in_hw):
+        return tuple(st * (s - 1) + d * (k - 1) + 1 - 2 * p for s, k, p, st, d in
+                     zip(in_hw, self.kernel, self.pad, self.stride, self.dilation))
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        spatial_in = self.in_hw[0] * self.in_hw[1]
+        # The transposed input of each bottom, kept for the weight gradient.
+        self._inputs_t = [self.buffer(f"input_t{i}", (self.channels, self.num * spatial_in))
+                          for i in range(len(bottom))]
+        self._col_shape = (self.num_output * self.kernel[0] * self.kernel[1],
+                           self.num * spatial_in)
+        self._image_shape = (self.num, self.num_output) + self.out_hw
+
+    def forward(self, bottom, top):
+        weight = self.blobs[0].data
+        c, n = self.channels, self.num
+        spatial_in = self.in_hw[0] * self.in_hw[1]
+        cols = self.buffer("columns", self._col_shape)
+        w3 = self.grouped(weight.reshape(c, -1))
+        for b, t, input_t in zip(bottom, top, self._inputs_t):
+            input_t.reshape(c, n, spatial_in)[...] = b.data.reshape(n, c, spatial_in).transpose(
+                1, 0, 2)
+            self.xp.matmul(w3.transpose(0, 2, 1), self.grouped(input_t), out=self.grouped(cols))
+            image = t.data.reshape(self._image_shape)
+            col2im(cols, self._image_shape, *self.geometry(), out=image)
+            if self.bias_term:
+                image += self.blobs[1].data[None, :, None, None]
+
+    def backward(self, top, propagate_down, bottom):
+        weight = self.blobs[0]
+        c, n = self.channels, self.num
+        spatial_in = self.in_hw[0] * self.in_hw[1]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        for t, down, b, input_t in zip(top, propagate_down, bottom, self._inputs_t):
+            image_diff = t.diff.reshape(self._image_shape)
+            if want_bias:
+                self.blobs[1].diff += image_diff.sum(axis=(0, 2, 3))
+            if not (want_weight or down):
+                continue
+            cols = self.buffer("columns", self._col_shape)
+            im2col(image_diff, *self.geometry(), out=cols,
+                   padded=self.padded_buffer(self._image_shape))
+            cols3 = self.grouped(cols)
+            if want_weight:
+                self.add_weight_diff(self.grouped(input_t), cols3.transpose(0, 2, 1))
+            if down:
+                product = self.buffer("product", (c, n * spatial_in))
+                self.xp.matmul(self.grouped(weight.data.reshape(c, -1)), cols3,
+                               out=self.grouped(product))
+                b.diff.reshape(n, c, spatial_in)[...] = product.reshape(
+                    c, n, spatial_in).transpose(1, 0, 2)

@@ -1,0 +1,220 @@
+"""Convolution: shapes, forward against naive loops, gradients, accumulation, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.errors import LayerError
+from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.proto import caffe_pb2
+
+
+def conv_param(body: str, name: str = "conv", n_top: int = 1) -> caffe_pb2.LayerParameter:
+    tops = " ".join(f'top: "t{i}"' for i in range(n_top))
+    text = (f'name: "{name}" type: "Convolution" {tops} convolution_param {{ {body} '
+            'weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    return text_format.Parse(text, caffe_pb2.LayerParameter())
+
+
+def naive_conv(x, w, b, stride, pad, dilation, group):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh = (h + 2 * pad[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // group
+    for ni, oi, y, z in itertools.product(range(n), range(o), range(oh), range(ow)):
+        g = oi // og
+        total = b[oi] if b is not None else 0.0
+        for ci, i, j in itertools.product(range(cg), range(kh), range(kw)):
+            hi = y * stride[0] - pad[0] + i * dilation[0]
+            wi = z * stride[1] - pad[1] + j * dilation[1]
+            if 0 <= hi < h and 0 <= wi < wd:
+                total += w[oi, ci, i, j] * x[ni, g * cg + ci, hi, wi]
+        out[ni, oi, y, z] = total
+    return out
+
+
+CASES = [
+    # body, bottom shape, (kernel, stride, pad, dilation), group
+    ("num_output: 3 kernel_size: 3", (2, 2, 5, 5), ((3, 3), (1, 1), (0, 0), (1, 1)), 1),
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2 group: 2", (2, 4, 6, 5),
+     ((3, 3), (2, 2), (1, 1), (1, 1)), 2),
+    ("num_output: 2 kernel_h: 2 kernel_w: 3 stride_h: 1 stride_w: 2 pad_h: 1 pad_w: 0",
+     (1, 3, 5, 7), ((2, 3), (1, 2), (1, 0), (1, 1)), 1),
+    ("num_output: 3 kernel_size: 3 dilation: 2 pad: 2", (2, 3, 6, 6),
+     ((3, 3), (1, 1), (2, 2), (2, 2)), 1),
+    ("num_output: 6 kernel_size: 2 kernel_size: 3 stride: 2 stride: 1 pad: 0 pad: 1 "
+     "dilation: 1 dilation: 2 group: 3", (2, 3, 7, 6), ((2, 3), (2, 1), (0, 1), (1, 2)), 3),
+    ("num_output: 4 kernel_size: 1 bias_term: false", (3, 5, 3, 4),
+     ((1, 1), (1, 1), (0, 0), (1, 1)), 1),
+]
+
+
+@pytest.mark.parametrize("body,shape,geometry,group", CASES)
+def test_forward_matches_naive(body, shape, geometry, group):
+    layer, bottom, top = make_layer(conv_param(body), [shape])
+    kernel, stride, pad, dilation = geometry
+    w = layer.blobs[0].data
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    assert w.shape == (layer.num_output, shape[1] // group) + kernel
+    layer.forward(bottom, top)
+    expected = naive_conv(bottom[0].data, w, b, stride, pad, dilation, group)
+    assert top[0].shape == expected.shape
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("body,shape,geometry,group", CASES)
+def test_gradients(body, shape, geometry, group):
+    layer, bottom, top = make_layer(conv_param(body), [shape])
+    check_layer_gradients(layer, bottom, top, max_checks=60)
+
+
+def test_float32_forward():
+    layer, bottom, top = make_layer(conv_param("num_output: 4 kernel_size: 3 pad: 1 group: 2"),
+                                    [(2, 4, 5, 5)], dtype=np.float32)
+    layer.forward(bottom, top)
+    assert top[0].data.dtype == np.float32
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    expected = naive_conv(bottom[0].data.astype(np.float64), w, b, (1, 1), (1, 1), (1, 1), 2)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("body,shape,out_shape", [
+    ("num_output: 7 kernel_size: 3", (2, 3, 10, 9), (2, 7, 8, 7)),
+    ("num_output: 5 kernel_size: 3 stride: 2 pad: 1", (1, 2, 8, 8), (1, 5, 4, 4)),
+    ("num_output: 2 kernel_h: 7 kernel_w: 1 pad_h: 3 pad_w: 0", (1, 1, 9, 4), (1, 2, 9, 4)),
+    ("num_output: 2 kernel_size: 3 dilation: 3", (1, 1, 9, 10), (1, 2, 3, 4)),
+    ("num_output: 64 kernel_size: 7 stride: 2 pad: 3", (1, 3, 224, 224), (1, 64, 112, 112)),
+])
+def test_shapes(body, shape, out_shape):
+    _, _, top = make_layer(conv_param(body), [shape])
+    assert top[0].shape == out_shape
+
+
+def test_axis_puts_batch_axes_before_the_channel_axis():
+    # axis 2 on a 5-D bottom: axes 0 and 1 are both batch axes.
+    body = "num_output: 3 kernel_size: 2 axis: 2"
+    layer, bottom, top = make_layer(conv_param(body), [(2, 3, 2, 4, 5)])
+    assert top[0].shape == (2, 3, 3, 3, 4)
+    layer.forward(bottom, top)
+    x = bottom[0].data.reshape(6, 2, 4, 5)
+    expected = naive_conv(x, layer.blobs[0].data, layer.blobs[1].data, (1, 1), (0, 0),
+                          (1, 1), 1)
+    np.testing.assert_allclose(top[0].data.reshape(expected.shape), expected, rtol=1e-10)
+    check_layer_gradients(layer, bottom, top, max_checks=40)
+
+
+def test_several_bottoms_share_the_weights():
+    param = conv_param("num_output: 2 kernel_size: 3 pad: 1", n_top=2)
+    layer, bottom, top = make_layer(param, [(1, 2, 4, 4), (1, 2, 4, 4)], seed=3)
+    layer.forward(bottom, top)
+    for b, t in zip(bottom, top):
+        expected = naive_conv(b.data, layer.blobs[0].data, layer.blobs[1].data, (1, 1), (1, 1),
+                              (1, 1), 1)
+        np.testing.assert_allclose(t.data, expected, rtol=1e-10)
+    check_layer_gradients(layer, bottom, top, max_checks=30)
+
+
+def run_backward(layer, bottom, top, propagate_down):
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(5).standard_normal(top[0].shape)
+    layer.backward(top, propagate_down, bottom)
+
+
+def test_param_diffs_accumulate_and_bottom_diff_is_overwritten():
+    layer, bottom, top = make_layer(conv_param("num_output: 3 kernel_size: 3 pad: 1 group: 1"),
+                                    [(2, 2, 5, 5)])
+    bottom[0].diff[...] = 7.0
+    run_backward(layer, bottom, top, [True])
+    first = [p.diff.copy() for p in layer.blobs]
+    first_bottom = bottom[0].diff.copy()
+    assert np.abs(first[0]).sum() > 0 and np.abs(first[1]).sum() > 0
+    layer.backward(top, [True], bottom)
+    for p, f in zip(layer.blobs, first):
+        np.testing.assert_allclose(p.diff, 2 * f, rtol=1e-12)
+    np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
+    # A bottom diff written once must not depend on its stale contents.
+    bottom[0].diff[...] = 0.0
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
+
+
+def test_propagate_down_false_leaves_bottom_diff_alone():
+    layer, bottom, top = make_layer(conv_param("num_output: 3 kernel_size: 3"), [(2, 2, 5, 5)])
+    bottom[0].diff[...] = 7.0
+    run_backward(layer, bottom, top, [False])
+    np.testing.assert_array_equal(bottom[0].diff, 7.0)
+    assert np.abs(layer.blobs[0].diff).sum() > 0
+
+
+def test_param_propagate_down_false_leaves_param_diffs_alone():
+    layer, bottom, top = make_layer(conv_param("num_output: 3 kernel_size: 3"), [(2, 2, 5, 5)])
+    layer.param_propagate_down = [False, False]
+    run_backward(layer, bottom, top, [True])
+    assert all(np.all(p.diff == 0) for p in layer.blobs)
+    assert np.abs(bottom[0].diff).sum() > 0
+
+
+def test_fillers_and_defaults():
+    text = ('name: "c" type: "Convolution" convolution_param { num_output: 2 kernel_size: 1 '
+            'weight_filler { type: "constant" value: 0.5 } }')
+    layer, _, _ = make_layer(text_format.Parse(text, caffe_pb2.LayerParameter()),
+                             [(1, 3, 2, 2)])
+    np.testing.assert_array_equal(layer.blobs[0].data, 0.5)
+    np.testing.assert_array_equal(layer.blobs[1].data, 0.0)  # Caffe's default: constant 0
+
+
+@pytest.mark.parametrize("body,shape,message", [
+    ("num_output: 2 kernel_size: 3", (1, 2, 5, 5, 5), "3-D convolution is not implemented"),
+    ("num_output: 2 kernel_size: 3", (2, 5, 5), "1-D convolution is not implemented"),
+    ("num_output: 3 kernel_size: 3 group: 2", (1, 4, 5, 5), "group 2 must divide"),
+    ("num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3", (1, 1, 5, 5), "not both"),
+    ("num_output: 2 kernel_h: 3", (1, 1, 5, 5), "must be given together"),
+    ("num_output: 2", (1, 1, 5, 5), "kernel_size .* is required"),
+    ("num_output: 2 kernel_size: 3 kernel_size: 3 kernel_size: 3", (1, 1, 5, 5), "once per"),
+    ("num_output: 2 kernel_size: 7", (1, 1, 5, 5), "empty output"),
+    ("kernel_size: 3", (1, 1, 5, 5), "num_output must be positive"),
+    ("num_output: 2 kernel_size: 3 stride: 0", (1, 1, 5, 5), "stride dimensions"),
+])
+def test_errors_name_the_layer(body, shape, message):
+    with pytest.raises(LayerError, match=message) as info:
+        make_layer(conv_param(body, name="bad_conv"), [shape])
+    assert "bad_conv" in str(info.value)
+
+
+def test_loaded_blobs_are_kept_and_checked():
+    from mgcaffe.blob import Blob
+    from mgcaffe.layers import LayerContext, create_layer
+
+    param = conv_param("num_output: 2 kernel_size: 3")
+    layer = create_layer(param, LayerContext(dtype=np.float64))
+    weight = Blob((2, 1, 3, 3), dtype=np.float64)
+    weight.data[...] = 1.5
+    layer.blobs = [weight, Blob((2,), dtype=np.float64)]
+    bottom, top = [Blob((1, 1, 4, 4), dtype=np.float64)], [Blob((), dtype=np.float64)]
+    layer.setup(bottom, top)
+    np.testing.assert_array_equal(layer.blobs[0].data, 1.5)
+    layer = create_layer(param, LayerContext(dtype=np.float64))
+    layer.blobs = [Blob((2, 1, 2, 2), dtype=np.float64), Blob((2,), dtype=np.float64)]
+    with pytest.raises(LayerError, match="expected parameter blobs"):
+        layer.setup(bottom, top)
+
+
+def test_reshape_follows_new_input_shapes():
+    layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 3 pad: 1"),
+                                    [(1, 2, 4, 4)])
+    bottom[0].reshape(3, 2, 6, 5)
+    bottom[0].data[...] = np.random.default_rng(4).standard_normal((3, 2, 6, 5))
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, layer.blobs[1].data, (1, 1),
+                          (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10)
+    bottom[0].reshape(1, 3, 6, 5)
+    with pytest.raises(LayerError, match="2 channels"):
+        layer.reshape(bottom, top)

@@ -13,39 +13,18 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
-from ..errors import DataError
+from ..errors import DataError, ParseError
 from ..proto import caffe_pb2
-
-
-def _read_blobproto(path: str) -> np.ndarray:
-    """A BlobProto file as an array (shape from `shape`, else the legacy 4-d fields).
-
-    Stand-in for mgcaffe.protoio.read_binaryproto until that module exists.
-    """
-    blob = caffe_pb2.BlobProto()
-    with open(path, "rb") as f:
-        blob.ParseFromString(f.read())
-    if blob.HasField("shape"):
-        shape = tuple(int(d) for d in blob.shape.dim)
-    else:
-        shape = (blob.num, blob.channels, blob.height, blob.width)
-    values = blob.double_data if len(blob.double_data) else blob.data
-    data = np.asarray(values, dtype=np.float32)
-    if data.size != int(np.prod(shape)):
-        raise DataError(f"{path!r}: BlobProto holds {data.size} values for shape {shape}")
-    return data.reshape(shape)
+from ..protoio import read_binaryproto
 
 
 def read_mean_file(path: str) -> np.ndarray:
     """A .binaryproto mean image as a float32 (C, H, W) array (a leading num of 1 is dropped)."""
     try:
-        mean = _read_blobproto(path)
-    except FileNotFoundError:
-        raise DataError(f"mean_file {path!r} not found") from None
-    except DecodeError as exc:
-        raise DataError(f"mean_file {path!r}: not a BlobProto ({exc})") from None
+        mean = read_binaryproto(path, np.float32)
+    except ParseError as exc:
+        raise DataError(f"mean_file: {exc}") from None
     if mean.ndim == 4 and mean.shape[0] == 1:
         mean = mean[0]
     if mean.ndim != 3:

@@ -1,0 +1,140 @@
+"""The HDF5Data layer: rows of HDF5 datasets named by the tops, from a list of .h5 files."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from ..errors import DataError
+from .data import BasePrefetchingDataLayer
+from .registry import register_layer
+
+
+def read_file_list(source: str, what: str) -> list[str]:
+    """The non-blank lines (stripped) of a list file of HDF5 paths."""
+    try:
+        with open(source, encoding="utf-8") as f:
+            names = [line.strip() for line in f]
+    except FileNotFoundError:
+        raise DataError(f"{what}: HDF5 list file {source!r} not found") from None
+    except OSError as exc:
+        raise DataError(f"{what}: cannot read HDF5 list {source!r} ({exc.strerror})") from None
+    names = [n for n in names if n]
+    if not names:
+        raise DataError(f"{what}: HDF5 list {source!r} names no files")
+    return names
+
+
+@register_layer
+class HDF5Data(BasePrefetchingDataLayer):
+    """Reads row after row of the datasets named by its tops, file after file, wrapping.
+
+    Batches run across file boundaries. With `shuffle`, the file order is shuffled at each
+    pass and the rows of each file each time it is used (as Caffe). No transforms (Caffe
+    refuses transform_param here). With world_size N, rank r reads stream row k only if
+    k % N == r.
+    """
+
+    type = "HDF5Data"
+    min_top = 1
+
+    def data_setup(self, top):
+        p = self.param.hdf5_data_param
+        self.what = f"layer {self.name!r} (HDF5Data)"
+        if self.param.HasField("transform_param"):
+            raise self.error("HDF5Data does not transform data; remove transform_param")
+        if not p.source:
+            raise self.error("hdf5_data_param.source is not set")
+        if p.batch_size <= 0:
+            raise self.error("hdf5_data_param.batch_size must be positive")
+        self.batch_size = int(p.batch_size)
+        self.shuffle = bool(p.shuffle)
+        self.dataset_names = list(self.param.top)[: len(top)]
+        if len(self.dataset_names) != len(top):
+            raise self.error("each top must be named after the dataset it reads")
+        self.files = read_file_list(p.source, self.what)
+        self.row_shapes = self._row_shapes(self.files[0])
+        self._stream_rng = self.stream_rng()
+        self.file_order = np.arange(len(self.files))
+        if self.shuffle:
+            self._stream_rng.shuffle(self.file_order)
+        self.file_pos = 0
+        self.arrays: list[np.ndarray] | None = None
+        self.rows = np.arange(0)
+        self.row = 0
+        self.offset = 0  # k of the next row in the stream
+        return [(self.batch_size, *shape) for shape in self.row_shapes]
+
+    def _open(self, path: str) -> h5py.File:
+        if not os.path.exists(path):
+            raise DataError(f"{self.what}: HDF5 file {path!r} not found")
+        try:
+            return h5py.File(path, "r")
+        except OSError as exc:
+            raise DataError(f"{self.what}: cannot open HDF5 file {path!r} ({exc})") from None
+
+    def _datasets(self, f: h5py.File, path: str) -> list:
+        found = []
+        for name in self.dataset_names:
+            if name not in f or not isinstance(f[name], h5py.Dataset):
+                raise DataError(f"{self.what}: HDF5 file {path!r} has no dataset {name!r} "
+                                f"(it has {sorted(f.keys())})")
+            found.append(f[name])
+        rows = {d.shape[0] if d.ndim else 0 for d in found}
+        if len(rows) != 1 or 0 in rows:
+            raise DataError(f"{self.what}: HDF5 file {path!r}: datasets "
+                            f"{self.dataset_names} need the same non-zero number of rows, "
+                            f"found shapes {[d.shape for d in found]}")
+        return found
+
+    def _row_shapes(self, path: str) -> list[tuple[int, ...]]:
+        with self._open(path) as f:
+            return [tuple(d.shape[1:]) for d in self._datasets(f, path)]
+
+    def _load(self, path: str) -> None:
+        with self._open(path) as f:
+            datasets = self._datasets(f, path)
+            for d, expected in zip(datasets, self.row_shapes):
+                if tuple(d.shape[1:]) != expected:
+                    raise DataError(f"{self.what}: dataset {d.name!r} in {path!r} has rows "
+                                    f"of shape {tuple(d.shape[1:])}, expected {expected} "
+                                    f"(as in {self.files[0]!r})")
+            self.arrays = [np.asarray(d[...], dtype=self.dtype) for d in datasets]
+        self.rows = np.arange(self.arrays[0].shape[0])
+        if self.shuffle:
+            self._stream_rng.shuffle(self.rows)
+        self.row = 0
+
+    def _next_row(self) -> int:
+        """Advance to the next row this rank reads; returns its index in self.arrays."""
+        while True:
+            if self.arrays is None:
+                self._load(self.files[self.file_order[self.file_pos]])
+            elif self.row >= len(self.rows):
+                self.file_pos += 1
+                if self.file_pos == len(self.files):
+                    self.file_pos = 0
+                    if self.shuffle:
+                        self._stream_rng.shuffle(self.file_order)
+                if len(self.files) > 1:
+                    self._load(self.files[self.file_order[self.file_pos]])
+                else:
+                    self.row = 0
+                    if self.shuffle:
+                        self._stream_rng.shuffle(self.rows)
+            keep = self.offset % self.ctx.world_size == self.ctx.rank
+            self.offset += 1
+            row = int(self.rows[self.row])
+            self.row += 1
+            if keep:
+                return row
+
+    def load_batch(self):
+        batch = [np.empty(shape, dtype=self.dtype) for shape in self.top_shapes]
+        for i in range(self.batch_size):
+            row = self._next_row()
+            for out, array in zip(batch, self.arrays):
+                out[i] = array[row]
+        return tuple(batch)

@@ -1,0 +1,75 @@
+"""Network emulation: every gradient all-reduce lasts at least the modelled a + b*M.
+
+`--emulate-network NET.json --emulate-nodes N` wraps the real communicator: the all-reduce
+still runs (real threads, queues and MPI calls, real sums), then the calling thread (the
+communication thread) sleeps for whatever is left of T_ar(M) = a + b*M for N nodes. One machine
+thus reproduces the timing of, say, an 8-node 10GbE cluster. Broadcasts, gathers, barriers and
+the per-iteration agreement all-reduces are not slowed (they are not part of the model).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from .communicator import Communicator
+
+__all__ = ["EmulatedCommunicator"]
+
+log = logging.getLogger("mgcaffe.comm")
+
+
+class EmulatedCommunicator(Communicator):
+    """`inner`, with `allreduce_sum` of M bytes lasting at least `cost.time(M)` seconds.
+
+    `cost` is any object with `time(nbytes)` and attributes `a`, `b` (a planner CostModel).
+    `emulated_nodes` is only reported. `sleep` and `clock` are injectable for tests."""
+
+    name = "emulated"
+
+    def __init__(self, inner: Communicator, cost: Any, emulated_nodes: int, *,
+                 sleep=time.sleep, clock=time.perf_counter):
+        self.inner = inner
+        self.cost = cost
+        self.emulated_nodes = emulated_nodes
+        self.rank = inner.rank
+        self.size = inner.size
+        self._sleep = sleep
+        self._clock = clock
+        self.padded_s = 0.0  # total time slept, for the log
+        self.calls = 0
+
+    def describe(self) -> str:
+        return (f"EMULATION: every gradient all-reduce of M bytes lasts at least "
+                f"a + b*M = {self.cost.a * 1e6:.2f} us + {self.cost.b * 1e9:.4f} ns/B * M "
+                f"({self.emulated_nodes} emulated nodes, {self.size} real ranks)")
+
+    def allreduce_sum(self, buf: np.ndarray) -> None:
+        start = self._clock()
+        self.inner.allreduce_sum(buf)
+        left = self.cost.time(buf.nbytes) - (self._clock() - start)
+        self.calls += 1
+        if left > 0:
+            self.padded_s += left
+            self._sleep(left)
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        return self.inner.broadcast(obj, root)
+
+    def allgather(self, obj: Any) -> list:
+        return self.inner.allgather(obj)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def abort(self, code: int = 1) -> None:
+        self.inner.abort(code)
+
+    def any_true(self, flags: list[bool]) -> list[bool]:
+        return self.inner.any_true(flags)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,335 @@
+"""Algorithm 2 of MG-WFBP: a communication thread that all-reduces the planned groups.
+
+The backward pass (main thread) calls `on_learnable_done(k)` right after learnable layer k's
+backward: a queue put, nothing more. The communication thread takes ids in backward order
+(L, L-1, ..., 1), copies each layer's parameter diffs into its place in one contiguous float32
+buffer (allocated once: the groups are consecutive slices of it, so nothing is allocated per
+iteration), and when a group's last layer has arrived it all-reduces the group's slice, divides
+by the world size while copying the result back into the diffs, and counts the group done.
+`wait()` (main thread, before the update) returns when every group of the iteration is done
+and re-raises, with the rank, whatever went wrong on the thread.
+
+No wait is unbounded: the thread's queue gets have a timeout while an iteration is under way
+(backward stalled: CommError naming the rank and the layer and group awaited), `wait()` gives
+up after `timeout` seconds without progress (naming the group being reduced), and an optional
+`Watchdog` aborts the job if one all-reduce outlives the timeout (a peer lost mid-collective).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CommError
+from .communicator import Communicator
+from .trace import COMM, COMPUTE
+
+__all__ = ["GradientExecutor", "plan_groups"]
+
+log = logging.getLogger("mgcaffe.comm")
+
+_STOP = -1
+_POLL_S = 0.5  # how often an idle thread looks at the stop flag between iterations
+
+
+def plan_groups(plan: Any) -> list[list[str]]:
+    """The plan's groups (communication order, each in backward order) as lists of names."""
+    groups = getattr(plan, "groups", plan)
+    return [list(g) for g in groups]
+
+
+def check_plan_layers(groups: list[list[str]], names: Sequence[str], rank: int) -> None:
+    """The plan must cover the net's learnable layers exactly, in backward order."""
+    planned = [n for g in groups for n in g]
+    expected = list(reversed(list(names)))
+    if planned == expected:
+        return
+    if any(not g for g in groups):
+        raise CommError(f"rank {rank}: plan has an empty group")
+    for i, (p, e) in enumerate(zip(planned, expected)):
+        if p != e:
+            raise CommError(f"rank {rank}: plan does not match the net: position {i} in "
+                            f"backward order is layer {p!r} in the plan but {e!r} in the net")
+    longer, which = (planned, "plan") if len(planned) > len(expected) else (expected, "net")
+    raise CommError(f"rank {rank}: plan does not match the net: the plan has {len(planned)} "
+                    f"learnable layers, the net {len(expected)} (the {which} also has "
+                    f"{longer[min(len(planned), len(expected))]!r})")
+
+
+@dataclass
+class _Segment:
+    """One parameter blob's place in the buffer: `view` has the blob's shape."""
+
+    blob: Any
+    view: np.ndarray
+
+
+@dataclass
+class _Group:
+    index: int
+    names: list[str]
+    layers: list[int]  # learnable indices, backward order
+    last: int  # learnable index whose arrival completes the group (the input-most layer)
+    start: int
+    stop: int  # the group's slice of the buffer, in elements
+
+    @property
+    def nbytes(self) -> int:
+        return (self.stop - self.start) * 4
+
+
+class GradientExecutor:
+    """The solver's `gradient_sync`: sums every learnable layer's parameter diffs across ranks
+    and divides by the world size, group by group as the plan says, overlapping backward.
+
+    `layers`: the net's learnable layers (objects with `index` 1..L, `name`, `param_ids`),
+    input side first; `params`: the blobs `param_ids` index (each with a float32 `.diff`);
+    `plan`: anything with `.groups` (lists of layer names, communication order); `comm`: a
+    Communicator. Optional: `timeout` (seconds without progress before giving up), `tracer`
+    (trace.Tracer), `watchdog` (faults.Watchdog guarding each all-reduce)."""
+
+    def __init__(self, layers: Sequence[Any], params: Sequence[Any], plan: Any,
+                 comm: Communicator, *, timeout: float = 120.0, tracer: Any = None,
+                 watchdog: Any = None):
+        self.comm = comm
+        self.rank = comm.rank
+        self.timeout = float(timeout)
+        self.tracer = tracer
+        self.watchdog = watchdog
+        self._layers = {int(layer.index): layer for layer in layers}
+        self._names = [layer.name for layer in sorted(layers, key=lambda x: x.index)]
+        if sorted(self._layers) != list(range(1, len(layers) + 1)):
+            raise CommError(f"rank {self.rank}: learnable layer indices must be 1..{len(layers)},"
+                            f" got {sorted(self._layers)}")
+        self._params = params
+        self._check_params()
+        # Every parameter blob, in backward order, has its fixed place in one buffer.
+        total = sum(params[p].diff.size for layer in layers for p in layer.param_ids)
+        self.buffer = np.zeros(total, dtype=np.float32)
+        self._segments: dict[int, list[_Segment]] = {}
+        offset = 0
+        for k in range(len(layers), 0, -1):
+            segs = []
+            for p in self._layers[k].param_ids:
+                blob = params[p]
+                n = blob.diff.size
+                segs.append(_Segment(blob, self.buffer[offset:offset + n].reshape(blob.diff.shape)))
+                offset += n
+            self._segments[k] = segs
+        self._offsets = self._layer_offsets()
+        self.set_plan(plan)
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._done = 0  # groups reduced in the current iteration
+        self._reducing: _Group | None = None
+        self._last_progress = time.monotonic()
+        self._error: BaseException | None = None
+        self._closed = False
+        self.iterations = 0
+        self.allreduce_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"mgcaffe-comm-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_net(cls, net: Any, plan: Any, comm: Communicator, **options: Any):
+        """An executor for a Net (its `learnable_layers` and `learnable_params`)."""
+        return cls(net.learnable_layers, net.learnable_params, plan, comm, **options)
+
+    # ------------------------------------------------------------------ set-up
+    def _check_params(self) -> None:
+        seen: dict[int, str] = {}
+        for _, layer in sorted(self._layers.items()):
+            for p in layer.param_ids:
+                if p in seen:
+                    raise CommError(f"rank {self.rank}: parameter {p} is owned by both "
+                                    f"{seen[p]!r} and {layer.name!r}")
+                seen[p] = layer.name
+                diff = self._params[p].diff
+                if not isinstance(diff, np.ndarray) or diff.dtype != np.float32:
+                    raise CommError(f"rank {self.rank}: layer {layer.name!r} parameter {p}: "
+                                    f"gradient sync needs float32 numpy diffs, got "
+                                    f"{type(diff).__name__} {getattr(diff, 'dtype', '')}")
+
+    def _layer_offsets(self) -> dict[int, tuple[int, int]]:
+        out, offset = {}, 0
+        for k in range(len(self._layers), 0, -1):
+            n = sum(s.view.size for s in self._segments[k])
+            out[k] = (offset, offset + n)
+            offset += n
+        return out
+
+    def set_plan(self, plan: Any) -> None:
+        """Use `plan` from the next iteration on (between iterations only: after wait())."""
+        if getattr(self, "_pos", 0):
+            raise CommError(f"rank {self.rank}: plan changed in the middle of an iteration")
+        groups = plan_groups(plan)
+        check_plan_layers(groups, self._names, self.rank)
+        by_name = {layer.name: k for k, layer in self._layers.items()}
+        self.plan = plan
+        self.groups: list[_Group] = []
+        self._group_of: dict[int, _Group] = {}
+        for gi, names in enumerate(groups):
+            ks = [by_name[n] for n in names]
+            # backward order: the group's first name is its output-most layer
+            g = _Group(gi, names, ks, last=ks[-1], start=self._offsets[ks[0]][0],
+                       stop=self._offsets[ks[-1]][1])
+            self.groups.append(g)
+            for k in ks:
+                self._group_of[k] = g
+        self._order = list(range(len(self._layers), 0, -1))
+        self._pos = 0
+
+    # ------------------------------------------------------------------ main thread
+    def on_learnable_done(self, k: int) -> None:
+        """Learnable layer k's gradients are complete (called by the backward hook)."""
+        if self._error is not None:
+            self._raise()
+        if self.tracer is not None:
+            self.tracer.instant(self._layers[k].name if k in self._layers else str(k), "grad",
+                                COMPUTE, self.tracer.now(), layer=k)
+        self._queue.put(k)
+
+    def wait(self) -> None:
+        """Block until every group of this iteration is reduced; re-raise thread failures."""
+        t0 = time.perf_counter()
+        with self._cond:
+            while self._done < len(self.groups):
+                if self._error is not None:
+                    break
+                if self._closed:
+                    raise CommError(f"rank {self.rank}: gradient sync used after close()")
+                left = self._last_progress + self.timeout - time.monotonic()
+                if left <= 0:
+                    raise CommError(self._stall_message())
+                self._cond.wait(min(left, _POLL_S))
+            if self._error is None:
+                self._done = 0
+        if self._error is not None:
+            self._raise()
+        self.iterations += 1
+        if self.tracer is not None:
+            self.tracer.span("wait for gradients", "wait", COMPUTE, t0, time.perf_counter())
+
+    def _stall_message(self) -> str:
+        g = self._reducing
+        if g is not None:
+            return (f"rank {self.rank}: all-reduce of group {g.index} ({', '.join(g.names)}; "
+                    f"{g.nbytes} bytes) not done after {self.timeout:g} s: a peer rank died "
+                    f"or is stuck")
+        k = self._order[self._pos] if self._pos < len(self._order) else None
+        if k is None or self._pos == 0 and self._done == 0:
+            return (f"rank {self.rank}: no gradient arrived within {self.timeout:g} s "
+                    f"(wait() called before backward?)")
+        return (f"rank {self.rank}: waited {self.timeout:g} s for the gradient of layer "
+                f"{self._layers[k].name!r} (group {self._group_of[k].index})")
+
+    def _raise(self) -> None:
+        exc = self._error
+        if isinstance(exc, CommError):
+            raise CommError(str(exc)) from exc
+        raise CommError(f"rank {self.rank}: communication thread failed: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the thread (after the current iteration's work); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=min(self.timeout, 10.0))
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    # ------------------------------------------------------------------ communication thread
+    def _run(self) -> None:
+        try:
+            while True:
+                k = self._next_id()
+                if k == _STOP:
+                    return
+                self._take(k)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            log.error("rank %d: communication thread: %s: %s", self.rank, type(exc).__name__,
+                      exc)
+
+    def _next_id(self) -> int:
+        """The next layer id; between iterations wait indefinitely (but wake to see close()),
+        within an iteration for at most `timeout` seconds."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            within = self._pos > 0
+            wait = min(_POLL_S, deadline - time.monotonic()) if within else _POLL_S
+            try:
+                return self._queue.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                if self._closed:
+                    return _STOP
+                if within and time.monotonic() >= deadline:
+                    k = self._order[self._pos]
+                    raise CommError(f"rank {self.rank}: waited {self.timeout:g} s for the "
+                                    f"gradient of layer {self._layers[k].name!r} (group "
+                                    f"{self._group_of[k].index}): backward stalled") from None
+
+    def _take(self, k: int) -> None:
+        expected = self._order[self._pos]
+        if k != expected:
+            got = self._layers[k].name if k in self._layers else f"#{k}"
+            raise CommError(f"rank {self.rank}: backward reported layer {got!r} but layer "
+                            f"{self._layers[expected].name!r} comes next in backward order")
+        for seg in self._segments[k]:
+            diff = seg.blob.diff
+            if diff.shape != seg.view.shape:
+                raise CommError(f"rank {self.rank}: layer {self._layers[k].name!r}: a gradient "
+                                f"changed shape from {seg.view.shape} to {diff.shape}")
+            np.copyto(seg.view, diff)
+        self._pos += 1
+        self._last_progress = time.monotonic()
+        group = self._group_of[k]
+        if k == group.last:
+            self._reduce(group)
+        if self._pos == len(self._order):
+            self._pos = 0
+
+    def _reduce(self, g: _Group) -> None:
+        piece = self.buffer[g.start:g.stop]
+        self._reducing = g
+        t0 = time.perf_counter()
+        if self.watchdog is not None:
+            with self.watchdog.guard(f"all-reduce of group {g.index} ({g.nbytes} bytes)"):
+                self.comm.allreduce_sum(piece)
+        else:
+            self.comm.allreduce_sum(piece)
+        t1 = time.perf_counter()
+        size = self.comm.size
+        for k in g.layers:
+            for seg in self._segments[k]:
+                np.divide(seg.view, size, out=seg.blob.diff)
+        t2 = time.perf_counter()
+        self.allreduce_seconds += t1 - t0
+        if self.tracer is not None:
+            self.tracer.span(f"allreduce g{g.index}", "allreduce", COMM, t0, t1, group=g.index,
+                             layers=g.names, bytes=g.nbytes)
+            self.tracer.span(f"unpack g{g.index}", "unpack", COMM, t1, t2, group=g.index)
+        with self._cond:
+            self._reducing = None
+            self._done += 1
+            self._last_progress = time.monotonic()
+            self._cond.notify_all()

@@ -1,0 +1,101 @@
+"""The MPI communicator (mpi4py), and how to tell whether a launcher started this process.
+
+mpi4py is imported only when an MPI communicator is built, so a single process started
+without mpiexec never initialises MPI. MPI is initialised with MPI_THREAD_MULTIPLE: the
+communication thread all-reduces while the main thread computes, and a watchdog thread may
+call MPI_Abort while another thread is blocked in a collective.
+
+mpi4py releases the GIL inside MPI calls, so the main thread keeps running Python (and BLAS,
+which releases it too) during an all-reduce; benchmarks/bench_distributed.py measures the
+overlap and docs/distributed.md reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..errors import CommError
+from .communicator import Communicator, check_buffer
+
+__all__ = ["LAUNCHER_VARIABLES", "MpiCommunicator", "launched_by_mpi"]
+
+# Set by the common launchers in every process they start (MPICH/Hydra and Intel MPI: PMI_*;
+# Open MPI: OMPI_*; PMIx-based launchers and srun --mpi=pmix: PMIX_RANK; MVAPICH: MV2_*).
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                      "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpi(environ: dict | None = None) -> bool:
+    """True when an MPI launcher (mpiexec, mpirun, srun) started this process."""
+    env = os.environ if environ is None else environ
+    return any(name in env for name in LAUNCHER_VARIABLES)
+
+
+def _import_mpi():
+    try:
+        import mpi4py  # noqa: PLC0415 - lazy: a lone process must not initialise MPI
+
+        mpi4py.rc.threads = True
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - mpi4py is a dependency
+        raise CommError(f"MPI needs mpi4py: pip install mpi4py mpich ({exc})") from exc
+    return MPI
+
+
+class MpiCommunicator(Communicator):
+    """A rank of an MPI communicator (default: MPI_COMM_WORLD)."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any = None):
+        MPI = _import_mpi()
+        self._MPI = MPI
+        self._comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self.thread_level = MPI.Query_thread()
+        if self.thread_level < MPI.THREAD_MULTIPLE and self.size > 1:
+            raise CommError(f"rank {self.rank}: the MPI library gives thread level "
+                            f"{self.thread_level}, the communication thread needs "
+                            f"MPI_THREAD_MULTIPLE ({MPI.THREAD_MULTIPLE})")
+
+    @property
+    def library(self) -> str:
+        """The MPI library's version line (for the log)."""
+        return self._MPI.Get_library_version().splitlines()[0].strip()
+
+    def allreduce_sum(self, buf: np.ndarray) -> None:
+        check_buffer(buf, self.rank)
+        if self.size > 1:
+            self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        if isinstance(obj, np.ndarray):
+            if not obj.flags.c_contiguous:
+                raise CommError(f"rank {self.rank}: broadcast array must be C-contiguous")
+            # Agree on the layout first: a raw Bcast into a differently shaped array would
+            # corrupt memory or hang.
+            layout = self._comm.bcast((obj.shape, obj.dtype.str), root=root)
+            if layout != (obj.shape, obj.dtype.str):
+                raise CommError(f"rank {self.rank}: broadcast array is {obj.shape} {obj.dtype} "
+                                f"here but {layout[0]} {np.dtype(layout[1])} on root {root}")
+            self._comm.Bcast(obj, root=root)
+            return obj
+        return self._comm.bcast(obj, root=root)
+
+    def allgather(self, obj: Any) -> list:
+        return self._comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        # Flush first: MPI_Abort kills the process without running Python's exit handlers.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._comm.Abort(code)

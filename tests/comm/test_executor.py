@@ -1,0 +1,243 @@
+"""The communication thread of Algorithm 2 on the in-process communicator."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from mgcaffe.comm.communicator import Communicator
+from mgcaffe.comm.executor import GradientExecutor
+from mgcaffe.comm.local import LocalWorld, SingleCommunicator
+from mgcaffe.comm.testing import FakeNet, plan, run_ranks
+from mgcaffe.comm.trace import Tracer
+from mgcaffe.errors import CommError
+
+pytestmark = pytest.mark.timeout(60)
+
+PLANS = {
+    "wfbp": plan(["fc2"], ["fc1"], ["conv2"], ["conv1"]),
+    "synceasgd": plan(["fc2", "fc1", "conv2", "conv1"]),
+    "merged": plan(["fc2", "fc1"], ["conv2", "conv1"]),
+    "uneven": plan(["fc2"], ["fc1", "conv2", "conv1"]),
+}
+
+
+class Recording(Communicator):
+    """Wraps a communicator and records the size of every all-reduce."""
+
+    def __init__(self, inner):
+        self.inner, self.rank, self.size = inner, inner.rank, inner.size
+        self.sizes = []
+
+    def allreduce_sum(self, buf):
+        self.sizes.append(buf.size)
+        self.inner.allreduce_sum(buf)
+
+    def broadcast(self, obj, root=0):
+        return self.inner.broadcast(obj, root)
+
+    def allgather(self, obj):
+        return self.inner.allgather(obj)
+
+    def barrier(self):
+        self.inner.barrier()
+
+    def abort(self, code=1):
+        self.inner.abort(code)
+
+
+def group_sizes(net, groups):
+    by_name = {layer.name: layer for layer in net.learnable_layers}
+    return [sum(net.learnable_params[p].diff.size for n in g for p in by_name[n].param_ids)
+            for g in groups]
+
+
+@pytest.mark.parametrize("scheme", sorted(PLANS))
+@pytest.mark.parametrize("n", [2, 3])
+def test_groups_reduced_as_planned_and_averaged(scheme, n):
+    world = LocalWorld(n, timeout=10)
+    comms = [Recording(c) for c in world.communicators()]
+    nets = [FakeNet(rank=r) for r in range(n)]
+    iters = 3
+
+    def rank_main(r):
+        seen = []
+        with GradientExecutor.from_net(nets[r], PLANS[scheme], comms[r], timeout=10) as ex:
+            for _ in range(iters):
+                nets[r].backward(hook=ex.on_learnable_done)
+                ex.wait()
+                seen.append(nets[r].diffs())
+        return seen
+
+    results, errors = run_ranks(n, rank_main)
+    assert errors == [None] * n
+    want = group_sizes(nets[0], PLANS[scheme].groups) * iters
+    for c in comms:
+        assert c.sizes == want  # exactly the planned groups, in order, once per iteration
+    for it in range(iters):
+        reduced = [results[r][it] for r in range(n)]
+        for r in range(1, n):  # every rank holds bit-identical gradients
+            for a, b in zip(reduced[0], reduced[r]):
+                assert np.array_equal(a, b)
+
+
+def test_average_matches_mean_of_rank_gradients():
+    n = 2
+    world = LocalWorld(n, timeout=10)
+    comms = world.communicators()
+    nets = [FakeNet(rank=r) for r in range(n)]
+    # What each rank computes before reduction: replay the same generators.
+    twins = [FakeNet(rank=r) for r in range(n)]
+    for t in twins:
+        t.backward()
+    expected = [(a + b) / np.float32(2) for a, b in zip(twins[0].diffs(), twins[1].diffs())]
+
+    def rank_main(r):
+        with GradientExecutor.from_net(nets[r], PLANS["merged"], comms[r]) as ex:
+            nets[r].backward(hook=ex.on_learnable_done)
+            ex.wait()
+        return nets[r].diffs()
+
+    results, errors = run_ranks(n, rank_main)
+    assert errors == [None, None]
+    for got in results:
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_buffer_allocated_once_and_reused():
+    net = FakeNet()
+    with GradientExecutor.from_net(net, PLANS["merged"], SingleCommunicator()) as ex:
+        buf = ex.buffer
+        before = buf.__array_interface__["data"][0]
+        for _ in range(3):
+            net.backward(hook=ex.on_learnable_done)
+            ex.wait()
+        assert ex.buffer is buf and buf.__array_interface__["data"][0] == before
+        assert buf.size == sum(b.diff.size for b in net.learnable_params)
+
+
+def test_backward_is_not_blocked_by_communication():
+    """The hook is a queue put: a slow all-reduce must not slow the backward pass."""
+    world = LocalWorld(2, timeout=10, delay=lambda rank, seq, op: 0.2)
+    comms = world.communicators()
+    nets = [FakeNet(rank=r) for r in range(2)]
+
+    def rank_main(r):
+        with GradientExecutor.from_net(nets[r], PLANS["wfbp"], comms[r]) as ex:
+            t0 = time.perf_counter()
+            nets[r].backward(hook=ex.on_learnable_done)
+            t_backward = time.perf_counter() - t0
+            ex.wait()
+            return t_backward, time.perf_counter() - t0
+
+    results, errors = run_ranks(2, rank_main)
+    assert errors == [None, None]
+    for t_backward, t_total in results:
+        assert t_backward < 0.1 and t_total >= 0.8  # 4 groups x 0.2 s happen after backward
+
+
+def test_wait_reraises_thread_failure_with_rank():
+    world = LocalWorld(2, timeout=10, fail=lambda rank, seq, op: rank == 1 and seq == 2)
+    comms = world.communicators()
+    nets = [FakeNet(rank=r) for r in range(2)]
+
+    def rank_main(r):
+        ex = GradientExecutor.from_net(nets[r], PLANS["wfbp"], comms[r], timeout=3)
+        try:
+            nets[r].backward(hook=ex.on_learnable_done)
+            ex.wait()
+        finally:
+            if r == 1:
+                world.abort(1, 1)  # what fail_all does: the healthy rank must not hang
+            ex.close()
+
+    t0 = time.perf_counter()
+    _, errors = run_ranks(2, rank_main)
+    assert time.perf_counter() - t0 < 5
+    assert isinstance(errors[1], CommError) and "rank 1" in str(errors[1])
+    assert "injected failure" in str(errors[1])
+    assert isinstance(errors[0], CommError) and "rank 0" in str(errors[0])
+
+
+def test_watchdog_fires_when_a_peer_never_joins():
+    """Rank 1 never runs backward: rank 0's wait() gives up, naming the group, not hanging."""
+    world = LocalWorld(2, timeout=60)
+    comm0 = world.communicators()[0]
+    net = FakeNet()
+    ex = GradientExecutor.from_net(net, PLANS["merged"], comm0, timeout=0.5)
+    net.backward(hook=ex.on_learnable_done)
+    t0 = time.perf_counter()
+    with pytest.raises(CommError, match=r"rank 0: all-reduce of group 0 \(fc2, fc1; \d+ bytes\)"):
+        ex.wait()
+    assert time.perf_counter() - t0 < 2
+    world.abort(0, 3)  # releases the thread blocked in the collective
+
+
+def test_backward_stall_is_reported_by_the_thread():
+    net = FakeNet()
+    ex = GradientExecutor.from_net(net, PLANS["wfbp"], SingleCommunicator(), timeout=0.4)
+    ex.on_learnable_done(4)  # fc2 arrives, then nothing
+    with pytest.raises(CommError, match=r"rank 0: waited 0.4 s for the gradient of layer "
+                                        r"'fc1' \(group 1\)"):
+        ex.wait()
+    ex.close()
+
+
+def test_out_of_order_layer_is_an_error():
+    net = FakeNet()
+    ex = GradientExecutor.from_net(net, PLANS["wfbp"], SingleCommunicator(), timeout=5)
+    ex.on_learnable_done(4)
+    ex.on_learnable_done(2)
+    with pytest.raises(CommError, match="reported layer 'conv2' but layer 'fc1' comes next"):
+        ex.wait()
+    with pytest.raises(CommError):  # the hook refuses to run on once the thread failed
+        ex.on_learnable_done(1)
+    ex.close()
+
+
+@pytest.mark.parametrize("groups, message", [
+    ([["fc2", "fc1"], ["conv1", "conv2"]], "position 2 .* 'conv1' in the plan but 'conv2'"),
+    ([["fc2", "fc1", "conv2"]], "the plan has 3 learnable layers, the net 4"),
+    ([["fc2", "fc1", "conv2", "conv1", "extra"]], "the plan also has 'extra'"),
+])
+def test_plan_must_match_the_net(groups, message):
+    with pytest.raises(CommError, match=message):
+        GradientExecutor.from_net(FakeNet(), plan(*groups), SingleCommunicator())
+
+
+def test_shared_parameter_owned_twice_is_refused():
+    net = FakeNet()
+    net.learnable_layers[1].param_ids.append(0)  # conv2 claims conv1's weights too
+    with pytest.raises(CommError, match="owned by both 'conv1' and 'conv2'"):
+        GradientExecutor.from_net(net, PLANS["wfbp"], SingleCommunicator())
+
+
+def test_plan_can_change_between_iterations():
+    net = FakeNet()
+    comm = Recording(SingleCommunicator())
+    with GradientExecutor.from_net(net, PLANS["synceasgd"], comm) as ex:
+        net.backward(hook=ex.on_learnable_done)
+        ex.wait()
+        ex.set_plan(PLANS["wfbp"])
+        net.backward(hook=ex.on_learnable_done)
+        ex.wait()
+    assert comm.sizes == group_sizes(net, PLANS["synceasgd"].groups) + \
+        group_sizes(net, PLANS["wfbp"].groups)
+
+
+def test_trace_records_each_group_with_bytes():
+    net = FakeNet()
+    tracer = Tracer(rank=0)
+    with GradientExecutor.from_net(net, PLANS["merged"], SingleCommunicator(),
+                                   tracer=tracer) as ex:
+        net.backward(hook=ex.on_learnable_done)
+        ex.wait()
+    ar = [e for e in tracer.events if e["cat"] == "allreduce"]
+    assert [e["args"]["layers"] for e in ar] == PLANS["merged"].groups
+    assert [e["args"]["bytes"] for e in ar] == [4 * s for s in
+                                                group_sizes(net, PLANS["merged"].groups)]
+    grads = [e for e in tracer.events if e["cat"] == "grad"]
+    assert [e["name"] for e in grads] == ["fc2", "fc1", "conv2", "conv1"]

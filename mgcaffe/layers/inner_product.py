@@ -1,0 +1,91 @@
+"""InnerProduct (Caffe's fully connected layer): one GEMM forward, up to two backward.
+
+The bottom is viewed as a matrix (M, K): M = product of the axes before `axis` (default 1),
+K = product of the rest. Weight (num_output, K), or (K, num_output) with `transpose: true`
+(as in a .caffemodel); bias (num_output,). Top shape: bottom.shape[:axis] + (num_output,).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ..blob import Blob
+from ..fillers import fill_blob, filler_rng
+from .base import Layer
+from .registry import register_layer
+
+
+@register_layer
+class InnerProduct(Layer):
+    """top = bottom @ weight.T (+ bias); `transpose` stores the weight as (K, num_output)."""
+
+    type = "InnerProduct"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.inner_product_param
+        shape = bottom[0].shape
+        if not -len(shape) <= p.axis < max(len(shape), 1):
+            raise self.error(f"axis {p.axis} out of range for bottom shape {shape}")
+        self.axis = p.axis % len(shape)
+        self.num_output = int(p.num_output)
+        if self.num_output <= 0:
+            raise self.error(f"num_output must be positive, got {self.num_output}")
+        self.transpose = bool(p.transpose)
+        self.bias_term = bool(p.bias_term)
+        self.k = prod(shape[self.axis:])
+        self._weight_grad = None  # scratch for dW before it is added into the diff
+        weight_shape = ((self.k, self.num_output) if self.transpose
+                        else (self.num_output, self.k))
+        shapes = [weight_shape] + ([(self.num_output,)] if self.bias_term else [])
+        if self.blobs:  # loaded weights: Caffe skips the fillers but checks the shapes
+            found = [b.shape for b in self.blobs]
+            if found != shapes:
+                raise self.error(f"expected parameter blobs of shapes {shapes} (weight, bias), "
+                                 f"found {found}")
+            return
+        rng = filler_rng(self.ctx.seed, self.name)
+        for i, (shape_i, filler) in enumerate(zip(shapes, (p.weight_filler, p.bias_filler))):
+            blob = Blob(shape_i, xp=self.xp, dtype=self.dtype, name=f"{self.name}[{i}]")
+            fill_blob(blob, filler, rng)
+            self.blobs.append(blob)
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) < self.axis or prod(shape[self.axis:]) != self.k:
+            raise self.error(f"input size incompatible with the weights: expected "
+                             f"{self.k} values per item from axis {self.axis} on, got shape "
+                             f"{shape}")
+        self.m = prod(shape[:self.axis])
+        top[0].reshape(shape[:self.axis] + (self.num_output,))
+
+    def _weight_as_k_by_n(self, array):
+        """The (K, num_output) operand of x @ W, a view either way (BLAS transposes free)."""
+        return array if self.transpose else array.T
+
+    def forward(self, bottom, top):
+        x = bottom[0].data.reshape(self.m, self.k)
+        out = top[0].data.reshape(self.m, self.num_output)
+        self.xp.matmul(x, self._weight_as_k_by_n(self.blobs[0].data), out=out)
+        if self.bias_term:
+            out += self.blobs[1].data
+
+    def backward(self, top, propagate_down, bottom):
+        top_diff = top[0].diff.reshape(self.m, self.num_output)
+        weight = self.blobs[0]
+        if self.param_propagate_down[0]:
+            x = bottom[0].data.reshape(self.m, self.k)
+            if self._weight_grad is None:
+                self._weight_grad = self.xp.empty(weight.shape, dtype=self.dtype)
+            # dW (as K x N) = x.T @ dtop; written in the weight's own layout, then added.
+            if self.transpose:
+                self.xp.matmul(x.T, top_diff, out=self._weight_grad)
+            else:
+                self.xp.matmul(top_diff.T, x, out=self._weight_grad)
+            weight.diff += self._weight_grad
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff += top_diff.sum(axis=0)
+        if propagate_down[0]:
+            out = bottom[0].diff.reshape(self.m, self.k)
+            self.xp.matmul(top_diff, self._weight_as_k_by_n(weight.data).T, out=out)

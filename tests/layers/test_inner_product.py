@@ -1,0 +1,121 @@
+"""InnerProduct: shapes, forward against explicit sums, gradients, accumulation, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.errors import LayerError
+from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.proto import caffe_pb2
+
+
+def ip_param(body: str, name: str = "fc") -> caffe_pb2.LayerParameter:
+    text = (f'name: "{name}" type: "InnerProduct" inner_product_param {{ {body} '
+            'weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    return text_format.Parse(text, caffe_pb2.LayerParameter())
+
+
+CASES = [
+    # body, bottom shape, top shape
+    ("num_output: 4", (3, 2, 2, 3), (3, 4)),
+    ("num_output: 5 transpose: true", (2, 6), (2, 5)),
+    ("num_output: 3 bias_term: false", (2, 3, 2), (2, 3)),
+    ("num_output: 3 axis: 2", (2, 3, 4, 2), (2, 3, 3)),
+    ("num_output: 2 axis: -1 transpose: true", (2, 2, 5), (2, 2, 2)),
+    ("num_output: 3 axis: 0", (2, 3), (3,)),
+]
+
+
+def naive_ip(x, w, b, axis, transpose):
+    m = int(np.prod(x.shape[:axis]))
+    rows = x.reshape(m, -1)
+    n_out = w.shape[1] if transpose else w.shape[0]
+    out = np.zeros((m, n_out))
+    for i, j in itertools.product(range(m), range(n_out)):
+        weights = w[:, j] if transpose else w[j]
+        out[i, j] = sum(rows[i, k] * weights[k] for k in range(rows.shape[1]))
+        if b is not None:
+            out[i, j] += b[j]
+    return out.reshape(x.shape[:axis] + (n_out,))
+
+
+@pytest.mark.parametrize("body,shape,top_shape", CASES)
+def test_forward_matches_naive(body, shape, top_shape):
+    layer, bottom, top = make_layer(ip_param(body), [shape])
+    assert top[0].shape == top_shape
+    k = int(np.prod(shape[layer.axis:]))
+    n_out = top_shape[-1]
+    assert layer.blobs[0].shape == ((k, n_out) if layer.transpose else (n_out, k))
+    layer.forward(bottom, top)
+    b = layer.blobs[1].data if layer.bias_term else None
+    expected = naive_ip(bottom[0].data, layer.blobs[0].data, b, layer.axis, layer.transpose)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("body,shape,top_shape", CASES)
+def test_gradients(body, shape, top_shape):
+    layer, bottom, top = make_layer(ip_param(body), [shape])
+    check_layer_gradients(layer, bottom, top, max_checks=50)
+
+
+@pytest.mark.parametrize("transpose", ["false", "true"])
+def test_param_diffs_accumulate_and_bottom_diff_is_overwritten(transpose):
+    layer, bottom, top = make_layer(ip_param(f"num_output: 3 transpose: {transpose}"),
+                                    [(4, 5)])
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)
+    bottom[0].diff[...] = 3.0
+    layer.backward(top, [True], bottom)
+    first = [p.diff.copy() for p in layer.blobs]
+    first_bottom = bottom[0].diff.copy()
+    assert all(np.abs(f).sum() > 0 for f in first)
+    layer.backward(top, [True], bottom)
+    for p, f in zip(layer.blobs, first):
+        np.testing.assert_allclose(p.diff, 2 * f, rtol=1e-12)
+    np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
+
+
+def test_propagate_down_false_leaves_bottom_diff_alone():
+    layer, bottom, top = make_layer(ip_param("num_output: 3"), [(4, 5)])
+    layer.forward(bottom, top)
+    top[0].diff[...] = 1.0
+    bottom[0].diff[...] = 3.0
+    layer.backward(top, [False], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, 3.0)
+    layer.param_propagate_down = [False, False]
+    for p in layer.blobs:
+        p.diff[...] = 0
+    layer.backward(top, [True], bottom)
+    assert all(np.all(p.diff == 0) for p in layer.blobs)
+    assert not np.all(bottom[0].diff == 3.0)
+
+
+def test_float32_stays_float32():
+    layer, bottom, top = make_layer(ip_param("num_output: 3"), [(2, 4)], dtype=np.float32)
+    layer.forward(bottom, top)
+    assert top[0].data.dtype == np.float32
+    layer.backward(top, [True], bottom)
+    assert bottom[0].diff.dtype == np.float32 and layer.blobs[0].diff.dtype == np.float32
+
+
+@pytest.mark.parametrize("body,message", [
+    ("num_output: 0", "num_output must be positive"),
+    ("num_output: 2 axis: 4", "axis 4 out of range"),
+])
+def test_errors_name_the_layer(body, message):
+    with pytest.raises(LayerError, match=f"'bad_fc'.*{message}"):
+        make_layer(ip_param(body, name="bad_fc"), [(2, 3)])
+
+
+def test_reshape_keeps_k_fixed():
+    layer, bottom, top = make_layer(ip_param("num_output: 2"), [(2, 3, 4)])
+    bottom[0].reshape(5, 12)
+    layer.reshape(bottom, top)
+    assert top[0].shape == (5, 2)
+    bottom[0].reshape(5, 11)
+    with pytest.raises(LayerError, match="12 values per item"):
+        layer.reshape(bottom, top)

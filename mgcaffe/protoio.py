@@ -201,25 +201,26 @@ def blobproto_to_array(bp: caffe_pb2.BlobProto, dtype=np.float32, *, diff: bool 
 def array_to_blobproto(data, diff=None) -> caffe_pb2.BlobProto:
     """A BlobProto (with BlobShape) holding `data` and optionally `diff`.
 
-    float64 arrays go to double_data/double_diff (as Caffe's double blobs do); anything
-    else is stored as float32.
+    float64 data goes to double_data/double_diff (as Caffe's double blobs do); anything
+    else is stored as float32. The diff is stored in the data's precision.
     """
     data = np.asarray(data)
     bp = caffe_pb2.BlobProto()
     bp.shape.dim.extend(int(d) for d in data.shape)
-    _fill(bp, "data", data)
+    double = data.dtype == np.float64
+    _fill(bp, "data", data, double)
     if diff is not None:
         diff = np.asarray(diff)
         if diff.shape != data.shape:
             raise MgcaffeError(f"array_to_blobproto: diff shape {list(diff.shape)} differs "
                                f"from data shape {list(data.shape)}")
-        _fill(bp, "diff", diff)
+        _fill(bp, "diff", diff, double)
     return bp
 
 
-def _fill(bp: caffe_pb2.BlobProto, kind: str, values: np.ndarray) -> None:
-    if values.dtype == np.float64:
-        getattr(bp, "double_" + kind).extend(values.ravel().tolist())
+def _fill(bp: caffe_pb2.BlobProto, kind: str, values: np.ndarray, double: bool) -> None:
+    if double:
+        getattr(bp, "double_" + kind).extend(values.astype(np.float64).ravel().tolist())
     else:
         getattr(bp, kind).extend(values.astype(np.float32).ravel().tolist())
 

@@ -1,0 +1,319 @@
+"""Net: a DAG of layers built from a NetParameter; forward, backward with a per-layer hook.
+
+Semantics follow BVLC Caffe's Net (see docs/design.md, "Net contract"): phase/level/stage
+filtering, automatic Split layers, in-place layers, loss weights, propagate_down,
+force_backward, parameter sharing by ParamSpec name, reshaping when input shapes change.
+
+Learnable layers are a first-class, documented order: `net.learnable_layers[k-1]` is learnable
+layer k, numbered 1 (input side) .. L (output side). A layer is learnable when it OWNS at least
+one parameter blob with lr_mult != 0 (shared parameters belong to the first layer that
+declares their name). During backward, `on_learnable_done(k)` is called right after layer k's
+backward, in the order L, L-1, ..., 1; at that moment layer k's parameter diffs are final for
+this backward pass (every sharer's backward ran earlier, since sharers come after owners).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import CPU, Device
+from .errors import NetError
+from .layers.base import TEST, TRAIN
+from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
+from .proto import caffe_pb2
+
+__all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
+
+
+@dataclass(frozen=True)
+class LearnableLayer:
+    """Learnable layer `index` (1 = input side .. L = output side).
+
+    layer_id indexes `net.layers`; param_ids index `net.learnable_params` (the blobs this
+    layer owns with lr_mult != 0); count is their total number of elements.
+    """
+
+    index: int
+    name: str
+    layer_id: int
+    param_ids: tuple[int, ...]
+    count: int
+
+
+class Net:
+    """A Caffe network. See the module docstring and docs/design.md for the contract.
+
+    `Net(model, phase=TRAIN, weights=None, ...)`; pycaffe's older positional form
+    `Net(model, weights_path, phase)` is accepted too. `model` is a prototxt path or a
+    NetParameter. `device` defaults to the CPU (the pycaffe-style `mgcaffe.Net` uses the
+    process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`).
+    """
+
+    def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
+                 device: Device | None = None, dtype=np.float32, seed: int | None = None,
+                 rank: int = 0, world_size: int = 1):
+        if isinstance(phase, (str, os.PathLike)):  # pycaffe's Net(model, weights, phase)
+            phase, weights = weights, phase
+        if phase not in (TRAIN, TEST):
+            raise NetError(f"Net: phase must be mgcaffe.TRAIN ({TRAIN}) or mgcaffe.TEST "
+                           f"({TEST}), got {phase!r}")
+        from .protoio import filter_net, read_net_param  # noqa: PLC0415 - heavy, lazy
+
+        self.device = device or CPU
+        self.xp = self.device.xp
+        self.dtype = np.dtype(dtype)
+        self.phase = phase
+        param = read_net_param(model)
+        if not stages and param.HasField("state"):
+            stages = tuple(param.state.stage)
+        if not level and param.HasField("state"):
+            level = param.state.level
+        self.net_param = insert_splits(filter_net(param, phase, level, tuple(stages)))
+        self.name = self.net_param.name
+        g = build_graph(self.net_param, phase, xp=self.xp, dtype=self.dtype, seed=seed,
+                        rank=rank, world_size=world_size)
+        self._adopt(g)
+        self.loss = 0.0
+        if weights is not None:
+            self.copy_from(weights)
+
+    def _adopt(self, g) -> None:
+        """Take over the built graph as this net's public attributes."""
+        self.layers = g.layers
+        self.layer_names = g.layer_names
+        self._layer_index = name_index(g.layer_names)
+        self.blobs = OrderedDict(zip(g.blob_names, g.blobs))
+        self._bottom_vecs = [[g.blobs[i] for i in ids] for ids in g.bottom_ids]
+        self._top_vecs = [[g.blobs[i] for i in ids] for ids in g.top_ids]
+        self.bottom_names = OrderedDict(
+            (n, [g.blob_names[i] for i in ids]) for n, ids in zip(g.layer_names, g.bottom_ids))
+        self.top_names = OrderedDict(
+            (n, [g.blob_names[i] for i in ids]) for n, ids in zip(g.layer_names, g.top_ids))
+        self.inputs = [g.blob_names[i] for i in g.input_ids]
+        self.outputs = [g.blob_names[i] for i in g.output_ids]
+        self.blob_loss_weights = OrderedDict(zip(g.blob_names, g.blob_loss_weights))
+        self.layer_need_backward = g.layer_need_backward
+        self.bottom_need_backward = g.bottom_need_backward
+        self.bottom_need_backward_unpruned = g.bottom_need_backward_unpruned
+        self.params = OrderedDict((n, layer.blobs) for n, layer in zip(g.layer_names, g.layers)
+                                  if layer.blobs)
+        self.learnable_params = g.learnable_params
+        self.params_lr = g.params_lr
+        self.params_weight_decay = g.params_weight_decay
+        self.param_owners = g.param_owner
+        self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
+        self.learnable_layers = []
+        self._learnable_of_layer: list[int | None] = [None] * len(g.layers)
+        for layer_id, name in enumerate(g.layer_names):
+            ids = tuple(i for i, owner in enumerate(g.learnable_param_layer)
+                        if owner == layer_id and g.params_lr[i] != 0)
+            if ids:
+                k = len(self.learnable_layers) + 1
+                count = sum(g.learnable_params[i].count for i in ids)
+                self.learnable_layers.append(LearnableLayer(k, name, layer_id, ids, count))
+                self._learnable_of_layer[layer_id] = k
+        self._shapes = [self._shape_key(i) for i in range(len(self.layers))]
+
+    # -- lookups
+    def layer_id(self, name: str) -> int:
+        """Index of the layer called `name` in `net.layers`."""
+        try:
+            return self._layer_index[name]
+        except KeyError:
+            raise NetError(f"net {self.name!r}: no layer named {name!r}") from None
+
+    def layer_by_name(self, name: str):
+        return self.layers[self.layer_id(name)]
+
+    # -- reshaping
+    def _shape_key(self, i: int):
+        return tuple(b.data.shape for b in self._bottom_vecs[i] + self._top_vecs[i])
+
+    def _reshape_layer(self, i: int) -> None:
+        layer, top = self.layers[i], self._top_vecs[i]
+        layer.reshape(self._bottom_vecs[i], top)
+        # A reshaped top is reallocated with a zero diff: restore its loss weight.
+        for blob, weight in zip(top, layer.loss_weights):
+            if weight:
+                blob.diff[...] = weight
+        self._shapes[i] = self._shape_key(i)
+
+    def reshape(self) -> None:
+        """Propagate input shapes through the net (pycaffe's net.reshape()).
+
+        Layers without bottoms (inputs, data layers) keep the shapes they have: as in
+        Caffe their reshape is a no-op, which is what lets `net.blobs['data'].reshape(...)`
+        drive the rest of the net.
+        """
+        for i in range(len(self.layers)):
+            if self._bottom_vecs[i]:
+                self._guard(i, "reshape", self._reshape_layer, i)
+
+    def _guard(self, i: int, stage: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
+            err = wrap_layer_error(self.layers[i].param, stage, exc)
+            if err is None:
+                raise
+            raise err from exc
+
+    # -- forward
+    def forward_layer(self, i: int) -> float:
+        """Run layer i's forward (reshaping it first if its blob shapes changed); its loss."""
+        layer = self.layers[i]
+        bottom, top = self._bottom_vecs[i], self._top_vecs[i]
+        try:
+            if bottom and self._shape_key(i) != self._shapes[i]:
+                self._reshape_layer(i)
+            layer.forward(bottom, top)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
+            err = wrap_layer_error(layer.param, "forward", exc)
+            if err is None:
+                raise
+            raise err from exc
+        return layer.loss(top) if self._has_loss[i] else 0.0
+
+    def _forward_range(self, start: int, end: int) -> float:
+        loss = 0.0
+        for i in range(start, end + 1):
+            loss += self.forward_layer(i)
+        self.loss = loss
+        return loss
+
+    def forward(self, blobs=None, start: str | None = None, end: str | None = None,
+                **inputs):
+        """pycaffe's forward: set `inputs` (reshaping where their shape differs), run layers
+        `start`..`end` (names; default all) and return {name: data array} for the outputs
+        (or, with `end`, that layer's tops) plus the names in `blobs`. The objective of the
+        layers run is kept in `net.loss`."""
+        start_i = self.layer_id(start) if start is not None else 0
+        if end is not None:
+            end_i = self.layer_id(end)
+            wanted = self.top_names[end]
+        else:
+            end_i = len(self.layers) - 1
+            wanted = self.outputs
+        self._set_blobs(inputs, self.inputs, "data", "inputs")
+        self._forward_range(start_i, end_i)
+        return self._collect(list(wanted) + list(blobs or []), "data")
+
+    def _set_blobs(self, values: dict, allowed: list[str], which: str, what: str) -> None:
+        for name, value in values.items():
+            if name not in allowed:
+                raise NetError(f"net {self.name!r}: {name!r} is not one of the net {what} "
+                               f"({', '.join(allowed) or 'none'})")
+            blob = self.blobs[name]
+            value = self.xp.asarray(value, dtype=self.dtype)
+            if which == "data":
+                blob.reshape(value.shape)
+                blob.data = value
+            else:
+                blob.diff = value
+
+    def _collect(self, names: list[str], which: str) -> dict:
+        out = {}
+        for name in names:
+            if name not in self.blobs:
+                raise NetError(f"net {self.name!r}: no blob named {name!r}")
+            out[name] = getattr(self.blobs[name], which)
+        return out
+
+    # -- backward
+    def backward_layer(self, i: int, propagate_down=None) -> None:
+        """Run layer i's backward (propagate_down defaults to the net's rule for it)."""
+        layer = self.layers[i]
+        if propagate_down is None:
+            propagate_down = self.bottom_need_backward[i]
+        try:
+            layer.backward(self._top_vecs[i], propagate_down, self._bottom_vecs[i])
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
+            err = wrap_layer_error(layer.param, "backward", exc)
+            if err is None:
+                raise
+            raise err from exc
+
+    def _backward_range(self, start: int, end: int,
+                        on_learnable_done: Callable[[int], None] | None) -> None:
+        need = self.layer_need_backward
+        learnable = self._learnable_of_layer
+        for i in range(start, end - 1, -1):
+            if need[i]:
+                self.backward_layer(i)
+            if on_learnable_done is not None and learnable[i] is not None:
+                on_learnable_done(learnable[i])
+
+    def backward(self, diffs=None, start: str | None = None, end: str | None = None,
+                 on_learnable_done: Callable[[int], None] | None = None, **top_diffs):
+        """pycaffe's backward: set output diffs from `top_diffs`, run layers `start`..`end`
+        backwards (names; default all) and return {name: diff array} for the inputs (or,
+        with `end`, that layer's bottoms) plus the names in `diffs`.
+
+        `on_learnable_done(k)` is called right after learnable layer k's backward (k = L..1;
+        also for a learnable layer whose backward was skipped, its diffs being final then).
+        """
+        start_i = self.layer_id(start) if start is not None else len(self.layers) - 1
+        if end is not None:
+            end_i = self.layer_id(end)
+            wanted = self.bottom_names[end] or self.top_names[end]
+        else:
+            end_i = 0
+            wanted = self.inputs
+        self._set_blobs(top_diffs, self.outputs, "diff", "outputs")
+        self._backward_range(start_i, end_i, on_learnable_done)
+        return self._collect(list(wanted) + list(diffs or []), "diff")
+
+    def forward_backward(self, on_learnable_done: Callable[[int], None] | None = None) -> float:
+        """One forward and one backward over the whole net (data layers feed themselves);
+        returns the loss. Parameter diffs accumulate: call clear_param_diffs() first."""
+        loss = self._forward_range(0, len(self.layers) - 1)
+        self._backward_range(len(self.layers) - 1, 0, on_learnable_done)
+        return loss
+
+    # -- parameters
+    def clear_param_diffs(self) -> None:
+        """Zero every owned parameter diff (the solver does this once per iteration)."""
+        for blob in self.learnable_params:
+            blob.diff.fill(0)
+
+    def update(self) -> None:
+        """Caffe's Net::Update: data -= diff for every owned parameter blob."""
+        for blob in self.learnable_params:
+            data = blob.data
+            self.xp.subtract(data, blob.diff, out=data)
+
+    def share_weights(self, other: Net) -> None:
+        """Make this net's parameter data the arrays of `other`'s layers of the same name
+        (Caffe's ShareTrainedLayersWith: test nets follow the train net's weights)."""
+        from .net_weights import share_trained_layers  # noqa: PLC0415
+
+        share_trained_layers(self, other)
+
+    # -- weights
+    def copy_from(self, source) -> None:
+        """Load weights from a .caffemodel path or a NetParameter, matching layers by name."""
+        from .net_weights import copy_trained_layers  # noqa: PLC0415
+
+        copy_trained_layers(self, source)
+
+    def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
+        """The net with its parameter blobs as a NetParameter (what a .caffemodel holds)."""
+        from .net_weights import net_to_proto  # noqa: PLC0415
+
+        return net_to_proto(self, write_diff)
+
+    def save(self, path, write_diff: bool = False) -> None:
+        """Write the weights as a binary .caffemodel (atomically) that BVLC Caffe loads."""
+        from .protoio import write_caffemodel  # noqa: PLC0415
+
+        write_caffemodel(self.to_proto(write_diff), path)
+
+    def __repr__(self) -> str:
+        return (f"<Net {self.name!r} {'TRAIN' if self.phase == TRAIN else 'TEST'}: "
+                f"{len(self.layers)} layers, {len(self.learnable_layers)} learnable, "
+                f"{self.device}>")

@@ -1,0 +1,100 @@
+"""A Net's weights in and out: Caffe's CopyTrainedLayersFrom, ToProto, ShareTrainedLayersWith.
+
+Layers are matched by name. A source layer with no layer of its name in the net is ignored
+(the net keeps that layer's initial values); a matched layer must have as many blobs as the
+source, each of the same shape. Old caffemodels give 4-D legacy shapes (num, channels,
+height, width); like Caffe, those match a blob of at most 4 axes whose shape, padded on the
+left with 1s to 4 axes, is equal (an InnerProduct weight (M, N) stored as 1x1xMxN).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .backend import to_host
+from .errors import NetError
+from .proto import caffe_pb2
+
+log = logging.getLogger(__name__)
+
+_LEGACY_FIELDS = ("num", "channels", "height", "width")
+
+
+def _legacy_dims(blob_proto) -> tuple[int, ...] | None:
+    if any(blob_proto.HasField(f) for f in _LEGACY_FIELDS):
+        return tuple(int(getattr(blob_proto, f)) for f in _LEGACY_FIELDS)
+    return None
+
+
+def shape_matches(shape: tuple[int, ...], blob_proto) -> bool:
+    """Caffe's Blob::ShapeEquals(BlobProto)."""
+    legacy = _legacy_dims(blob_proto)
+    if legacy is not None:
+        return len(shape) <= 4 and (1,) * (4 - len(shape)) + tuple(shape) == legacy
+    return tuple(shape) == tuple(int(d) for d in blob_proto.shape.dim)
+
+
+def _source_param(source) -> caffe_pb2.NetParameter:
+    from .protoio import read_caffemodel, read_net_param  # noqa: PLC0415
+
+    if isinstance(source, (str, os.PathLike)):
+        return read_caffemodel(source)
+    if isinstance(source, caffe_pb2.NetParameter):
+        return read_net_param(source)
+    raise NetError(f"copy_from: expected a .caffemodel path or a NetParameter, got "
+                   f"{type(source).__name__}")
+
+
+def copy_trained_layers(net, source) -> None:
+    """Copy the parameter blobs of `source` (path or NetParameter) into `net` by layer name."""
+    from .protoio import blobproto_shape, blobproto_to_array  # noqa: PLC0415
+
+    param = _source_param(source)
+    for src in param.layer:
+        if src.name not in net._layer_index:
+            log.info("Ignoring source layer %s", src.name)
+            continue
+        target = net.layers[net._layer_index[src.name]].blobs
+        if len(target) != len(src.blobs):
+            raise NetError(f"copy_from: layer {src.name!r} has {len(target)} parameter "
+                           f"blobs in the net but {len(src.blobs)} in the weights")
+        for j, (blob, bp) in enumerate(zip(target, src.blobs)):
+            if not shape_matches(blob.shape, bp):
+                raise NetError(f"copy_from: layer {src.name!r} blob {j}: the weights have "
+                               f"shape {blobproto_shape(bp)}, the net expects {blob.shape}; "
+                               f"rename the layer to learn it from scratch")
+            values = blobproto_to_array(bp, blob.dtype, where=f"layer {src.name!r} blob {j}")
+            blob.data[...] = net.xp.asarray(values.reshape(blob.shape))
+
+
+def net_to_proto(net, write_diff: bool = False) -> caffe_pb2.NetParameter:
+    """Caffe's Net::ToProto: name, every layer's parameter message, and its blobs."""
+    from .protoio import array_to_blobproto  # noqa: PLC0415
+
+    out = caffe_pb2.NetParameter()
+    out.name = net.name
+    for layer in net.layers:
+        lp = out.layer.add()
+        lp.CopyFrom(layer.param)
+        del lp.blobs[:]
+        for blob in layer.blobs:
+            diff = to_host(blob.diff) if write_diff else None
+            lp.blobs.append(array_to_blobproto(to_host(blob.data), diff))
+    return out
+
+
+def share_trained_layers(net, other) -> None:
+    """Alias `net`'s parameter data to `other`'s, for every layer name both nets have."""
+    for name, source_layer in zip(other.layer_names, other.layers):
+        if name not in net._layer_index:
+            continue
+        target = net.layers[net._layer_index[name]].blobs
+        if len(target) != len(source_layer.blobs):
+            raise NetError(f"share_weights: layer {name!r} has {len(target)} parameter blobs "
+                           f"here but {len(source_layer.blobs)} in net {other.name!r}")
+        for j, (mine, theirs) in enumerate(zip(target, source_layer.blobs)):
+            if mine.shape != theirs.shape:
+                raise NetError(f"share_weights: layer {name!r} blob {j}: shape {mine.shape} "
+                               f"here, {theirs.shape} in net {other.name!r}")
+            mine.share_data(theirs)

@@ -1,0 +1,462 @@
+"""The Solver: builds the train and test nets and runs Caffe's training loop.
+
+One iteration (docs/design.md, "Solver contract"): clear parameter diffs, iter_size x
+`net.forward_backward` (the last one passes `gradient_sync.on_learnable_done`),
+`gradient_sync.wait()`, check the loss and gradients are finite, then `apply_update()`
+(the subclass's rule: clip, normalise by iter_size, regularise, compute the update value,
+`net.update()`). Testing, display, snapshots and stop requests happen where Caffe's
+Solver::Step does them, with Caffe's log lines.
+
+Non-finite values: the loss (a host float already) is checked every iteration; the
+gradients are checked every iteration through one fused reduction, the global sum of
+squared diffs, which gradient clipping needs anyway (one dot product per parameter blob and
+one device-to-host copy per iteration; cheap next to forward/backward). Only when it is not
+finite are the blobs scanned one by one to name the layer.
+
+Outside control (the distributed trainer, signals) plugs in without the solver knowing it:
+`action_function()` returns a SolverAction after each iteration (Caffe's
+SetActionFunction), and each object in `iteration_hooks` may define
+`before_iteration(solver)`, `after_iteration(solver)` and `should_stop() -> bool`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+from google.protobuf import text_format
+
+from ..backend import CPU, Device, gpu_available, to_host
+from ..errors import SolverError
+from ..proto import caffe_pb2
+from . import snapshot as snap
+from .actions import SolverAction
+from .lr_policy import learning_rate
+from .params import check_solver_param, load_solver_param, resolve_net_path
+
+log = logging.getLogger("mgcaffe.solvers")
+
+
+def _g(x: float) -> str:
+    """A number as C++ ostream prints a float (6 significant digits), as Caffe's logs show."""
+    return f"{float(x):.6g}"
+
+
+def select_device(param: caffe_pb2.SolverParameter, device: Device | None,
+                  source: str) -> Device:
+    """The device to train on.
+
+    An explicit `device` (the command line's --gpu, or the caller) is obeyed, and a GPU
+    that is not there is an error. Otherwise solver_mode decides, as in `caffe train`: only
+    a `solver_mode: GPU` written in the file selects the GPU (device_id); since most solver
+    files copied from Caffe say GPU, it falls back to the CPU, with a log line, when no GPU
+    is usable.
+    """
+    if device is not None:
+        if device.kind == "gpu" and not gpu_available():
+            raise SolverError(f"{source}: {device} requested but no GPU is usable (CuPy "
+                              "missing or no CUDA device); train on the CPU instead")
+        return device
+    if param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+        if gpu_available():
+            return Device("gpu", param.device_id)
+        log.info("solver_mode is GPU but no GPU is usable (CuPy missing or no CUDA "
+                 "device): using the CPU")
+    return CPU
+
+
+class Solver:
+    """Caffe's Solver. Subclasses set `type`, `history_sets` and `compute_update_value`.
+
+    `Solver(path_or_param, *, device=None, rank=0, world_size=1, gradient_sync=None,
+    iteration_hooks=(), action_function=None, dtype=np.float32)`; `solver_path` names the
+    file a given SolverParameter came from (relative net paths, messages). pycaffe attributes:
+    `net`, `test_nets`, `iter`, `param`; methods `step`, `solve`, `snapshot`, `restore`.
+    """
+
+    type: ClassVar[str] = ""
+    #: History blobs per learnable parameter (2 for AdaDelta and Adam, as in Caffe).
+    history_sets: ClassVar[int] = 1
+
+    def __init__(self, source, *, device: Device | None = None, rank: int = 0,
+                 world_size: int = 1, gradient_sync=None, iteration_hooks=(),
+                 action_function=None, dtype=np.float32, solver_path: str | None = None):
+        param, path = load_solver_param(source)
+        path = path or solver_path  # a message read from `solver_path` by get_solver
+        self.source = path or "<solver>"
+        self.solver_path = path
+        if self.type and param.type != self.type:
+            if param.HasField("type"):
+                log.warning("%s: type is %r; building a %s solver as asked", self.source,
+                            param.type, self.type)
+            param.type = self.type
+        check_solver_param(param, self.source)
+        self.param = param
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.device = select_device(param, device, self.source)
+        self.dtype = np.dtype(dtype)
+        self.gradient_sync = gradient_sync
+        self.iteration_hooks = list(iteration_hooks)
+        self.action_function = action_function
+        self.iter = 0
+        self.current_step = 0
+        self.last_snapshot: tuple[str, str] | None = None
+        self._requested_early_exit = False
+        self._losses: list[float] = []
+        self._smoothed_loss = 0.0
+        self._sumsq: float | None = None  # this iteration's sum of squared diffs
+        self._seed = int(param.random_seed) if param.random_seed >= 0 else None
+        if self.rank == 0:
+            log.info("Initializing solver from parameters: \n%s",
+                     text_format.MessageToString(param))
+        self.net = self._init_train_net()
+        self.test_nets = self._init_test_nets() if self.rank == 0 else []
+        for weights in param.weights:
+            self.load_weights(weights)
+        self._check_snapshot_dir()
+        xp = self.net.xp
+        params = self.net.learnable_params
+        self.history = [xp.zeros(b.shape, dtype=b.dtype)
+                        for _ in range(self.history_sets) for b in params]
+        self._scratch = [xp.zeros(b.shape, dtype=b.dtype) for b in params]
+        log.info("Solver scaffolding done.")
+
+    # -- nets -----------------------------------------------------------------------------
+    def _read_net(self, field: str, value):
+        from ..protoio import read_net_param  # noqa: PLC0415 - heavy, lazy
+
+        if isinstance(value, caffe_pb2.NetParameter):
+            return read_net_param(value)
+        return read_net_param(resolve_net_path(value, self.solver_path, field))
+
+    def _make_net(self, net_param, state: caffe_pb2.NetState):
+        from ..net import Net  # noqa: PLC0415 - the solver imports the net, not vice versa
+
+        net_param.state.CopyFrom(state)
+        return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage),
+                   device=self.device, dtype=self.dtype, seed=self._seed, rank=self.rank,
+                   world_size=self.world_size)
+
+    def _init_train_net(self):
+        p = self.param
+        if p.HasField("train_net_param"):
+            log.info("Creating training net specified in train_net_param.")
+            net_param = self._read_net("train_net_param", p.train_net_param)
+        elif p.HasField("train_net"):
+            log.info("Creating training net from train_net file: %s", p.train_net)
+            net_param = self._read_net("train_net", p.train_net)
+        elif p.HasField("net_param"):
+            log.info("Creating training net specified in net_param.")
+            net_param = self._read_net("net_param", p.net_param)
+        else:
+            log.info("Creating training net from net file: %s", p.net)
+            net_param = self._read_net("net", p.net)
+        # NetState precedence (Caffe): TRAIN default < the net's own state < train_state.
+        state = caffe_pb2.NetState(phase=caffe_pb2.TRAIN)
+        state.MergeFrom(net_param.state)
+        state.MergeFrom(p.train_state)
+        return self._make_net(net_param, state)
+
+    def _init_test_nets(self) -> list:
+        p = self.param
+        specs: list[tuple[str, Any, str]] = []
+        specs += [("test_net_param", n, "test_net_param") for n in p.test_net_param]
+        specs += [("test_net", n, f"test_net file: {n}") for n in p.test_net]
+        # A generic net (net/net_param) serves every test_iter left over.
+        for _ in range(len(p.test_iter) - len(specs)):
+            if p.HasField("net_param"):
+                specs.append(("net_param", p.net_param, "net_param"))
+            else:
+                specs.append(("net", p.net, f"net file: {p.net}"))
+        nets = []
+        for i, (field, value, description) in enumerate(specs):
+            net_param = self._read_net(field, value)
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            state.MergeFrom(net_param.state)
+            if p.test_state:
+                state.MergeFrom(p.test_state[i])
+            log.info("Creating test net (#%d) specified by %s", i, description)
+            net = self._make_net(net_param, state)
+            net.share_weights(self.net)
+            nets.append(net)
+        return nets
+
+    def load_weights(self, paths: str) -> None:
+        """Finetune from comma-separated weight files (.caffemodel or .caffemodel.h5)."""
+        for path in [s for s in paths.split(",") if s]:
+            log.info("Finetuning from %s", path)
+            snap.load_weights(self.net, path)
+            for net in self.test_nets:
+                net.share_weights(self.net)
+
+    def _check_snapshot_dir(self) -> None:
+        p = self.param
+        if self.rank != 0 or not (p.snapshot or p.snapshot_after_train):
+            return
+        directory = os.path.dirname(p.snapshot_prefix) or "."
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+            raise SolverError(f"{self.source}: snapshot_prefix {p.snapshot_prefix!r}: cannot "
+                              f"write to directory {directory!r}; make sure it exists and is "
+                              "writable")
+
+    # -- the loop -------------------------------------------------------------------------
+    def solve(self, resume_file: str | None = None) -> None:
+        """Train to max_iter (optionally resuming a .solverstate first), as Solver::Solve."""
+        p = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", p.lr_policy)
+        self._requested_early_exit = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self._requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        # One more forward to display the loss of the final weights (Caffe does the same).
+        if p.display and self.iter % p.display == 0:
+            self.net.forward()
+            self._update_smoothed_loss(self.net.loss, start_iter)
+            log.info("Iteration %d, loss = %s", self.iter, _g(self._smoothed_loss))
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    def step(self, iters: int) -> None:
+        """Run `iters` iterations (pycaffe's solver.step)."""
+        p = self.param
+        stop_iter = self.iter + int(iters)
+        start_iter = self.iter
+        self._losses = []
+        self._smoothed_loss = 0.0
+        timer, iterations_last = time.perf_counter(), self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if (p.test_interval and self.iter % p.test_interval == 0
+                    and (self.iter > 0 or p.test_initialization)):
+                if self.rank == 0:
+                    self.test_all()
+                if self._requested_early_exit:
+                    break
+            for hook in self.iteration_hooks:
+                if hasattr(hook, "before_iteration"):
+                    hook.before_iteration(self)
+            display = bool(p.display) and self.iter % p.display == 0
+            loss = self._forward_backward()
+            self._update_smoothed_loss(loss, start_iter)
+            if display:
+                lapse = time.perf_counter() - timer
+                per_s = (self.iter - iterations_last) / (lapse or 1.0)
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
+                         _g(per_s), _g(lapse), p.display, _g(self._smoothed_loss))
+                timer, iterations_last = time.perf_counter(), self.iter
+                self._log_outputs(self.net, "Train", self._output_values(self.net), 1)
+            self._check_gradients()
+            self.apply_update()
+            # iter counts the updates made, as in Caffe.
+            self.iter += 1
+            for hook in self.iteration_hooks:
+                if hasattr(hook, "after_iteration"):
+                    hook.after_iteration(self)
+            request = self._requested_action()
+            if ((p.snapshot and self.iter % p.snapshot == 0)
+                    or request == SolverAction.SNAPSHOT):
+                self.snapshot()
+            if request == SolverAction.STOP:
+                self._requested_early_exit = True
+                break
+
+    def _forward_backward(self) -> float:
+        n = self.param.iter_size
+        sync = self.gradient_sync
+        loss = 0.0
+        for i in range(n):
+            hook = sync.on_learnable_done if sync is not None and i == n - 1 else None
+            loss += self.net.forward_backward(on_learnable_done=hook)
+        if sync is not None:
+            sync.wait()
+        loss /= n
+        if not math.isfinite(loss):
+            raise SolverError(f"iteration {self.iter}: the loss is {loss} "
+                              f"({self._first_bad_output()}); training stopped, the last "
+                              "snapshot is kept")
+        return loss
+
+    def _requested_action(self) -> str:
+        action = self.action_function() if self.action_function else SolverAction.NONE
+        for hook in self.iteration_hooks:
+            if hasattr(hook, "should_stop") and hook.should_stop():
+                action = SolverAction.STOP
+        return action
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        # Caffe's UpdateSmoothedLoss: a running mean over the last average_loss values.
+        n = self.param.average_loss
+        if len(self._losses) < n:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self._smoothed_loss = (self._smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % n
+            self._smoothed_loss += (loss - self._losses[idx]) / n
+            self._losses[idx] = loss
+
+    # -- non-finite values ----------------------------------------------------------------
+    def _first_bad_output(self) -> str:
+        """Where the first non-finite activation is, scanning layers in forward order."""
+        xp = self.net.xp
+        for name, tops in self.net.top_names.items():
+            for top in tops:
+                if not bool(xp.isfinite(self.net.blobs[top].data).all()):
+                    return f"first non-finite output: layer {name!r}, top {top!r}"
+        return "no layer output is non-finite"
+
+    def gradient_sumsq(self) -> float:
+        """Sum of squares of every learnable parameter diff (one host transfer)."""
+        xp = self.net.xp
+        total = None
+        for blob in self.net.learnable_params:
+            d = blob.diff.ravel()
+            s = xp.dot(d, d)
+            total = s if total is None else total + s
+        return 0.0 if total is None else float(total)
+
+    def _check_gradients(self) -> None:
+        self._sumsq = self.gradient_sumsq()
+        if math.isfinite(self._sumsq):
+            return
+        xp = self.net.xp
+        bad = [i for i, b in enumerate(self.net.learnable_params)
+               if not bool(xp.isfinite(b.diff).all())]
+        if not bad:
+            # Finite values whose float32 squares overflowed: recompute in float64.
+            self._sumsq = sum(float((to_host(b.diff).astype(np.float64) ** 2).sum())
+                              for b in self.net.learnable_params)
+            return
+        raise SolverError(f"iteration {self.iter}: non-finite gradient in layer "
+                          f"{self._layer_of_param(bad)!r} (the first in backward order; "
+                          f"{len(bad)} parameter blob(s) affected); training stopped, the "
+                          "last snapshot is kept")
+
+    def _layer_of_param(self, bad: list[int]) -> str:
+        bad_set = set(bad)
+        for layer in reversed(self.net.learnable_layers):
+            if bad_set & set(layer.param_ids):
+                return layer.name
+        wanted = {id(self.net.learnable_params[i]) for i in bad}
+        for name in reversed(list(self.net.params)):
+            if any(id(b) in wanted for b in self.net.params[name]):
+                return name
+        return f"learnable parameter #{bad[0]}"
+
+    # -- the update (subclasses) ----------------------------------------------------------
+    def apply_update(self) -> None:
+        """Turn the accumulated gradients into a weight update and apply it."""
+        raise NotImplementedError(f"{type(self).__name__}.apply_update")
+
+    def get_learning_rate(self) -> float:
+        """The rate of the current iteration (updates current_step for step policies)."""
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        return rate
+
+    # -- testing --------------------------------------------------------------------------
+    def test_all(self) -> None:
+        """Run every test net (Caffe's TestAll)."""
+        for k in range(len(self.test_nets)):
+            if self._requested_early_exit:
+                break
+            self.test(k)
+
+    def test(self, k: int) -> None:
+        """Average test net k's outputs over test_iter[k] forward passes and log them."""
+        log.info("Iteration %d, Testing net (#%d)", self.iter, k)
+        net = self.test_nets[k]
+        net.share_weights(self.net)
+        n = self.param.test_iter[k]
+        scores = None
+        loss = 0.0
+        for _ in range(n):
+            request = self._requested_action()
+            while request != SolverAction.NONE:
+                if request == SolverAction.SNAPSHOT:
+                    self.snapshot()
+                elif request == SolverAction.STOP:
+                    self._requested_early_exit = True
+                request = self._requested_action()
+            if self._requested_early_exit:
+                log.info("Test interrupted.")
+                return
+            net.forward()
+            loss += net.loss
+            values = self._output_values(net)
+            scores = values if scores is None else [s + v for s, v in zip(scores, values)]
+        if self.param.test_compute_loss:
+            log.info("Test loss: %s", _g(loss / n))
+        self._log_outputs(net, "Test", scores or [], n)
+
+    # -- output display -------------------------------------------------------------------
+    @staticmethod
+    def _output_values(net) -> list[np.ndarray]:
+        """Each output blob's values, flattened on the host, in net.outputs order."""
+        return [to_host(net.blobs[name].data).astype(np.float64).ravel()
+                for name in net.outputs]
+
+    @staticmethod
+    def _log_outputs(net, which: str, values: list[np.ndarray], divisor: int) -> None:
+        index = 0
+        for name, vec in zip(net.outputs, values):
+            weight = float(net.blob_loss_weights.get(name, 0.0))
+            for v in vec:
+                v = float(np.float32(v / divisor))
+                extra = f" (* {_g(weight)} = {_g(weight * v)} loss)" if weight else ""
+                log.info("    %s net output #%d: %s = %s%s", which, index, name, _g(v), extra)
+                index += 1
+
+    # -- snapshots ------------------------------------------------------------------------
+    def snapshot(self) -> tuple[str, str] | None:
+        """Write `<prefix>_iter_N.caffemodel[.h5]` and `.solverstate[.h5]` (rank 0 only).
+
+        Returns (weights path, state path), or None on other ranks."""
+        if self.rank != 0:
+            return None
+        p = self.param
+        hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
+        model = snap.snapshot_filename(p.snapshot_prefix, self.iter,
+                                       ".caffemodel.h5" if hdf5 else ".caffemodel")
+        log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
+        snap.write_weights(self.net, model, p.snapshot_format, p.snapshot_diff)
+        state_path = snap.snapshot_filename(p.snapshot_prefix, self.iter,
+                                            ".solverstate.h5" if hdf5 else ".solverstate")
+        log.info("Snapshotting solver state to %s file %s", "HDF5" if hdf5 else "binary proto",
+                 state_path)
+        state = snap.SolverStateData(iter=self.iter, learned_net=model,
+                                     current_step=self.current_step, history=self.history)
+        snap.write_state(state_path, state, p.snapshot_format)
+        self.last_snapshot = (model, state_path)
+        return self.last_snapshot
+
+    def restore(self, path: str) -> None:
+        """Continue from a .solverstate[.h5]: iteration, weights, history, current_step."""
+        state = snap.read_state(path)
+        if state.learned_net:
+            snap.load_weights(self.net, snap.resolve_learned_net(state.learned_net, path))
+        if len(state.history) != len(self.history):
+            raise SolverError(f"{path}: {len(state.history)} history blobs, a {self.type} "
+                              f"solver for this net needs {len(self.history)}")
+        log.info("%s: restoring history", type(self).__name__)
+        for i, (target, values) in enumerate(zip(self.history, state.history)):
+            if values.size != target.size:
+                raise SolverError(f"{path}: history blob {i} has shape {values.shape}, "
+                                  f"expected {target.shape}")
+            target[...] = self.net.xp.asarray(values.reshape(target.shape), dtype=target.dtype)
+        self.iter = state.iter
+        self.current_step = state.current_step
+        for net in self.test_nets:
+            net.share_weights(self.net)

@@ -1,0 +1,143 @@
+"""BatchNorm, as Caffe has it: normalisation only (a Scale layer adds the affine part).
+
+Three blobs hold running statistics, not learned weights: blobs[0] the mean sum, blobs[1] the
+variance sum (each channel), blobs[2] the scale factor (shape (1,)) both are divided by.
+"""
+
+from __future__ import annotations
+
+from ..proto import caffe_pb2
+from .base import TEST, Layer
+from .layer_util import count, ensure_param_blob
+from .registry import register_layer
+
+_ZERO = caffe_pb2.FillerParameter(type="constant", value=0.0)
+
+
+@register_layer
+class BatchNormLayer(Layer):
+    """y = (x - mean) / sqrt(var + eps) per channel (axis 1).
+
+    TRAIN (use_global_stats false): batch statistics, and the running sums are updated as
+    factor = maf*factor + 1, mean_sum = batch_mean + maf*mean_sum,
+    var_sum = batch_var * m/(m-1) + maf*var_sum (m = values per channel).
+    Global stats (the default in TEST): mean = mean_sum/factor, var = var_sum/factor
+    (factor 0 gives 0 for both). use_global_stats defaults to (phase == TEST).
+    """
+
+    type = "BatchNorm"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.batch_norm_param
+        self.moving_average_fraction = float(p.moving_average_fraction)
+        self.eps = float(p.eps)
+        self.use_global_stats = (bool(p.use_global_stats) if p.HasField("use_global_stats")
+                                 else self.phase == TEST)
+        channels = self._channels(bottom[0])
+        ensure_param_blob(self, 0, (channels,), _ZERO, "mean")
+        ensure_param_blob(self, 1, (channels,), _ZERO, "variance")
+        ensure_param_blob(self, 2, (1,), _ZERO, "scale_factor")
+        self._pin_param_specs()
+        # The statistics receive no gradient.
+        self.param_propagate_down = [False, False, False]
+        self._x_norm = None
+        self._scratch = None
+        self._std = None
+
+    def _pin_param_specs(self):
+        """Caffe forces the statistics out of optimisation: lr_mult 0 for all three blobs."""
+        specs = self.param.param
+        for i in range(len(self.blobs)):
+            if i == len(specs):
+                specs.add(lr_mult=0.0, decay_mult=0.0)
+            elif specs[i].lr_mult != 0:
+                raise self.error(f"param[{i}] has lr_mult {specs[i].lr_mult}; the BatchNorm "
+                                 f"statistics cannot be learned parameters (use lr_mult: 0 or "
+                                 f"omit the param block)")
+
+    @staticmethod
+    def _channels(blob):
+        return 1 if blob.num_axes == 1 else blob.shape[1]
+
+    def _view(self, array):
+        """(N, C, spatial) view of an input-shaped array."""
+        shape = array.shape
+        channels = 1 if len(shape) == 1 else shape[1]
+        return array.reshape(shape[0], channels, count(shape, 2))
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes < 1:
+            raise self.error("needs an input with at least 1 axis, got a scalar")
+        channels = self._channels(bottom[0])
+        if channels != self.blobs[0].count:
+            raise self.error(f"input has {channels} channels but the statistics blobs have "
+                             f"{self.blobs[0].count}")
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)
+        shape = bottom[0].shape
+        if self._x_norm is None or self._x_norm.shape != shape:
+            self._x_norm = self.xp.zeros(shape, dtype=self.dtype)
+            self._scratch = self.xp.zeros(shape, dtype=self.dtype)
+
+    def _global_stats(self):
+        xp = self.xp
+        factor = self.blobs[2].data
+        # 1/factor, or 0 where the factor is 0 (a layer never run in TRAIN), as Caffe does.
+        inverse = (factor != 0) / xp.where(factor == 0, 1, factor)
+        return self.blobs[0].data * inverse, self.blobs[1].data * inverse
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        x, y = self._view(bottom[0].data), self._view(top[0].data)
+        if self.use_global_stats:
+            mean, var = self._global_stats()
+        else:
+            mean = x.mean(axis=(0, 2))
+        xp.subtract(x, mean.reshape(1, -1, 1), out=y)
+        if not self.use_global_stats:
+            squares = self._view(self._scratch)
+            xp.multiply(y, y, out=squares)
+            var = squares.mean(axis=(0, 2))
+            self._update_running_stats(mean, var, x.shape[0] * x.shape[2])
+        std = var + self.dtype.type(self.eps)
+        xp.sqrt(std, out=std)
+        self._std = std.reshape(1, -1, 1)
+        y /= self._std
+        # Kept for backward: a later in-place layer may overwrite the top.
+        xp.copyto(self._view(self._x_norm), y)
+
+    def _update_running_stats(self, mean, var, m):
+        maf = self.dtype.type(self.moving_average_fraction)
+        factor, mean_sum, var_sum = (b.data for b in self.blobs)
+        factor *= maf
+        factor += 1
+        mean_sum *= maf
+        mean_sum += mean
+        # Unbiased variance for the running estimate (m / (m - 1)), as Caffe does.
+        correction = m / (m - 1) if m > 1 else 1.0
+        var_sum *= maf
+        var_sum += var * self.dtype.type(correction)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = self.xp
+        dy, dx = self._view(top[0].diff), self._view(bottom[0].diff)
+        if self.use_global_stats:
+            xp.divide(dy, self._std, out=dx)
+            return
+        # dx = (dy - mean(dy) - mean(dy * y) * y) / std, means over N and spatial.
+        y = self._view(self._x_norm)
+        work = self._view(self._scratch)
+        m = dy.shape[0] * dy.shape[2]
+        xp.multiply(dy, y, out=work)
+        sum_dy_y = work.sum(axis=(0, 2)).reshape(1, -1, 1)
+        sum_dy = dy.sum(axis=(0, 2)).reshape(1, -1, 1)
+        xp.multiply(y, sum_dy_y, out=work)
+        work += sum_dy
+        work *= self.dtype.type(-1.0 / m)
+        work += dy
+        # In place dx aliases dy, which `work` has fully consumed by now.
+        xp.divide(work, self._std, out=dx)

@@ -1,0 +1,73 @@
+"""Concat: join bottoms along one axis."""
+
+from __future__ import annotations
+
+from .base import Layer
+from .layer_util import canonical_axis
+from .registry import register_layer
+
+
+def axis_slices(axis: int, sizes) -> list[tuple]:
+    """Index tuples selecting consecutive runs of `sizes` along `axis`."""
+    out, start = [], 0
+    for size in sizes:
+        out.append((slice(None),) * axis + (slice(start, start + size),))
+        start += size
+    return out
+
+
+def legacy_axis(layer, param, num_axes: int, legacy_field: str) -> int:
+    """The axis from `axis`, or from the legacy `concat_dim`/`slice_dim`; not both."""
+    if param.HasField("axis") and param.HasField(legacy_field):
+        raise layer.error(f"set either axis or {legacy_field}, not both")
+    if param.HasField(legacy_field):
+        axis = int(getattr(param, legacy_field))
+        if axis >= num_axes:
+            raise layer.error(f"{legacy_field} {axis} is out of range for a {num_axes}-D input")
+        return axis
+    return canonical_axis(layer, int(param.axis), num_axes)
+
+
+@register_layer
+class ConcatLayer(Layer):
+    """Concatenate along `axis` (default 1; legacy concat_dim); other dimensions must match."""
+
+    type = "Concat"
+    min_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.concat_param
+        if p.HasField("axis") and p.HasField("concat_dim"):
+            raise self.error("set either axis or concat_dim, not both")
+
+    def reshape(self, bottom, top):
+        first = bottom[0].shape
+        self.axis = legacy_axis(self, self.param.concat_param, len(first), "concat_dim")
+        for i, b in enumerate(bottom[1:], start=1):
+            other = b.shape
+            if len(other) != len(first) or any(
+                    d != e for k, (d, e) in enumerate(zip(first, other)) if k != self.axis):
+                raise self.error(f"bottom[{i}] shape {other} does not match bottom[0] shape "
+                                 f"{first} outside the concat axis {self.axis}")
+        shape = list(first)
+        shape[self.axis] = sum(b.shape[self.axis] for b in bottom)
+        top[0].reshape(shape)
+        self._slices = axis_slices(self.axis, [b.shape[self.axis] for b in bottom])
+        if len(bottom) == 1:
+            top[0].share(bottom[0])
+
+    def forward(self, bottom, top):
+        if len(bottom) == 1:
+            return
+        y = top[0].data
+        for b, index in zip(bottom, self._slices):
+            y[index] = b.data
+
+    def backward(self, top, propagate_down, bottom):
+        if len(bottom) == 1:
+            return
+        dy = top[0].diff
+        for b, index, down in zip(bottom, self._slices, propagate_down):
+            if down:
+                b.diff[...] = dy[index]

@@ -1,0 +1,164 @@
+"""Scale and Bias: multiply or add a blob broadcast along a run of the input's axes.
+
+The operand (a learned blob, or a second bottom) has the shape of the input's axes
+axis .. axis+num_axes-1 (num_axes -1: to the end). Seen as (outer, dim, inner), the input is
+scaled or shifted by operand[dim]. A scalar operand (0 axes) always uses axis 0, as Caffe does.
+"""
+
+from __future__ import annotations
+
+from .base import Layer
+from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place
+from .registry import register_layer
+
+
+def operand_shape(layer, input_shape, axis: int, num_axes: int) -> tuple[int, ...]:
+    """The shape of a learned operand: input_shape[axis : axis+num_axes] (-1: to the end)."""
+    axis = canonical_axis(layer, axis, len(input_shape))
+    if num_axes < -1:
+        raise layer.error(f"num_axes must be >= 0, or -1 for all axes from `axis` on; "
+                          f"got {num_axes}")
+    end = len(input_shape) if num_axes == -1 else axis + num_axes
+    if end > len(input_shape):
+        raise layer.error(f"the operand (axis {axis}, num_axes {num_axes}) extends past the "
+                          f"input shape {tuple(input_shape)}")
+    return tuple(input_shape[axis:end])
+
+
+def broadcast_dims(layer, input_shape, operand, axis: int) -> tuple[int, int, int]:
+    """(outer, dim, inner) for applying `operand` (an array) to an input of `input_shape`."""
+    op_shape = tuple(operand.shape)
+    axis = 0 if not op_shape else canonical_axis(layer, axis, len(input_shape))
+    if tuple(input_shape[axis:axis + len(op_shape)]) != op_shape:
+        raise layer.error(f"operand shape {op_shape} does not match the input shape "
+                          f"{tuple(input_shape)} at axis {axis}")
+    return (count(input_shape, 0, axis), count(op_shape),
+            count(input_shape, axis + len(op_shape)))
+
+
+class _BroadcastLayer(Layer):
+    """Shared parts of Scale and Bias: top sizing and the (outer, dim, inner) views."""
+
+    min_bottom = 1
+    max_bottom = 2
+    exact_num_top = 1
+
+    def _size_top(self, bottom, top, operand, axis):
+        self._dims = broadcast_dims(self, bottom[0].shape, operand, axis)
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)
+
+    def _view(self, array):
+        return array.reshape(self._dims)
+
+    def _sum_to_operand(self, dy, operand_blob, accumulate: bool):
+        """Sum an (outer, dim, inner) array over outer and inner into operand_blob.diff."""
+        total = dy.sum(axis=(0, 2)).reshape(operand_blob.shape)
+        if accumulate:
+            operand_blob.diff[...] += total
+        else:
+            operand_blob.diff[...] = total
+
+
+@register_layer
+class BiasLayer(_BroadcastLayer):
+    """y = x + b, b a learned blob (one bottom; filler default constant 0) or bottom[1]."""
+
+    type = "Bias"
+
+    def layer_setup(self, bottom, top):
+        p = self.param.bias_param
+        self.axis = int(p.axis)
+        if len(bottom) == 1:
+            shape = operand_shape(self, bottom[0].shape, self.axis, int(p.num_axes))
+            ensure_param_blob(self, 0, shape, p.filler, "bias")
+
+    def _operand(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        self._size_top(bottom, top, self._operand(bottom).data, self.axis)
+
+    def forward(self, bottom, top):
+        b = self._operand(bottom).data.reshape(1, -1, 1)
+        self.xp.add(self._view(bottom[0].data), b, out=self._view(top[0].data))
+
+    def backward(self, top, propagate_down, bottom):
+        dy = self._view(top[0].diff)
+        param = len(bottom) == 1
+        if (param and self.param_propagate_down[0]) or (not param and propagate_down[1]):
+            self._sum_to_operand(dy, self._operand(bottom), accumulate=param)
+        if propagate_down[0] and not in_place(bottom, top):
+            self.xp.copyto(bottom[0].diff, top[0].diff)
+
+
+@register_layer
+class ScaleLayer(_BroadcastLayer):
+    """y = x * s (+ b): s a learned blob (one bottom; filler default constant 1) or bottom[1].
+
+    With bias_term, the bias is the layer's last blob (Caffe's layout), shaped like s
+    (filler bias_filler, default constant 0).
+    """
+
+    type = "Scale"
+
+    def layer_setup(self, bottom, top):
+        p = self.param.scale_param
+        self.axis = int(p.axis)
+        x_shape = bottom[0].shape
+        if len(bottom) == 1:
+            shape = operand_shape(self, x_shape, self.axis, int(p.num_axes))
+            filler = filler_param(p.filler, p.HasField("filler"), "constant", 1.0)
+            ensure_param_blob(self, 0, shape, filler, "scale")
+        self.bias_index = None
+        if p.bias_term:
+            self.bias_index = 1 if len(bottom) == 1 else 0
+            bias_axes = bottom[1].num_axes if len(bottom) > 1 else int(p.num_axes)
+            shape = operand_shape(self, x_shape, self.axis, bias_axes)
+            ensure_param_blob(self, self.bias_index, shape, p.bias_filler, "bias")
+        self._input_copy = None
+        self._scratch = None
+
+    def _scale(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        scale = self._scale(bottom).data
+        self._size_top(bottom, top, scale, self.axis)
+        if self.bias_index is not None:
+            bias = self.blobs[self.bias_index].data
+            if self._dims != broadcast_dims(self, bottom[0].shape, bias, self.axis):
+                raise self.error(f"bias shape {tuple(bias.shape)} does not match scale shape "
+                                 f"{tuple(scale.shape)}")
+        shape = bottom[0].shape
+        if self._scratch is None or self._scratch.shape != shape:
+            self._scratch = self.xp.zeros(shape, dtype=self.dtype)
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        if in_place(bottom, top):
+            # The scale gradient needs x, which the in-place forward overwrites.
+            if self._input_copy is None or self._input_copy.shape != bottom[0].shape:
+                self._input_copy = xp.empty_like(bottom[0].data)
+            xp.copyto(self._input_copy, bottom[0].data)
+        s = self._scale(bottom).data.reshape(1, -1, 1)
+        y = self._view(top[0].data)
+        xp.multiply(self._view(bottom[0].data), s, out=y)
+        if self.bias_index is not None:
+            y += self.blobs[self.bias_index].data.reshape(1, -1, 1)
+
+    def backward(self, top, propagate_down, bottom):
+        xp = self.xp
+        dy = self._view(top[0].diff)
+        # Operand gradients first: in place, the bottom diff overwrites the top diff.
+        if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
+            self._sum_to_operand(dy, self.blobs[self.bias_index], accumulate=True)
+        param = len(bottom) == 1
+        if (param and self.param_propagate_down[0]) or (not param and propagate_down[1]):
+            x = self._input_copy if in_place(bottom, top) else bottom[0].data
+            product = self._view(self._scratch)
+            xp.multiply(dy, self._view(x), out=product)
+            self._sum_to_operand(product, self._scale(bottom), accumulate=param)
+        if propagate_down[0]:
+            s = self._scale(bottom).data.reshape(1, -1, 1)
+            xp.multiply(dy, s, out=self._view(bottom[0].diff))

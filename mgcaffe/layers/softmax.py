@@ -1,0 +1,137 @@
+"""Softmax and SoftmaxWithLoss (the multinomial logistic loss of a softmax, fused)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_host
+from ..proto import caffe_pb2
+from .base import Layer
+from .layer_util import canonical_axis, count
+from .loss_base import LossLayer, normalization_mode, normalizer
+from .registry import register_layer
+
+#: Caffe clips probabilities at FLT_MIN before the log.
+FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def softmax_dims(layer, shape, axis: int) -> tuple[int, int, int, int]:
+    """(axis, outer, channels, inner) for a softmax over `axis` of `shape`."""
+    axis = canonical_axis(layer, axis, len(shape))
+    return axis, count(shape, 0, axis), shape[axis], count(shape, axis + 1)
+
+
+def softmax_into(xp, x, y):
+    """y = softmax of x over axis 1 of (outer, channels, inner) arrays (max subtracted first)."""
+    xp.subtract(x, x.max(axis=1, keepdims=True), out=y)
+    xp.exp(y, out=y)
+    y /= y.sum(axis=1, keepdims=True)
+
+
+@register_layer
+class SoftmaxLayer(Layer):
+    """y = exp(x) / sum(exp(x)) over `axis` (default 1). May run in place."""
+
+    type = "Softmax"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        _, *self._dims = softmax_dims(self, bottom[0].shape, int(self.param.softmax_param.axis))
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        softmax_into(self.xp, bottom[0].data.reshape(self._dims),
+                     top[0].data.reshape(self._dims))
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        # dx = (dy - sum(dy * y)) * y over the softmax axis; needs only y, so in place works.
+        y = top[0].data.reshape(self._dims)
+        dy = top[0].diff.reshape(self._dims)
+        dot = (dy * y).sum(axis=1, keepdims=True)
+        dx = bottom[0].diff.reshape(self._dims)
+        self.xp.subtract(dy, dot, out=dx)
+        dx *= y
+
+
+@register_layer
+class SoftmaxWithLossLayer(LossLayer):
+    """loss = sum over non-ignored positions of -log(max(p[label], FLT_MIN)) / normalizer.
+
+    bottom[0]: scores, softmax over `softmax_param.axis` (default 1); bottom[1]: labels (a
+    float blob of integer values, one per outer*inner position). Optional top[1]: the
+    probabilities. Normalisation VALID by default (legacy `normalize`); ignore_label.
+    """
+
+    type = "SoftmaxWithLoss"
+    min_top = 1
+    max_top = 2
+    exact_num_top = None
+
+    def layer_setup(self, bottom, top):
+        lp = self.param.loss_param
+        self.ignore_label = int(lp.ignore_label) if lp.HasField("ignore_label") else None
+        self.mode = normalization_mode(lp, caffe_pb2.LossParameter.VALID)
+        self._prob = None
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        _, outer, channels, inner = softmax_dims(self, bottom[0].shape,
+                                                 int(self.param.softmax_param.axis))
+        self._dims = (outer, channels, inner)
+        if bottom[1].count != outer * inner:
+            raise self.error(f"label count {bottom[1].count} must equal the number of "
+                             f"predictions {outer * inner} (outer {outer} x inner {inner}) for "
+                             f"scores of shape {bottom[0].shape}")
+        if len(top) > 1:
+            top[1].reshape(bottom[0].shape)
+        if self._prob is None or self._prob.shape != bottom[0].shape:
+            self._prob = self.xp.zeros(bottom[0].shape, dtype=self.dtype)
+
+    def _labels(self, bottom):
+        """(labels as ints with ignored ones set to 0, valid mask), both (outer, inner)."""
+        xp = self.xp
+        outer, channels, inner = self._dims
+        raw = bottom[1].data.reshape(outer, inner).astype(xp.int64)
+        valid = raw != self.ignore_label if self.ignore_label is not None else \
+            xp.ones(raw.shape, dtype=bool)
+        bad = valid & ((raw < 0) | (raw >= channels))
+        # One host sync for the check; the loss itself stays on the device.
+        if bool(bad.any()):
+            label = int(to_host(raw[bad])[0])
+            raise self.error(f"label {label} is out of range for {channels} classes "
+                             f"(expected 0 <= label < {channels}"
+                             + (f" or ignore_label {self.ignore_label})"
+                                if self.ignore_label is not None else ")"))
+        return xp.where(valid, raw, 0), valid
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        prob = self._prob.reshape(self._dims)
+        softmax_into(xp, bottom[0].data.reshape(self._dims), prob)
+        labels, valid = self._labels(bottom)
+        picked = xp.take_along_axis(prob, labels[:, None, :], axis=1)[:, 0, :]
+        losses = -xp.log(xp.maximum(picked, self.dtype.type(FLT_MIN)))
+        losses *= valid
+        valid_count = valid.sum() if self.ignore_label is not None else None
+        self._normalizer = normalizer(self, self.mode, self._dims[0], self._dims[2], valid_count)
+        top[0].data[...] = losses.sum() / self._normalizer
+        if len(top) > 1:
+            xp.copyto(top[1].data, self._prob)
+        self._saved_labels, self._saved_valid = labels, valid
+
+    def backward(self, top, propagate_down, bottom):
+        self.reject_label_gradient(propagate_down)
+        if not propagate_down[0]:
+            return
+        xp = self.xp
+        outer, channels, inner = self._dims
+        dx = bottom[0].diff.reshape(self._dims)
+        xp.copyto(dx, self._prob.reshape(self._dims))
+        one_hot = xp.arange(channels).reshape(1, -1, 1) == self._saved_labels[:, None, :]
+        dx -= one_hot
+        dx *= self._saved_valid[:, None, :]
+        dx *= top[0].diff / self._normalizer

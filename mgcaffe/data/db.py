@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import lmdb
 
@@ -17,6 +18,45 @@ from ..errors import DataError
 from ..proto import caffe_pb2
 
 log = logging.getLogger("mgcaffe.data")
+
+# LMDB forbids opening one environment twice in a process (py-lmdb raises), yet a train and
+# a test net, or ranks run as threads, may read the same database: readers share one
+# Environment per path, each with its own transaction and cursor.
+_ENVS: dict[tuple, list] = {}  # _env_key -> [Environment, reference count]
+_ENVS_LOCK = threading.Lock()
+
+
+def _env_key(path: str) -> tuple:
+    """Path and data file identity: a database rewritten in place gets a fresh environment."""
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    st = os.stat(data)
+    return os.path.realpath(path), st.st_dev, st.st_ino
+
+
+def _acquire_env(path: str) -> tuple[lmdb.Environment, tuple]:
+    key = _env_key(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                                subdir=os.path.isdir(path))
+            except lmdb.Error as exc:
+                raise DataError(f"LMDB {path!r}: cannot open ({exc})") from None
+            entry = _ENVS[key] = [env, 0]
+        entry[1] += 1
+        return entry[0], key
+
+
+def _release_env(key: tuple) -> None:
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _ENVS[key]
+            entry[0].close()
 
 
 def _check_lmdb_path(path: str) -> None:
@@ -44,14 +84,11 @@ class LMDBReader:
         if world_size < 1 or not 0 <= rank < world_size:
             raise DataError(f"LMDB {self.path!r}: rank {rank} is not in 0..{world_size - 1}")
         _check_lmdb_path(self.path)
-        try:
-            self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False,
-                                  subdir=os.path.isdir(self.path))
-        except lmdb.Error as exc:
-            raise DataError(f"LMDB {self.path!r}: cannot open ({exc})") from None
+        self._env, self._env_key = _acquire_env(self.path)
         self._entries = int(self._env.stat()["entries"])
         if self._entries == 0:
-            self._env.close()
+            _release_env(self._env_key)
+            self._env = None
             raise DataError(f"LMDB {self.path!r} has no records")
         self.rank = rank
         self.world_size = world_size
@@ -96,11 +133,13 @@ class LMDBReader:
                 return record
 
     def close(self) -> None:
-        """Release the transaction and the environment."""
+        """Release the transaction and this reader's share of the environment."""
         if self._txn is not None:
             self._txn.abort()
             self._txn = self._cursor = None
-        self._env.close()
+        if self._env is not None:
+            _release_env(self._env_key)
+            self._env = None
 
 
 def open_db(path, backend: int = caffe_pb2.DataParameter.LMDB, rank: int = 0,

@@ -47,6 +47,7 @@ class BasePrefetchingDataLayer(Layer):
 
     def layer_setup(self, bottom, top):
         self._prefetcher: Prefetcher | None = None
+        self._closed = False
         self.prefetch_depth = int(self.param.data_param.prefetch)  # Caffe reads it for all
         self.top_shapes = [tuple(s) for s in self.data_setup(top)]
 
@@ -61,6 +62,8 @@ class BasePrefetchingDataLayer(Layer):
             blob.reshape(shape)
 
     def forward(self, bottom, top):
+        if self._closed:
+            raise self.error("is closed")
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(self.load_batch, depth=max(self.prefetch_depth, 1),
                                           name=f"layer {self.name!r} ({self.type})")
@@ -72,11 +75,15 @@ class BasePrefetchingDataLayer(Layer):
         """Data layers have nothing to back-propagate into."""
 
     def close(self) -> None:
-        """Stop the prefetch thread (a later forward starts a new one where the old stopped
-        reading, minus the batches it had queued)."""
+        """Stop the prefetch thread and release the source; the layer cannot forward after."""
+        self._closed = True
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
+        self.release()
+
+    def release(self) -> None:
+        """Free the data source (open databases); called once the thread has stopped."""
 
     def stream_rng(self) -> np.random.Generator:
         """Generator for choices all ranks must share (shuffle order, rand_skip)."""
@@ -130,6 +137,9 @@ class Data(BasePrefetchingDataLayer):
     def _what(self, key: bytes) -> str:
         return (f"layer {self.name!r}: LMDB {self.source!r} record "
                 f"{key.decode('utf-8', 'replace')!r}")
+
+    def release(self) -> None:
+        self.reader.close()
 
     def load_batch(self):
         data = np.empty(self.top_shapes[0], dtype=self.dtype)

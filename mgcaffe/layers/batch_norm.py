@@ -110,7 +110,7 @@ class BatchNormLayer(Layer):
 
     def _update_running_stats(self, mean, var, m):
         maf = self.dtype.type(self.moving_average_fraction)
-        factor, mean_sum, var_sum = (b.data for b in self.blobs)
+        mean_sum, var_sum, factor = (b.data for b in self.blobs)
         factor *= maf
         factor += 1
         mean_sum *= maf

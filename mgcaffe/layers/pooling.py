@@ -1,0 +1,241 @@
+"""Pooling (Caffe's): MAX (with its optional argmax mask top), AVE, global pooling.
+
+Output size, as Caffe computes it: ceil((in + 2*pad - kernel) / stride) + 1 (round_mode CEIL,
+the default) or floor (FLOOR); then, when there is padding and the last window would start
+inside it ((out - 1)*stride >= in + pad), one fewer.
+
+MAX never picks a padded cell and keeps the first maximum in scan order (a later cell must be
+strictly greater); a window that reads no input cell gives -FLT_MAX and mask -1, as in Caffe.
+The mask top holds the flat index h*W + w of the winner within its channel plane, as a float.
+AVE divides by the window clipped to the padded input (padded cells count, overhang past the
+padded border does not).
+
+The loops run over the kh*kw kernel offsets, each moving one strided slice of the whole
+minibatch: the output positions whose input cell lies in the padding (or past the end) are a
+border strip, so padding is never materialised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels import valid_range
+from ..proto import caffe_pb2
+from .base import Layer
+from .registry import register_layer
+
+_P = caffe_pb2.PoolingParameter
+#: Caffe starts every MAX window at -FLT_MAX, for float and double blobs alike.
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool) -> int:
+    """Caffe's pooled length before the clip of a last window starting in the padding."""
+    span = (size + 2 * pad - kernel) / stride
+    return int(math.ceil(span) if ceil_mode else math.floor(span)) + 1
+
+
+@register_layer
+class Pooling(Layer):
+    """MAX / AVE pooling with Caffe's output sizes; STOCHASTIC is not implemented."""
+
+    type = "Pooling"
+    exact_num_bottom = 1
+    min_top = 1
+    max_top = 2
+
+    def layer_setup(self, bottom, top):
+        p = self.param.pooling_param
+        self.method = p.pool
+        if self.method == _P.STOCHASTIC:
+            raise self.error("STOCHASTIC pooling is not implemented (use MAX or AVE)")
+        if len(top) == 2 and self.method != _P.MAX:
+            raise self.error("only MAX pooling has a second (mask) top")
+        self.global_pooling = p.global_pooling
+        has_size = p.HasField("kernel_size")
+        has_hw = p.HasField("kernel_h") or p.HasField("kernel_w")
+        if self.global_pooling:
+            if has_size or has_hw:
+                raise self.error("with global_pooling the kernel size may not be given")
+            self.kernel = None  # the bottom's spatial size, set in reshape
+        elif has_size and has_hw:
+            raise self.error("kernel size is kernel_size OR kernel_h and kernel_w, not both")
+        elif has_size:
+            self.kernel = (int(p.kernel_size), int(p.kernel_size))
+        elif p.HasField("kernel_h") and p.HasField("kernel_w"):
+            self.kernel = (int(p.kernel_h), int(p.kernel_w))
+        else:
+            raise self.error("kernel_size (or both kernel_h and kernel_w) is required")
+        self.pad = self._pair(p, "pad")
+        self.stride = self._pair(p, "stride")
+        if self.global_pooling and (self.pad != (0, 0) or self.stride != (1, 1)):
+            raise self.error(f"with global_pooling only pad 0 and stride 1 are allowed, got "
+                             f"pad {self.pad}, stride {self.stride}")
+        if min(self.stride) <= 0:
+            raise self.error(f"stride must be positive, got {self.stride}")
+        self.ceil_mode = p.round_mode == _P.CEIL
+        self._shape = None
+
+    def _pair(self, p, name):
+        has_h, has_w = p.HasField(f"{name}_h"), p.HasField(f"{name}_w")
+        if has_h or has_w:
+            if p.HasField(name) or not (has_h and has_w):
+                raise self.error(f"{name} is {name} OR {name}_h and {name}_w (both)")
+            return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+        return (int(getattr(p, name)),) * 2
+
+    # -- shapes and the per-offset plan ----------------------------------------------------
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), got "
+                             f"shape {shape}")
+        n, c, h, w = shape
+        kernel = (h, w) if self.global_pooling else self.kernel
+        if min(kernel) <= 0:
+            raise self.error(f"kernel dimensions must be positive, got {kernel}")
+        if self.pad[0] >= kernel[0] or self.pad[1] >= kernel[1]:
+            raise self.error(f"pad {self.pad} must be smaller than the kernel {kernel}")
+        out = [pooled_size(s, k, p, st, self.ceil_mode)
+               for s, k, p, st in zip((h, w), kernel, self.pad, self.stride)]
+        if self.pad != (0, 0):
+            # Caffe: the last window must start strictly inside the (unpadded) input.
+            for a, size in enumerate((h, w)):
+                if (out[a] - 1) * self.stride[a] >= size + self.pad[a]:
+                    out[a] -= 1
+        if min(out) <= 0:
+            raise self.error(f"input {h}x{w} gives an empty output {out[0]}x{out[1]} with "
+                             f"kernel {kernel}, pad {self.pad}, stride {self.stride}")
+        for t in top:
+            t.reshape(n, c, out[0], out[1])
+        if self._shape == (shape, kernel):
+            return
+        self._shape = (shape, kernel)
+        self.out_hw = tuple(out)
+        self.kernel_now = kernel
+        self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
+        self._plan = [] if self.whole_plane else self._offset_plan((h, w), kernel)
+        top_shape = (n, c) + self.out_hw
+        if self.method == _P.MAX:
+            # Which kernel offset won, per output: small ints keep the backward sweep cheap.
+            count = 1 if self.whole_plane else kernel[0] * kernel[1]
+            index_dtype = np.int8 if count < 127 else np.int32
+            self._winner = self.xp.full(top_shape, -1, dtype=index_dtype)
+            self._greater = self.xp.empty(top_shape, dtype=bool)
+            self._mask_index = (self._mask_tables((h, w), kernel) if len(top) > 1
+                                and not self.whole_plane else None)
+        else:
+            self._inv_area = self._inverse_window_area((h, w), kernel)
+        self._scratch = self.xp.empty(top_shape, dtype=self.dtype)
+
+    def _offset_plan(self, in_hw, kernel):
+        """Per kernel offset: (offset id, output slices, input slices); empty offsets dropped."""
+        plan = []
+        for i in range(kernel[0]):
+            h0, h1, hin = valid_range(in_hw[0], self.out_hw[0], self.pad[0], self.stride[0], i)
+            for j in range(kernel[1]):
+                w0, w1, win = valid_range(in_hw[1], self.out_hw[1], self.pad[1],
+                                          self.stride[1], j)
+                if h1 <= h0 or w1 <= w0:
+                    continue
+                out_sl = (slice(None), slice(None), slice(h0, h1), slice(w0, w1))
+                in_sl = (slice(None), slice(None),
+                         slice(hin, hin + (h1 - h0 - 1) * self.stride[0] + 1, self.stride[0]),
+                         slice(win, win + (w1 - w0 - 1) * self.stride[1] + 1, self.stride[1]))
+                plan.append((i * kernel[1] + j, out_sl, in_sl))
+        return plan
+
+    def _window_starts(self, axis):
+        return self.xp.arange(self.out_hw[axis]) * self.stride[axis] - self.pad[axis]
+
+    def _mask_tables(self, in_hw, kernel):
+        """Per offset: the flat input index h*W + w each output reads there (mask values)."""
+        base = (self._window_starts(0)[:, None] * in_hw[1] + self._window_starts(1)[None, :])
+        return {o: (base + (o // kernel[1]) * in_hw[1] + o % kernel[1]).astype(self.dtype)
+                for o, _, _ in self._plan}
+
+    def _inverse_window_area(self, in_hw, kernel):
+        """1 / (window area clipped to the padded input), per output position (Caffe's AVE)."""
+        extents = []
+        for a in (0, 1):
+            start = self._window_starts(a)
+            end = self.xp.minimum(start + kernel[a], in_hw[a] + self.pad[a])
+            extents.append(end - start)
+        area = (extents[0][:, None] * extents[1][None, :]).astype(self.dtype)
+        # Caffe would divide by zero for a window that starts exactly at the padded border
+        # (only possible with stride > kernel); such an output is empty, so we give it 0.
+        return self.xp.where(area > 0, 1 / self.xp.where(area > 0, area, 1), 0).astype(
+            self.dtype)
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, bottom, top):
+        x, out = bottom[0].data, top[0].data
+        if self.whole_plane:
+            self._forward_whole_plane(x, top)
+        elif self.method == _P.MAX:
+            self._forward_max(x, top)
+        else:
+            out[...] = 0
+            for _, out_sl, in_sl in self._plan:
+                out[out_sl] += x[in_sl]
+            out *= self._inv_area
+
+    def _forward_whole_plane(self, x, top):
+        n, c = x.shape[:2]
+        flat = x.reshape(n, c, -1)
+        out = top[0].data.reshape(n, c)
+        if self.method == _P.MAX:
+            # argmax returns the first maximum: Caffe's strictly-greater scan order.
+            winner = self._whole_plane_winner = self.xp.argmax(flat, axis=2)
+            out[...] = self.xp.take_along_axis(flat, winner[:, :, None], axis=2)[:, :, 0]
+            if len(top) > 1:
+                top[1].data.reshape(n, c)[...] = winner
+        else:
+            self.xp.mean(flat, axis=2, out=out)
+
+    def _forward_max(self, x, top):
+        out, winner, greater = top[0].data, self._winner, self._greater
+        out[...] = _LOWEST
+        winner[...] = -1
+        mask = top[1].data if len(top) > 1 else None
+        if mask is not None:
+            mask[...] = -1
+        for o, out_sl, in_sl in self._plan:
+            values, best = x[in_sl], out[out_sl]
+            won = self.xp.greater(values, best, out=greater[out_sl])
+            self.xp.copyto(best, values, where=won)
+            self.xp.copyto(winner[out_sl], o, where=won)
+            if mask is not None:
+                self.xp.copyto(mask[out_sl], self._mask_index[o][out_sl[2:]], where=won)
+
+    # -- backward --------------------------------------------------------------------------
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        top_diff, bottom_diff = top[0].diff, bottom[0].diff
+        if self.whole_plane:
+            self._backward_whole_plane(top_diff, bottom_diff)
+            return
+        bottom_diff[...] = 0
+        if self.method == _P.MAX:
+            picked = self._scratch
+            for o, out_sl, in_sl in self._plan:
+                won = self.xp.equal(self._winner[out_sl], o, out=self._greater[out_sl])
+                share = self.xp.multiply(top_diff[out_sl], won, out=picked[out_sl])
+                bottom_diff[in_sl] += share
+        else:
+            scaled = self.xp.multiply(top_diff, self._inv_area, out=self._scratch)
+            for _, out_sl, in_sl in self._plan:
+                bottom_diff[in_sl] += scaled[out_sl]
+
+    def _backward_whole_plane(self, top_diff, bottom_diff):
+        n, c = top_diff.shape[:2]
+        flat = bottom_diff.reshape(n, c, -1)
+        grad = top_diff.reshape(n, c, 1)
+        if self.method == _P.MAX:
+            cells = self.xp.arange(flat.shape[2])
+            self.xp.multiply(cells == self._whole_plane_winner[:, :, None], grad, out=flat)
+        else:
+            flat[...] = grad / flat.shape[2]

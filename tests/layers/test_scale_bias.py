@@ -1,0 +1,166 @@
+"""Scale and Bias: broadcasting over axis/num_axes, learned or bottom operand, gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.errors import LayerError
+from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.layers import LayerContext, create_layer
+from mgcaffe.proto import caffe_pb2
+
+X_SHAPE = (2, 3, 4, 5)
+
+
+def param(type_: str, text: str = "") -> caffe_pb2.LayerParameter:
+    return text_format.Parse(f'name: "s" type: "{type_}" {text}', caffe_pb2.LayerParameter())
+
+
+def broadcast_reference(x, operand, axis, op):
+    """Apply `operand` along x's axes axis.. with explicit index loops."""
+    out = np.empty_like(x)
+    k = operand.ndim
+    for index in np.ndindex(*x.shape):
+        o = operand[index[axis:axis + k]] if k else operand
+        out[index] = op(x[index], o)
+    return out
+
+
+# (axis, num_axes, operand shape for X_SHAPE, effective axis)
+CONFIGS = [
+    (1, 1, (3,), 1),
+    (0, 2, (2, 3), 0),
+    (-1, 1, (5,), 3),
+    (2, -1, (4, 5), 2),
+    (1, 0, (), 0),
+    (0, -1, X_SHAPE, 0),
+]
+
+
+def _text(kind, axis, num_axes, extra=""):
+    return f"{kind}_param {{ axis: {axis} num_axes: {num_axes} {extra} }}"
+
+
+@pytest.mark.parametrize("axis,num_axes,shape,eff", CONFIGS)
+@pytest.mark.parametrize("bias_term", [False, True])
+def test_scale_learned(axis, num_axes, shape, eff, bias_term):
+    extra = "bias_term: true" if bias_term else ""
+    x = np.random.default_rng(0).standard_normal(X_SHAPE)
+    layer, bottom, top = make_layer(param("Scale", _text("scale", axis, num_axes, extra)), [x])
+    assert layer.blobs[0].shape == shape
+    np.testing.assert_array_equal(layer.blobs[0].data, 1.0)  # default filler: constant 1
+    assert len(layer.blobs) == (2 if bias_term else 1)
+    rng = np.random.default_rng(1)
+    layer.blobs[0].data[...] = rng.standard_normal(shape)
+    expected = broadcast_reference(x, layer.blobs[0].data, eff, np.multiply)
+    if bias_term:
+        assert layer.blobs[1].shape == shape
+        np.testing.assert_array_equal(layer.blobs[1].data, 0.0)
+        layer.blobs[1].data[...] = rng.standard_normal(shape)
+        expected = broadcast_reference(expected, layer.blobs[1].data, eff, np.add)
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12)
+    check_layer_gradients(layer, bottom, top, max_checks=40)
+
+
+@pytest.mark.parametrize("axis,num_axes,shape,eff", CONFIGS)
+@pytest.mark.parametrize("bias_term", [False, True])
+def test_scale_from_second_bottom(axis, num_axes, shape, eff, bias_term):
+    extra = "bias_term: true" if bias_term else ""
+    rng = np.random.default_rng(2)
+    x, s = rng.standard_normal(X_SHAPE), rng.standard_normal(shape)
+    layer, bottom, top = make_layer(param("Scale", _text("scale", axis, num_axes, extra)),
+                                    [x, s])
+    assert len(layer.blobs) == (1 if bias_term else 0)
+    expected = broadcast_reference(x, s, eff, np.multiply)
+    if bias_term:
+        assert layer.blobs[0].shape == shape
+        layer.blobs[0].data[...] = rng.standard_normal(shape)
+        expected = broadcast_reference(expected, layer.blobs[0].data, eff, np.add)
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12)
+    check_layer_gradients(layer, bottom, top, max_checks=40)
+
+
+@pytest.mark.parametrize("axis,num_axes,shape,eff", CONFIGS)
+def test_bias(axis, num_axes, shape, eff):
+    rng = np.random.default_rng(3)
+    x, b = rng.standard_normal(X_SHAPE), rng.standard_normal(shape)
+    layer, bottom, top = make_layer(param("Bias", _text("bias", axis, num_axes)), [x])
+    np.testing.assert_array_equal(layer.blobs[0].data, 0.0)
+    layer.blobs[0].data[...] = b
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, broadcast_reference(x, b, eff, np.add))
+    check_layer_gradients(layer, bottom, top, max_checks=40)
+    layer2, bottom2, top2 = make_layer(param("Bias", _text("bias", axis, num_axes)), [x, b])
+    assert layer2.blobs == []
+    layer2.forward(bottom2, top2)
+    np.testing.assert_allclose(top2[0].data, top[0].data)
+    check_layer_gradients(layer2, bottom2, top2, max_checks=40)
+
+
+def test_fillers_are_used():
+    text = ('scale_param { bias_term: true filler { type: "constant" value: 3 } '
+            'bias_filler { type: "constant" value: -2 } }')
+    layer, _, _ = make_layer(param("Scale", text), [X_SHAPE])
+    np.testing.assert_array_equal(layer.blobs[0].data, 3)
+    np.testing.assert_array_equal(layer.blobs[1].data, -2)
+
+
+def test_param_diffs_accumulate_and_bottom_operand_overwrites():
+    rng = np.random.default_rng(4)
+    x, s = rng.standard_normal((2, 3)), rng.standard_normal((3,))
+    layer, bottom, top = make_layer(param("Scale", "scale_param { bias_term: true }"), [x])
+    top[0].diff[...] = 1.0
+    for _ in range(2):
+        layer.forward(bottom, top)
+        layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(layer.blobs[0].diff, 2 * x.sum(axis=0))
+    np.testing.assert_allclose(layer.blobs[1].diff, 2 * np.full(3, 2.0))
+    layer, bottom, top = make_layer(param("Scale"), [x, s])
+    top[0].diff[...] = 1.0
+    for _ in range(2):
+        layer.forward(bottom, top)
+        layer.backward(top, [True, True], bottom)
+    np.testing.assert_allclose(bottom[1].diff, x.sum(axis=0))
+
+
+@pytest.mark.parametrize("type_,text", [("Scale", "scale_param { bias_term: true }"),
+                                        ("Bias", "")])
+def test_in_place_matches_out_of_place(type_, text):
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal(X_SHAPE), rng.standard_normal(X_SHAPE)
+    values = rng.standard_normal((3,))
+    results = []
+    for in_place in (False, True):
+        layer = create_layer(param(type_, text), LayerContext(dtype=np.float64))
+        bottom = Blob(X_SHAPE, dtype=np.float64)
+        bottom.data[...] = x
+        top = bottom if in_place else Blob((), dtype=np.float64)
+        layer.setup([bottom], [top])
+        layer.blobs[0].data[...] = values
+        layer.forward([bottom], [top])
+        y = top.data.copy()
+        top.diff[...] = dy
+        layer.backward([top], [True], [bottom])
+        results.append((y, bottom.diff.copy(), [b.diff.copy() for b in layer.blobs]))
+    (y0, dx0, p0), (y1, dx1, p1) = results
+    np.testing.assert_allclose(y1, y0)
+    np.testing.assert_allclose(dx1, dx0)
+    for a, b in zip(p0, p1):
+        np.testing.assert_allclose(b, a)
+
+
+@pytest.mark.parametrize("type_,bottoms", [
+    ("Scale", [X_SHAPE, (4,)]), ("Bias", [X_SHAPE, (3, 5)]), ("Scale", [X_SHAPE, (9,)])])
+def test_operand_shape_mismatch(type_, bottoms):
+    with pytest.raises(LayerError, match="'s'"):
+        make_layer(param(type_), bottoms)
+
+
+def test_num_axes_past_the_end():
+    with pytest.raises(LayerError, match="extends past"):
+        make_layer(param("Scale", "scale_param { axis: 2 num_axes: 3 }"), [X_SHAPE])

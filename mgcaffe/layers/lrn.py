@@ -1,0 +1,101 @@
+"""LRN (local response normalisation), Caffe's two regions, with the exact backward.
+
+ACROSS_CHANNELS: scale = k + alpha/n * (sum of x^2 over the n channels centred on c),
+top = x * scale^-beta.
+WITHIN_CHANNEL: Caffe composes it from split, square, AVE pooling (kernel n, stride 1, pad
+(n-1)/2, padded cells counted) and power (shift 1, scale alpha): scale = 1 + alpha/n^2 *
+(sum of x^2 over the n x n cells centred on (h, w)); `k` is ignored, as in Caffe.
+
+Backward for both: dx = dtop * scale^-beta - 2*alpha*beta/area * x * window_sum(dtop * top /
+scale), area n or n^2; the window is symmetric since n must be odd (Caffe requires it).
+"""
+
+from __future__ import annotations
+
+from ..proto import caffe_pb2
+from .base import Layer
+from .registry import register_layer
+
+_R = caffe_pb2.LRNParameter
+
+
+def window_sum(xp, src, out, axis: int, half: int):
+    """out = sum of src over [i - half, i + half] along `axis`, zero outside (out != src)."""
+    out[...] = src
+    size = src.shape[axis]
+
+    def along(start, stop):
+        index = [slice(None)] * src.ndim
+        index[axis] = slice(start, stop)
+        return tuple(index)
+
+    for d in range(1, min(half, size - 1) + 1):
+        out[along(0, size - d)] += src[along(d, size)]
+        out[along(d, size)] += src[along(0, size - d)]
+    return out
+
+
+@register_layer
+class LRN(Layer):
+    """Caffe's LRN: ACROSS_CHANNELS or WITHIN_CHANNEL normalisation of a 4-D bottom."""
+
+    type = "LRN"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.lrn_param
+        self.size = int(p.local_size)
+        if self.size % 2 != 1:
+            raise self.error(f"LRN only supports odd values for local_size, got {self.size}")
+        self.alpha, self.beta, self.k = float(p.alpha), float(p.beta), float(p.k)
+        self.region = p.norm_region
+        if self.region == _R.ACROSS_CHANNELS:
+            self.area, self.axes = self.size, (1,)
+        else:
+            self.area, self.axes = self.size * self.size, (2, 3)
+            self.k = 1.0  # Caffe's power layer uses shift 1 whatever k says
+        self.half = (self.size - 1) // 2
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), got "
+                             f"shape {shape}")
+        top[0].reshape(shape)
+        if getattr(self, "_scale", None) is None or self._scale.shape != shape:
+            self._scale = self.xp.empty(shape, dtype=self.dtype)
+            self._work = self.xp.empty(shape, dtype=self.dtype)
+            self._work2 = self.xp.empty(shape, dtype=self.dtype)
+
+    def _local_sum(self, src, out):
+        """The window sum of src over this layer's region, written into `out`."""
+        if len(self.axes) == 1:
+            return window_sum(self.xp, src, out, 1, self.half)
+        window_sum(self.xp, src, self._work2, 2, self.half)
+        return window_sum(self.xp, self._work2, out, 3, self.half)
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        x, scale = bottom[0].data, self._scale
+        squares = xp.multiply(x, x, out=self._work)
+        self._local_sum(squares, scale)
+        scale *= self.alpha / self.area
+        scale += self.k
+        xp.power(scale, -self.beta, out=top[0].data)
+        top[0].data *= x
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = self.xp
+        x, scale, top_diff = bottom[0].data, self._scale, top[0].diff
+        ratio = xp.multiply(top_diff, top[0].data, out=self._work)
+        ratio /= scale
+        diff = bottom[0].diff
+        self._local_sum(ratio, diff)
+        diff *= x
+        diff *= -2.0 * self.alpha * self.beta / self.area
+        direct = xp.power(scale, -self.beta, out=self._work)
+        direct *= top_diff
+        diff += direct

@@ -205,24 +205,41 @@ def array_to_blobproto(data, diff=None) -> caffe_pb2.BlobProto:
     else is stored as float32. The diff is stored in the data's precision.
     """
     data = np.asarray(data)
-    bp = caffe_pb2.BlobProto()
-    bp.shape.dim.extend(int(d) for d in data.shape)
+    shape = caffe_pb2.BlobShape(dim=[int(d) for d in data.shape])
     double = data.dtype == np.float64
-    _fill(bp, "data", data, double)
+    wire = [_length_delimited(_BLOB_FIELDS["shape"], shape.SerializeToString()),
+            _packed(_BLOB_FIELDS["double_data" if double else "data"], data, double)]
     if diff is not None:
         diff = np.asarray(diff)
         if diff.shape != data.shape:
             raise MgcaffeError(f"array_to_blobproto: diff shape {list(diff.shape)} differs "
                                f"from data shape {list(data.shape)}")
-        _fill(bp, "diff", diff, double)
-    return bp
+        wire.append(_packed(_BLOB_FIELDS["double_diff" if double else "diff"], diff, double))
+    # Building the packed fields as bytes and parsing them is ~20x faster than appending
+    # millions of Python floats to a repeated field.
+    return caffe_pb2.BlobProto.FromString(b"".join(wire))
 
 
-def _fill(bp: caffe_pb2.BlobProto, kind: str, values: np.ndarray, double: bool) -> None:
-    if double:
-        getattr(bp, "double_" + kind).extend(values.astype(np.float64).ravel().tolist())
-    else:
-        getattr(bp, kind).extend(values.astype(np.float32).ravel().tolist())
+_BLOB_FIELDS = {f.name: f.number for f in caffe_pb2.BlobProto.DESCRIPTOR.fields}
+
+
+def _packed(number: int, values: np.ndarray, double: bool) -> bytes:
+    if values.size == 0:
+        return b""
+    return _length_delimited(number, values.astype("<f8" if double else "<f4").tobytes())
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def read_binaryproto(path: PathLike, dtype=np.float32) -> np.ndarray:

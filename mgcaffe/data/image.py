@@ -28,21 +28,25 @@ def _to_uint8_gray(img: Image.Image) -> np.ndarray:
     return np.clip(arr, 0, 255).astype(np.uint8)
 
 
-def pil_to_chw(img: Image.Image, color: bool | None = None) -> np.ndarray:
-    """Pillow image -> CHW uint8 array (BGR when 3 channels).
+def convert_mode(img: Image.Image, color: bool | None = None) -> Image.Image:
+    """The image in mode "RGB" or "L", as OpenCV's imread flags would give it.
 
     color True: 3 channels (grey replicated); False: 1 channel (ITU-R 601 luma, as OpenCV);
     None: the file's own ("native"): 1 channel for grey images, else 3 (alpha dropped).
     """
     gray_native = img.mode in _GRAY_MODES
-    if color is None:
-        color = not gray_native
-    if color:
-        hwc = np.asarray(img.convert("RGB") if not gray_native else
-                         Image.fromarray(_to_uint8_gray(img)).convert("RGB"))
-        return np.ascontiguousarray(hwc[:, :, ::-1].transpose(2, 0, 1))
-    gray = _to_uint8_gray(img) if gray_native else np.asarray(img.convert("L"))
-    return np.ascontiguousarray(gray[None, :, :])
+    if gray_native:
+        gray = Image.fromarray(_to_uint8_gray(img))
+        return gray.convert("RGB") if color else gray
+    return img.convert("L") if color is False else img.convert("RGB")
+
+
+def pil_to_chw(img: Image.Image, color: bool | None = None) -> np.ndarray:
+    """Pillow image -> CHW uint8 array (BGR when 3 channels); `color` as in convert_mode."""
+    hwc = np.asarray(convert_mode(img, color))
+    if hwc.ndim == 2:
+        return np.ascontiguousarray(hwc[None, :, :])
+    return np.ascontiguousarray(hwc[:, :, ::-1].transpose(2, 0, 1))
 
 
 def resize_image(img: Image.Image, new_height: int, new_width: int) -> Image.Image:
@@ -52,8 +56,6 @@ def resize_image(img: Image.Image, new_height: int, new_width: int) -> Image.Ima
     if new_height <= 0 or new_width <= 0:
         raise DataError(f"new_height ({new_height}) and new_width ({new_width}) must be set "
                         "together (Caffe requires both or neither)")
-    if img.mode not in ("L", "RGB"):
-        img = img.convert("RGB" if img.mode not in _GRAY_MODES else "L")
     return img.resize((int(new_width), int(new_height)), Image.BILINEAR)
 
 
@@ -61,6 +63,7 @@ def decode_image(source, color: bool | None = None, new_height: int = 0, new_wid
                  what: str = "") -> np.ndarray:
     """Decode a path or encoded bytes (JPEG, PNG, ...) into a CHW uint8 array.
 
+    As Caffe's ReadImageToCVMat: decode in the requested colour mode, then resize.
     `what` names the record or list line in error messages.
     """
     label = what or (os.fspath(source) if not isinstance(source, bytes) else "encoded image")
@@ -68,13 +71,12 @@ def decode_image(source, color: bool | None = None, new_height: int = 0, new_wid
         handle = io.BytesIO(source) if isinstance(source, bytes) else source
         with Image.open(handle) as img:
             img.load()
-            if new_height or new_width:
-                img = resize_image(img, new_height, new_width)
-            return pil_to_chw(img, color)
+            converted = convert_mode(img, color)
     except FileNotFoundError:
         raise DataError(f"{label}: image file not found") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DataError(f"{label}: cannot decode image ({exc})") from None
+    return pil_to_chw(resize_image(converted, new_height, new_width))
 
 
 def encode_image(chw: np.ndarray, fmt: str = "PNG") -> bytes:

@@ -300,6 +300,25 @@ def test_array_to_blobproto_writes_blobshape_and_double_for_float64():
         protoio.array_to_blobproto(np.ones(3), diff=np.ones(4))
 
 
+@pytest.mark.parametrize("array", [
+    np.random.default_rng(3).standard_normal((3, 2, 300)),                 # float64, long
+    np.random.default_rng(4).standard_normal((5, 7)).astype(np.float32),
+    np.zeros((0, 3), np.float32),
+    np.float32(2.5),
+    np.arange(40),                                                         # ints -> float
+], ids=["float64", "float32", "empty", "scalar", "int"])
+def test_array_to_blobproto_equals_the_protobuf_api_message(array):
+    expected = caffe_pb2.BlobProto()
+    expected.shape.dim.extend(np.shape(array))
+    if np.asarray(array).dtype == np.float64:
+        expected.double_data.extend(np.ravel(array).tolist())
+        expected.double_diff.extend((np.ravel(array) * 2).tolist())
+    else:
+        expected.data.extend(np.ravel(array).astype(np.float32).tolist())
+        expected.diff.extend((np.ravel(array) * 2).astype(np.float32).tolist())
+    assert protoio.array_to_blobproto(array, diff=np.asarray(array) * 2) == expected
+
+
 def test_binaryproto_mean_file_with_legacy_dims(tmp_path):
     mean = np.random.default_rng(1).uniform(0, 255, (1, 3, 4, 5)).astype(np.float32)
     bp = caffe_pb2.BlobProto(num=1, channels=3, height=4, width=5)

@@ -55,18 +55,17 @@ class ConcatLayer(Layer):
         top[0].reshape(shape)
         self._slices = axis_slices(self.axis, [b.shape[self.axis] for b in bottom])
         if len(bottom) == 1:
-            top[0].share(bottom[0])
+            top[0].share_data(bottom[0])
 
     def forward(self, bottom, top):
         if len(bottom) == 1:
+            top[0].share_data(bottom[0])
             return
         y = top[0].data
         for b, index in zip(bottom, self._slices):
             y[index] = b.data
 
     def backward(self, top, propagate_down, bottom):
-        if len(bottom) == 1:
-            return
         dy = top[0].diff
         for b, index, down in zip(bottom, self._slices, propagate_down):
             if down:

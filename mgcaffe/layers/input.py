@@ -110,8 +110,10 @@ class DummyDataLayer(Layer):
 
 @register_layer
 class ParameterLayer(Layer):
-    """A learned blob (shape parameter_param.shape, initialised to 0) exposed as the top;
-    the top shares the blob's data and diff, so the gradient lands in the parameter."""
+    """A learned blob (shape parameter_param.shape, initialised to 0) exposed as the top.
+
+    The top shares the blob's data; backward adds the top diff into the blob's diff (Caffe
+    shares the diff too, which loses accumulation over iter_size)."""
 
     type = "Parameter"
     exact_num_bottom = 0
@@ -123,7 +125,11 @@ class ParameterLayer(Layer):
 
     def reshape(self, bottom, top):
         top[0].reshape(self.blobs[0].shape)
-        top[0].share(self.blobs[0])
+        top[0].share_data(self.blobs[0])
 
     def forward(self, bottom, top):
-        top[0].share(self.blobs[0])
+        top[0].share_data(self.blobs[0])
+
+    def backward(self, top, propagate_down, bottom):
+        if self.param_propagate_down[0]:
+            self.blobs[0].diff[...] += top[0].diff

@@ -41,7 +41,8 @@ class SplitLayer(Layer):
 
 
 class _ViewLayer(Layer):
-    """A top that is a reshaped view of the bottom: data and diff are shared, as in Caffe."""
+    """A top that is a reshaped view of the bottom's data. The diff is copied back rather
+    than shared, so that zeroing one blob's diff never clears another's."""
 
     exact_num_bottom = 1
     exact_num_top = 1
@@ -57,22 +58,15 @@ class _ViewLayer(Layer):
             raise self.error(f"output shape {tuple(shape)} does not hold the "
                              f"{bottom[0].count} values of input shape {bottom[0].shape}")
         top[0].reshape(shape)
-        top[0].share(bottom[0])
+        top[0].share_data(bottom[0])
 
     def forward(self, bottom, top):
+        # Re-share in case the bottom's array was replaced since reshape.
         top[0].share_data(bottom[0])
 
     def backward(self, top, propagate_down, bottom):
-        # The diffs are shared, so the bottom diff already holds the gradient; copy only if
-        # something replaced either array since reshape.
-        if propagate_down[0] and not _same_memory(bottom[0].diff, top[0].diff):
+        if propagate_down[0]:
             bottom[0].diff[...] = top[0].diff.reshape(bottom[0].shape)
-
-
-def _same_memory(a, b) -> bool:
-    base_a = a if a.base is None else a.base
-    base_b = b if b.base is None else b.base
-    return base_a is base_b
 
 
 @register_layer

@@ -48,17 +48,18 @@ class SliceLayer(Layer):
             t.reshape(shape)
         self._slices = axis_slices(self.axis, sizes)
         if len(top) == 1:
-            top[0].share(bottom[0])
+            top[0].share_data(bottom[0])
 
     def forward(self, bottom, top):
         if len(top) == 1:
+            top[0].share_data(bottom[0])
             return
         x = bottom[0].data
         for t, index in zip(top, self._slices):
             t.data[...] = x[index]
 
     def backward(self, top, propagate_down, bottom):
-        if len(top) == 1 or not propagate_down[0]:
+        if not propagate_down[0]:
             return
         dx = bottom[0].diff
         for t, index in zip(top, self._slices):

@@ -322,11 +322,13 @@ class Solver:
         """Sum of squares of every learnable parameter diff (one host transfer)."""
         xp = self.net.xp
         total = None
-        for blob in self.net.learnable_params:
-            d = blob.diff.ravel()
-            s = xp.dot(d, d)
-            total = s if total is None else total + s
-        return 0.0 if total is None else float(total)
+        # Overflow to inf is handled by the caller; numpy need not warn about it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for blob in self.net.learnable_params:
+                d = blob.diff.ravel()
+                s = xp.dot(d, d)
+                total = s if total is None else total + s
+            return 0.0 if total is None else float(total)
 
     def _check_gradients(self) -> None:
         self._sumsq = self.gradient_sumsq()

@@ -17,21 +17,34 @@ import numpy as np
 
 from .communicator import Communicator
 
-__all__ = ["EmulatedCommunicator"]
+__all__ = ["EmulatedCommunicator", "sleep_overshoot"]
 
 log = logging.getLogger("mgcaffe.comm")
+
+
+def sleep_overshoot(samples: int = 15, request: float = 2e-4) -> float:
+    """How late time.sleep wakes up on this machine: the lower quartile of a few short sleeps
+    (the low end, so a busy moment while measuring does not make every sleep too short)."""
+    late = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        time.sleep(request)
+        late.append(time.perf_counter() - t0 - request)
+    late.sort()
+    return max(0.0, late[len(late) // 4])
 
 
 class EmulatedCommunicator(Communicator):
     """`inner`, with `allreduce_sum` of M bytes lasting at least `cost.time(M)` seconds.
 
     `cost` is any object with `time(nbytes)` and attributes `a`, `b` (a planner CostModel).
-    `emulated_nodes` is only reported. `sleep` and `clock` are injectable for tests."""
+    `emulated_nodes` is only reported. `sleep`, `clock` and `overshoot` (seconds time.sleep
+    oversleeps; measured when not given) are injectable for tests."""
 
     name = "emulated"
 
     def __init__(self, inner: Communicator, cost: Any, emulated_nodes: int, *,
-                 sleep=time.sleep, clock=time.perf_counter):
+                 sleep=time.sleep, clock=time.perf_counter, overshoot: float | None = None):
         self.inner = inner
         self.cost = cost
         self.emulated_nodes = emulated_nodes
@@ -39,6 +52,8 @@ class EmulatedCommunicator(Communicator):
         self.size = inner.size
         self._sleep = sleep
         self._clock = clock
+        # time.sleep wakes up late (~0.1 ms on Linux); ask for that much less
+        self.overshoot = sleep_overshoot() if overshoot is None else overshoot
         self.padded_s = 0.0  # total time slept, for the log
         self.calls = 0
 
@@ -54,7 +69,8 @@ class EmulatedCommunicator(Communicator):
         self.calls += 1
         if left > 0:
             self.padded_s += left
-            self._sleep(left)
+            if left > self.overshoot:
+                self._sleep(left - self.overshoot)
 
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         return self.inner.broadcast(obj, root)

@@ -99,3 +99,6 @@ class MpiCommunicator(Communicator):
         sys.stdout.flush()
         sys.stderr.flush()
         self._comm.Abort(code)
+        # MPICH's MPI_Abort can return in a process with other threads (it has told the
+        # launcher to kill the job); this process must not run on meanwhile.
+        os._exit(code)

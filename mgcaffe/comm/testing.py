@@ -7,8 +7,15 @@ The MPI test scripts import them too, so they live in the package, not under tes
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,12 +27,16 @@ LAYERS = {"conv1": [(4, 1, 3, 3), (4,)], "conv2": [(6, 4, 3, 3), (6,)],
 
 @dataclass
 class FakeBlob:
+    """A parameter blob: data and diff arrays."""
+
     data: np.ndarray
     diff: np.ndarray
 
 
 @dataclass
 class FakeLayer:
+    """A learnable layer as Net.learnable_layers lists it."""
+
     index: int
     name: str
     param_ids: list = field(default_factory=list)
@@ -63,6 +74,7 @@ class FakeNet:
 
 
 def plan(*groups):
+    """A plan-like object: `.groups` = the given name lists (communication order)."""
     return SimpleNamespace(groups=[list(g) for g in groups])
 
 
@@ -83,3 +95,32 @@ def run_ranks(n, fn, timeout=30.0):
         t.join(timeout)
         assert not t.is_alive(), "a fake rank hung"
     return results, errors
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the PyPI MPICH installs it into the environment)."""
+
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(n, args, timeout=120.0, env=None, cwd=None):
+    """Run `mpiexec -n n python ARGS...`; returns (exit status, stdout+stderr, seconds).
+
+    The hard `timeout` kills the whole launcher group; a hang then fails the test (status None)
+    instead of stalling CI."""
+
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *map(str, args)]
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        status = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        status = None
+    return status, out, time.perf_counter() - t0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from mgcaffe.comm.communicator import Communicator
 from mgcaffe.comm.executor import GradientExecutor
 from mgcaffe.comm.local import LocalWorld, SingleCommunicator
-from mgcaffe.comm.testing import FakeNet, plan, run_ranks
+from mgcaffe.comm.testing import FakeNet, plan, run_mpi, run_ranks
 from mgcaffe.comm.trace import Tracer
 from mgcaffe.errors import CommError
 
@@ -241,3 +243,15 @@ def test_trace_records_each_group_with_bytes():
                                                 group_sizes(net, PLANS["merged"].groups)]
     grads = [e for e in tracer.events if e["cat"] == "grad"]
     assert [e["name"] for e in grads] == ["fc2", "fc1", "conv2", "conv1"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 4])
+def test_executor_under_mpi(n):
+    """Every plan on a fake net under mpiexec: mean of the ranks' gradients, bit-identical on
+    every rank, the planned groups in order (read back from the trace)."""
+    checks = Path(__file__).resolve().parents[1] / "mpi" / "comm_checks.py"
+    status, out, _ = run_mpi(n, [checks, "executor"], timeout=100)
+    assert status == 0, out
+    assert sorted(int(r) for r in re.findall(r"OK executor rank (\d+)", out)) == list(range(n))

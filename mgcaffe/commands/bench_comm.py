@@ -1,0 +1,70 @@
+"""`mgcaffe bench-comm`: the all-reduce benchmark alone, under mpiexec, writing a network JSON.
+
+    mpiexec -n 4 mgcaffe bench-comm --out network.json
+
+Times T_ar(M) for message sizes from a few bytes to tens of MB, fits a + b*M by least squares
+and writes `{"fits": {"4": {"a": .., "b": ..}}, "measurements": ...}`: what `mgcaffe plan
+--network` and `mgcaffe train --network` read (the data of the paper's Figure 5(b)).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from ..errors import CommError
+
+NAME = "bench-comm"
+HELP = "measure all-reduce time over message sizes and fit T(M) = a + b*M (run under mpiexec)"
+
+log = logging.getLogger("mgcaffe.comm")
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4', '64K', '16MB' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise CommError(f"--sizes: cannot read {text!r} as a size (e.g. 4, 64K, 16M)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated message sizes in bytes, K/M suffixes allowed "
+                             "(default: 4 B to 32 MB in steps of 4x)")
+    parser.add_argument("--iterations", type=int, default=20,
+                        help="timed all-reduces per size (fewer for large sizes; default 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
+    parser.add_argument("--out", default=None, help="write the network JSON here (rank 0)")
+
+
+def run(args) -> int:
+    from ..comm.benchmark import DEFAULT_SIZES, measure_allreduce  # noqa: PLC0415
+    from ..comm.distributed import world  # noqa: PLC0415 - MPI only when the command runs
+
+    comm, _, _ = world(log_level=getattr(args, "log_level", "INFO"))
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    if args.iterations < 1:
+        raise CommError("--iterations must be >= 1")
+    if comm.size == 1:
+        log.warning("bench-comm: one rank: nothing to exchange (start it with mpiexec -n N)")
+    result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
+    if comm.rank == 0:
+        log.info("all-reduce among %d ranks (%s):\n%s", comm.size, comm.name, result.table())
+        log.info("fit T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte (%.3f GB/s), rms residual "
+                 "%.3f us", result.fit.a * 1e6, result.fit.b * 1e9,
+                 (1 / result.fit.b / 1e9) if result.fit.b > 0 else float("inf"),
+                 result.rms * 1e6)
+        if args.out:
+            path = Path(args.out)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(result.network_json(), indent=1) + "\n", encoding="utf-8")
+            tmp.replace(path)
+            log.info("wrote %s", path)
+    comm.barrier()
+    return 0

@@ -1,0 +1,70 @@
+"""The all-reduce benchmark and `mgcaffe bench-comm`: points, the linear fit, the network JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mgcaffe.comm.benchmark import default_sizes, measure_allreduce
+from mgcaffe.comm.cost import cost_for, load_network
+from mgcaffe.comm.emulate import EmulatedCommunicator
+from mgcaffe.comm.local import LocalWorld
+from mgcaffe.comm.testing import run_mpi, run_ranks
+from mgcaffe.commands.bench_comm import parse_size
+from mgcaffe.errors import CommError
+
+
+def test_default_sizes_span_bytes_to_tens_of_megabytes():
+    sizes = default_sizes()
+    assert sizes[0] == 4 and 10 << 20 <= sizes[-1] <= 64 << 20
+    assert all(s % 4 == 0 for s in sizes)
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("4", "64K", "16M", "2MB")] == [4, 65536, 16 << 20, 2 << 20]
+    with pytest.raises(CommError, match="cannot read '3 parsecs'"):
+        parse_size("3 parsecs")
+
+
+def test_benchmark_recovers_an_emulated_cost():
+    """On a world whose all-reduce lasts exactly a + b*M, the fit returns a and b."""
+    a, b = 20e-3, 10e-9  # large against thread wake-ups and sleep overshoot on a busy machine
+    cost = type("Cost", (), {"a": a, "b": b, "time": lambda self, m: a + b * m})()
+    world = LocalWorld(2, timeout=20)
+    comms = [EmulatedCommunicator(c, cost, 8) for c in world.communicators()]
+    sizes = [4, 256 << 10, 1 << 20, 2 << 20]
+    results, errors = run_ranks(2, lambda r: measure_allreduce(comms[r], sizes, iterations=3,
+                                                               warmup=0))
+    assert errors == [None, None]
+    res = results[0]
+    assert res.sizes == sizes and len(res.times) == len(sizes)
+    assert res.fit.a == pytest.approx(a, rel=0.2) and res.fit.b == pytest.approx(b, rel=0.2)
+    assert results[1].times == res.times  # the slowest rank's time, agreed by all
+    doc = res.network_json()
+    assert set(doc["fits"]) == {"2"} and doc["measurements"]["2"][0] == [4, res.times[0]]
+
+
+def test_benchmark_needs_two_sizes():
+    world = LocalWorld(1)
+    with pytest.raises(CommError, match="at least two distinct sizes"):
+        measure_allreduce(world.communicators()[0], [64, 64])
+    with pytest.raises(CommError, match="multiples of 4"):
+        measure_allreduce(world.communicators()[0], [6, 64])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_bench_comm_command_writes_a_network_the_planner_reads(tmp_path):
+    out = tmp_path / "net.json"
+    status, log, _ = run_mpi(2, ["-m", "mgcaffe", "bench-comm", "--sizes", "4,4K,256K,1M",
+                                 "--iterations", "5", "--out", out], timeout=100)
+    assert status == 0, log
+    doc = json.loads(out.read_text())
+    assert [m for m, _ in doc["measurements"]["2"]] == [4, 4096, 256 << 10, 1 << 20]
+    cost = cost_for(load_network(out), 2)
+    assert cost.a >= 0 and cost.b > 0
+    times = np.array([t for _, t in doc["measurements"]["2"]])
+    assert np.all(times > 0) and times[-1] > times[0]  # 1 MB takes longer than 4 bytes
+    assert "fit T(M) = a + b*M" in log

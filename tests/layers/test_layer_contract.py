@@ -1,0 +1,108 @@
+"""Contract test over every registered layer type from the element-wise, normalisation,
+shape, softmax, loss, accuracy and input modules: setup, reshape, forward and backward on a
+small float32 input run, and the tops have the declared shapes and dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.layers import TRAIN, LayerContext, create_layer, layer_class, layer_types
+from mgcaffe.proto import caffe_pb2
+
+#: The modules whose layers this table must cover.
+MODULES = {f"mgcaffe.layers.{m}" for m in (
+    "neuron", "power_exp_log", "prelu", "dropout", "batch_norm", "scale_bias", "eltwise",
+    "concat", "slice", "shape", "crop", "tile", "reduction", "softmax", "loss", "loss_extra",
+    "accuracy", "input")}
+
+X = (2, 3, 4, 5)
+LABELS = np.array([0.0, 2.0])
+
+# type: (parameter text, bottoms (shapes or arrays), number of tops, expected top shapes)
+CASES = {
+    "ReLU": ("", [X], 1, [X]),
+    "PReLU": ("", [X], 1, [X]),
+    "ELU": ("", [X], 1, [X]),
+    "Sigmoid": ("", [X], 1, [X]),
+    "TanH": ("", [X], 1, [X]),
+    "AbsVal": ("", [X], 1, [X]),
+    "Power": ("power_param { power: 2 }", [X], 1, [X]),
+    "Exp": ("", [X], 1, [X]),
+    "Log": ("log_param { shift: 10 }", [X], 1, [X]),
+    "BNLL": ("", [X], 1, [X]),
+    "Threshold": ("", [X], 1, [X]),
+    "Clip": ("clip_param { min: -1 max: 1 }", [X], 1, [X]),
+    "Swish": ("", [X], 1, [X]),
+    "Dropout": ("", [X], 1, [X]),
+    "BatchNorm": ("", [X], 1, [X]),
+    "Scale": ("scale_param { bias_term: true }", [X], 1, [X]),
+    "Bias": ("", [X, (3,)], 1, [X]),
+    "Eltwise": ("", [X, X, X], 1, [X]),
+    "Concat": ("", [X, (2, 1, 4, 5)], 1, [(2, 4, 4, 5)]),
+    "Slice": ("slice_param { slice_point: 1 }", [X], 2, [(2, 1, 4, 5), (2, 2, 4, 5)]),
+    "Split": ("", [X], 3, [X, X, X]),
+    "Flatten": ("", [X], 1, [(2, 60)]),
+    "Reshape": ("reshape_param { shape { dim: 0 dim: -1 dim: 5 } }", [X], 1, [(2, 12, 5)]),
+    "Silence": ("", [X, (2,)], 0, []),
+    "Crop": ("", [X, (2, 3, 2, 2)], 1, [(2, 3, 2, 2)]),
+    "Tile": ("tile_param { tiles: 2 }", [X], 1, [(2, 6, 4, 5)]),
+    "Reduction": ("reduction_param { axis: 1 }", [X], 1, [(2,)]),
+    "Softmax": ("", [X], 1, [X]),
+    "SoftmaxWithLoss": ("", [(2, 3), LABELS], 2, [(), (2, 3)]),
+    "EuclideanLoss": ("", [(2, 3), (2, 3)], 1, [()]),
+    "SigmoidCrossEntropyLoss": ("", [(2, 3), (2, 3)], 1, [()]),
+    "MultinomialLogisticLoss": ("", [np.full((2, 3), 1 / 3), LABELS], 1, [()]),
+    "HingeLoss": ("", [(2, 3), LABELS], 1, [()]),
+    "ContrastiveLoss": ("", [(2, 3), (2, 3), np.array([1.0, 0.0])], 1, [()]),
+    "Accuracy": ("", [(2, 3), LABELS], 2, [(), (3,)]),
+    "ArgMax": ("", [(2, 3)], 1, [(2, 1, 1)]),
+    "Input": ("input_param { shape { dim: 2 dim: 3 } }", [], 2, [(2, 3), (2, 3)]),
+    "DummyData": ('dummy_data_param { shape { dim: 2 } data_filler { type: "gaussian" } }',
+                  [], 1, [(2,)]),
+    "Parameter": ("parameter_param { shape { dim: 4 } }", [], 1, [(4,)]),
+}
+
+
+def owned_types():
+    return [t for t in layer_types() if layer_class(t).__module__ in MODULES]
+
+
+def test_every_owned_type_has_a_case():
+    missing = sorted(set(owned_types()) - set(CASES))
+    assert not missing, f"add contract cases for {missing}"
+
+
+@pytest.mark.parametrize("type_", sorted(CASES))
+def test_layer_contract(type_):
+    text, bottoms, n_top, shapes = CASES[type_]
+    lp = text_format.Parse(f'name: "c_{type_}" type: "{type_}" {text}',
+                           caffe_pb2.LayerParameter())
+    layer = create_layer(lp, LayerContext(phase=TRAIN, dtype=np.float32, seed=1))
+    assert layer.type == type_
+    rng = np.random.default_rng(0)
+    bottom = []
+    for i, item in enumerate(bottoms):
+        array = item if isinstance(item, np.ndarray) else rng.standard_normal(item)
+        blob = Blob(array.shape, dtype=np.float32, name=f"b{i}")
+        blob.data[...] = array
+        bottom.append(blob)
+    top = [Blob((), dtype=np.float32, name=f"t{i}") for i in range(n_top)]
+    layer.setup(bottom, top)
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    assert [t.shape for t in top] == shapes
+    for t in top:
+        assert t.data.dtype == np.float32 and t.diff.dtype == np.float32
+        assert np.all(np.isfinite(t.data))
+    for b in layer.blobs:
+        assert b.dtype == np.float32
+    down = [layer.allow_force_backward(i) for i in range(len(bottom))]
+    for t in top:
+        t.diff[...] = 1.0
+    layer.backward(top, down, bottom)
+    for b, d in zip(bottom, down):
+        if d:
+            assert np.all(np.isfinite(b.diff))

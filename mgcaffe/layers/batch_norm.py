@@ -76,8 +76,12 @@ class BatchNormLayer(Layer):
                              f"{self.blobs[0].count}")
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
+        # Batch statistics need the normalised input and a work buffer for backward; global
+        # statistics need neither (their backward is dy / std).
         shape = bottom[0].shape
-        if self._x_norm is None or self._x_norm.shape != shape:
+        if self.use_global_stats:
+            self._x_norm = self._scratch = None
+        elif self._x_norm is None or self._x_norm.shape != shape:
             self._x_norm = self.xp.zeros(shape, dtype=self.dtype)
             self._scratch = self.xp.zeros(shape, dtype=self.dtype)
 
@@ -105,8 +109,9 @@ class BatchNormLayer(Layer):
         xp.sqrt(std, out=std)
         self._std = std.reshape(1, -1, 1)
         y /= self._std
-        # Kept for backward: a later in-place layer may overwrite the top.
-        xp.copyto(self._view(self._x_norm), y)
+        if not self.use_global_stats:
+            # Kept for backward: a later in-place layer may overwrite the top.
+            xp.copyto(self._view(self._x_norm), y)
 
     def _update_running_stats(self, mean, var, m):
         maf = self.dtype.type(self.moving_average_fraction)

@@ -130,9 +130,6 @@ class ScaleLayer(_BroadcastLayer):
             if self._dims != broadcast_dims(self, bottom[0].shape, bias, self.axis):
                 raise self.error(f"bias shape {tuple(bias.shape)} does not match scale shape "
                                  f"{tuple(scale.shape)}")
-        shape = bottom[0].shape
-        if self._scratch is None or self._scratch.shape != shape:
-            self._scratch = self.xp.zeros(shape, dtype=self.dtype)
 
     def forward(self, bottom, top):
         xp = self.xp
@@ -156,6 +153,9 @@ class ScaleLayer(_BroadcastLayer):
         param = len(bottom) == 1
         if (param and self.param_propagate_down[0]) or (not param and propagate_down[1]):
             x = self._input_copy if in_place(bottom, top) else bottom[0].data
+            if self._scratch is None or self._scratch.shape != x.shape:
+                # Allocated on first need, so nets that never backprop don't pay for it.
+                self._scratch = xp.empty_like(x)
             product = self._view(self._scratch)
             xp.multiply(dy, self._view(x), out=product)
             self._sum_to_operand(product, self._scale(bottom), accumulate=param)

@@ -285,8 +285,8 @@ class Solver:
         loss /= n
         if not math.isfinite(loss):
             raise SolverError(f"iteration {self.iter}: the loss is {loss} "
-                              f"({self._first_bad_output()}); training stopped, the last "
-                              "snapshot is kept")
+                              f"({self._first_bad_output()}); training stopped, earlier "
+                              "snapshots are untouched")
         return loss
 
     def _requested_action(self) -> str:
@@ -344,8 +344,8 @@ class Solver:
             return
         raise SolverError(f"iteration {self.iter}: non-finite gradient in layer "
                           f"{self._layer_of_param(bad)!r} (the first in backward order; "
-                          f"{len(bad)} parameter blob(s) affected); training stopped, the "
-                          "last snapshot is kept")
+                          f"{len(bad)} parameter blob(s) affected); training stopped, "
+                          "earlier snapshots are untouched")
 
     def _layer_of_param(self, bad: list[int]) -> str:
         bad_set = set(bad)

@@ -1,0 +1,77 @@
+"""`mgcaffe test`: score a trained model (Caffe's `caffe test`).
+
+    mgcaffe test --model train_val.prototxt --weights W.caffemodel [--iterations 50]
+                 [--gpu ID] [--level L] [--stage S]
+
+Runs the TEST-phase net forward `--iterations` times, logging every batch's outputs
+(`Batch i, name = v`), then the mean loss (`Loss: X`) and each output's mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import numpy as np
+
+from ..backend import CPU, to_host
+from ..errors import NetError
+from ..layers.base import TEST
+from ..proto import caffe_pb2
+from ..solvers.base import _g, select_device
+from ..solvers.snapshot import load_weights
+from .train import add_device_argument, add_state_arguments, device_from_flag, stages
+
+NAME = "test"
+HELP = "score a model's TEST phase with trained weights (Caffe's `caffe test`)"
+
+log = logging.getLogger("mgcaffe.commands.test")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="NET.prototxt", help="the net definition")
+    parser.add_argument("--weights", metavar="W.caffemodel",
+                        help="the trained weights (.caffemodel or .caffemodel.h5)")
+    parser.add_argument("--iterations", type=int, default=50, metavar="N",
+                        help="number of batches to score (default 50)")
+    add_device_argument(parser)
+    add_state_arguments(parser)
+
+
+def run(args) -> int:
+    from ..net import Net  # noqa: PLC0415 - pulls in every layer
+
+    if not args.model:
+        raise NetError("need a model definition to score: --model NET.prototxt")
+    if not args.weights:
+        raise NetError("need model weights to score: --weights W.caffemodel")
+    if args.iterations <= 0:
+        raise NetError(f"--iterations: expected > 0, found {args.iterations}")
+    device = device_from_flag(args.gpu) or CPU
+    if device.kind == "gpu":
+        device = select_device(caffe_pb2.SolverParameter(), device, "--gpu")
+        log.info("Use GPU with device ID %d", device.index)
+    else:
+        log.info("Use CPU.")
+    net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device)
+    load_weights(net, args.weights)
+    log.info("Running for %d iterations.", args.iterations)
+    totals = None
+    loss = 0.0
+    for i in range(args.iterations):
+        net.forward()
+        loss += net.loss
+        values = [to_host(net.blobs[name].data).astype(np.float64).ravel()
+                  for name in net.outputs]
+        for name, vec in zip(net.outputs, values):
+            for v in vec:
+                log.info("Batch %d, %s = %s", i, name, _g(v))
+        totals = values if totals is None else [t + v for t, v in zip(totals, values)]
+    log.info("Loss: %s", _g(loss / args.iterations))
+    for name, vec in zip(net.outputs, totals):
+        weight = float(net.blob_loss_weights.get(name, 0.0))
+        for v in vec:
+            mean = v / args.iterations
+            extra = f" (* {_g(weight)} = {_g(weight * mean)} loss)" if weight else ""
+            log.info("%s = %s%s", name, _g(mean), extra)
+    return 0

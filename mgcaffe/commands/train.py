@@ -1,0 +1,156 @@
+"""`mgcaffe train`: Caffe's `caffe train` on one process.
+
+    mgcaffe train --solver solver.prototxt [--weights W.caffemodel[,W2]]
+                  [--snapshot S.solverstate] [--iterations N] [--gpu ID|all]
+                  [--sigint_effect stop|snapshot|none] [--sighup_effect stop|snapshot|none]
+                  [--level L] [--stage S ...]
+
+SIGINT and SIGHUP only set a flag; the solver acts on it at the end of the iteration
+(default: SIGINT stops, after the final snapshot; SIGHUP snapshots and goes on). The
+reusable parts are `build_solver(args, **solver_options)` and
+`run_training(solver, args, ...)`, which the distributed trainer wraps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..backend import Device
+from ..errors import MgcaffeError, SolverError
+from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
+
+NAME = "train"
+HELP = "train or finetune a model with a solver (Caffe's `caffe train`)"
+
+log = logging.getLogger("mgcaffe.commands.train")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--solver", metavar="SOLVER.prototxt",
+                        help="the solver definition (SolverParameter prototxt)")
+    parser.add_argument("--weights", metavar="W.caffemodel[,W2...]",
+                        help="finetune from these weights (comma-separated; .caffemodel or "
+                             ".caffemodel.h5); not with --snapshot")
+    parser.add_argument("--snapshot", metavar="S.solverstate",
+                        help="resume training from this solver state; not with --weights")
+    parser.add_argument("--iterations", type=int, metavar="N",
+                        help="train to N iterations instead of the solver's max_iter")
+    add_device_argument(parser)
+    for sig, default in (("sigint", SolverAction.STOP), ("sighup", SolverAction.SNAPSHOT)):
+        parser.add_argument(f"--{sig}_effect", f"--{sig}-effect", dest=f"{sig}_effect",
+                            default=default, choices=SolverAction.CHOICES,
+                            help=f"what {sig.upper()} does: stop (after a final snapshot), "
+                                 f"snapshot and go on, or none (default: {default})")
+    add_state_arguments(parser)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--gpu ID[,ID...]|all (shared with `mgcaffe test`)."""
+    parser.add_argument("--gpu", metavar="ID|all",
+                        help="run on this GPU (or the first of a list; `all`: every GPU); "
+                             "overrides the solver's solver_mode")
+
+
+def add_state_arguments(parser: argparse.ArgumentParser) -> None:
+    """--level and --stage (Caffe's NetState flags)."""
+    parser.add_argument("--level", type=int, default=0, help="the nets' NetState level")
+    parser.add_argument("--stage", action="append", default=[], metavar="STAGE",
+                        help="a NetState stage (repeat or comma-separate for several)")
+
+
+def device_from_flag(flag: str | None) -> Device | None:
+    """The Device `--gpu` asks for: None when absent (the solver file decides)."""
+    if flag is None or flag == "":
+        return None
+    if flag == "all":
+        from ..backend import gpu_available  # noqa: PLC0415
+
+        if not gpu_available():
+            raise SolverError("--gpu all: no GPU is usable (CuPy missing or no CUDA device)")
+        ids = [0]
+    else:
+        try:
+            ids = [int(s) for s in flag.split(",") if s.strip()]
+        except ValueError:
+            raise SolverError(f"--gpu: expected a device id, a comma-separated list or "
+                              f"`all`, found {flag!r}") from None
+        if not ids or min(ids) < 0:
+            raise SolverError(f"--gpu: expected device ids >= 0, found {flag!r}")
+    if len(ids) > 1 or flag == "all":
+        log.warning("--gpu %s: one process trains on one GPU (%d); for several use the "
+                    "distributed trainer", flag, ids[0])
+    return Device("gpu", ids[0])
+
+
+def build_solver(args, **solver_options) -> Solver:
+    """The solver `args` describe (the file, --weights, --iterations, --gpu, --level,
+    --stage), built with `solver_options` (rank, world_size, gradient_sync, ...)."""
+    if not args.solver:
+        raise SolverError("need a solver definition to train: --solver SOLVER.prototxt")
+    if args.snapshot and args.weights:
+        raise SolverError("give --snapshot to resume training or --weights to finetune, "
+                          "not both")
+    param, path = load_solver_param(args.solver)
+    # Caffe's train always sets train_state from --level/--stage; only do it when given, so
+    # that a train_state written in the solver file is kept.
+    if args.level:
+        param.train_state.level = args.level
+    if stages(args):
+        param.train_state.stage.extend(stages(args))
+    if args.iterations is not None:
+        if args.iterations < 0:
+            raise SolverError(f"--iterations: expected >= 0, found {args.iterations}")
+        param.max_iter = args.iterations
+    if args.snapshot:
+        del param.weights[:]
+    elif args.weights:
+        del param.weights[:]
+        param.weights.append(args.weights)
+    cls = SOLVER_CLASSES.get(param.type)
+    if cls is None:
+        raise SolverError(f"{path}: type: expected one of {', '.join(SOLVER_CLASSES)}, "
+                          f"found {param.type!r}")
+    solver_options.setdefault("device", device_from_flag(args.gpu))
+    solver = cls(param, solver_path=path, **solver_options)
+    log.info("Use CPU." if solver.device.kind == "cpu" else f"Using GPUs {solver.device.index}")
+    return solver
+
+
+def stages(args) -> list[str]:
+    """--stage values, comma-separated lists split."""
+    return [s for value in args.stage for s in value.split(",") if s]
+
+
+def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int:
+    """Resume (--snapshot) and solve, with the signal flags acting at iteration ends.
+
+    `action_wrapper(action_function) -> action_function` lets the distributed trainer turn
+    this process's signal requests into requests agreed by every rank. `handler` is an
+    installed SignalHandler to use (one is installed for the run otherwise).
+    """
+    own = handler is None
+    if own:
+        handler = SignalHandler(args.sigint_effect, args.sighup_effect).install()
+    try:
+        action = handler.requested_action
+        solver.action_function = action_wrapper(action) if action_wrapper else action
+        if args.snapshot:
+            log.info("Resuming from %s", args.snapshot)
+            solver.restore(args.snapshot)
+        log.info("Starting Optimization")
+        solver.solve()
+    finally:
+        if own:
+            handler.restore()
+    return 0
+
+
+def run(args) -> int:
+    try:
+        handler = SignalHandler(args.sigint_effect, args.sighup_effect)
+    except ValueError as exc:
+        raise MgcaffeError(str(exc)) from None
+    with handler:
+        solver = build_solver(args)
+        return run_training(solver, args, handler=handler)

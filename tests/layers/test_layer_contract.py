@@ -106,3 +106,61 @@ def test_layer_contract(type_):
     for b, d in zip(bottom, down):
         if d:
             assert np.all(np.isfinite(b.diff))
+
+
+NET_TEXT = """
+name: "chain" force_backward: true
+layer { name: "in" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 3 dim: 3 } shape { dim: 4 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" }
+layer { name: "sc" type: "Scale" bottom: "bn" top: "bn"
+        scale_param { bias_term: true filler { type: "gaussian" }
+                      bias_filler { type: "gaussian" } } }
+layer { name: "relu" type: "ReLU" bottom: "bn" top: "bn" relu_param { negative_slope: 0.1 } }
+layer { name: "pr" type: "PReLU" bottom: "data" top: "pr" }
+layer { name: "sum" type: "Eltwise" bottom: "bn" bottom: "pr" top: "sum" }
+layer { name: "sig" type: "Sigmoid" bottom: "sum" top: "sum" }
+layer { name: "cat" type: "Concat" bottom: "sum" bottom: "data" top: "cat" }
+layer { name: "fl" type: "Flatten" bottom: "cat" top: "fl" }
+layer { name: "sl" type: "Slice" bottom: "fl" top: "a" top: "b" slice_param { slice_point: 7 } }
+layer { name: "sil" type: "Silence" bottom: "a" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "b" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "b" bottom: "label" top: "acc" }
+"""
+
+
+def test_in_place_chain_through_a_net():
+    """BatchNorm -> Scale -> ReLU in place, automatic splits, Concat/Flatten/Slice/Silence
+    and SoftmaxWithLoss inside a Net: the input and parameter gradients match central
+    differences of the net's loss."""
+    from mgcaffe.net import Net  # noqa: PLC0415 - the Net is only needed here
+
+    net = Net(text_format.Parse(NET_TEXT, caffe_pb2.NetParameter()), TRAIN, seed=3,
+              dtype=np.float64)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 3, 3))
+    labels = np.array([0.0, 5.0, 30.0, 3.0])
+
+    def loss():
+        net.blobs["data"].data[...] = x
+        net.blobs["label"].data[...] = labels
+        net.forward()
+        return float(net.blobs["loss"].data)
+
+    loss()
+    net.clear_param_diffs()
+    net.backward()
+    targets = [("data", x, net.blobs["data"].diff.copy())]
+    targets += [(f"{name}[{i}]", b.data, b.diff.copy())
+                for name in ("sc", "pr") for i, b in enumerate(net.params[name])]
+    for name, values, grad in targets:
+        flat, g = values.reshape(-1), grad.reshape(-1)
+        for k in rng.choice(flat.size, min(flat.size, 12), replace=False):
+            saved = flat[k]
+            flat[k] = saved + 1e-5
+            plus = loss()
+            flat[k] = saved - 1e-5
+            minus = loss()
+            flat[k] = saved
+            numeric = (plus - minus) / 2e-5
+            assert abs(numeric - g[k]) <= 1e-6 + 1e-4 * abs(numeric), (name, k, numeric, g[k])

@@ -1,0 +1,112 @@
+"""Forward+backward speed of the Convolution and InnerProduct layers at GoogleNet-like shapes.
+
+Prints, per layer, the best-of-R forward and backward times and the achieved GFLOP/s, next
+to the GFLOP/s of one 2048^3 float32 matmul measured in the same run; the target is conv+ip
+at >= 0.5 of the matmul rate. Usage: python benchmarks/bench_layers.py [--repeats R]
+[--batch N].
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.layers import LayerContext, create_layer
+from mgcaffe.proto import caffe_pb2
+
+# name, layer type, parameter body, bottom shape (without batch), backprop into the bottom
+CASES = [
+    ("conv1 7x7/2 3->64 @224", "Convolution",
+     "num_output: 64 kernel_size: 7 stride: 2 pad: 3", (3, 224, 224), False),
+    ("conv2 3x3 64->192 @56", "Convolution",
+     "num_output: 192 kernel_size: 3 pad: 1", (64, 56, 56), True),
+    ("3x3 192->384 @28", "Convolution",
+     "num_output: 384 kernel_size: 3 pad: 1", (192, 28, 28), True),
+    ("1x1 480->192 @14", "Convolution", "num_output: 192 kernel_size: 1", (480, 14, 14), True),
+    ("5x5 32->96 @14", "Convolution",
+     "num_output: 96 kernel_size: 5 pad: 2", (32, 14, 14), True),
+    ("1x1 832->384 @7", "Convolution", "num_output: 384 kernel_size: 1", (832, 7, 7), True),
+    ("fc 1024->1000", "InnerProduct", "num_output: 1000", (1024,), True),
+]
+
+
+def best_time(fn, repeats: int) -> float:
+    """The fastest of `repeats` runs after one warm-up (the machine is shared and noisy)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_gflops(repeats: int, n: int = 2048) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    return 2 * n**3 / best_time(lambda: np.matmul(a, b, out=out), repeats) / 1e9
+
+
+def build(kind: str, body: str, shape, batch: int):
+    field = "convolution_param" if kind == "Convolution" else "inner_product_param"
+    text = (f'name: "l" type: "{kind}" {field} {{ {body} weight_filler {{ type: "gaussian" '
+            'std: 0.01 } }')
+    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()),
+                         LayerContext(dtype=np.float32, seed=0))
+    bottom = [Blob((batch,) + shape, name="x")]
+    bottom[0].data[...] = np.random.default_rng(1).standard_normal(bottom[0].shape)
+    top = [Blob((), name="y")]
+    layer.setup(bottom, top)
+    top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)
+    return layer, bottom, top
+
+
+def time_layer(layer, bottom, top, down: bool, repeats: int) -> tuple[float, float]:
+    """Best-of forward and backward seconds of one layer."""
+    forward = best_time(lambda: layer.forward(bottom, top), repeats)
+    backward = best_time(lambda: layer.backward(top, [down], bottom), repeats)
+    return forward, backward
+
+
+def gemm_flops(layer, bottom, top) -> float:
+    """Multiply-adds x 2 of one forward GEMM (per-group sizes summed)."""
+    weight = layer.blobs[0]
+    if layer.type == "InnerProduct":
+        return 2.0 * weight.count * layer.m
+    spatial = top[0].count // (top[0].shape[0] * top[0].shape[1])
+    return 2.0 * weight.count * spatial * top[0].shape[0]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args(argv)
+    peak = matmul_gflops(args.repeats)
+    print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best of {args.repeats})\n")
+    title = f"layer (batch {args.batch})"
+    print(f"{title:<26}{'fwd ms':>9}{'bwd ms':>9}{'GFLOP':>8}"
+          f"{'GFLOP/s':>9}{'/matmul':>9}")
+    total_flops = total_time = 0.0
+    for name, kind, body, shape, down in CASES:
+        layer, bottom, top = build(kind, body, shape, args.batch)
+        forward, backward = time_layer(layer, bottom, top, down, args.repeats)
+        flops = gemm_flops(layer, bottom, top) * (3 if down else 2)
+        rate = flops / (forward + backward) / 1e9
+        total_flops += flops
+        total_time += forward + backward
+        print(f"{name:<26}{forward * 1e3:9.2f}{backward * 1e3:9.2f}{flops / 1e9:8.2f}"
+              f"{rate:9.1f}{rate / peak:9.2f}")
+    overall = total_flops / total_time / 1e9
+    print(f"\nconv+ip overall: {overall:.1f} GFLOP/s = {overall / peak:.2f} of the matmul rate "
+          f"(target >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Timing a training net layer by layer, for the trace and the start-up profile.
+
+`NetTimer` wraps one Net instance's `forward_layer` and `backward_layer` (the net calls them
+through `self`, so an instance attribute takes their place; net.py is not changed and the
+wrappers are removed again with `remove()`). Each call is timed; with a tracer every layer's
+forward and backward becomes an event on the compute row.
+
+`OnlineProfile` turns the times of a few real training iterations into the planner's
+profile: t_f from the first to the last forward layer, and for learnable layer k the time
+from the previous gradient (layer k+1's, or the end of forward for layer L) to k's gradient,
+as `mgcaffe.comm.profile` defines backward_time. Profiling the training iterations
+themselves (instead of extra passes) leaves the data order untouched.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from .profile import LayerProfile, Profile
+from .trace import COMPUTE
+
+__all__ = ["NetTimer", "OnlineProfile"]
+
+
+class NetTimer:
+    """Times every forward_layer/backward_layer call of `net` (optionally into `tracer`)."""
+
+    def __init__(self, net: Any, tracer: Any = None, clock=time.perf_counter):
+        self.net = net
+        self.tracer = tracer
+        self.clock = clock
+        self.forward_start = 0.0  # of the latest forward pass
+        self.forward_end = 0.0
+        self._installed = False
+
+    def install(self) -> NetTimer:
+        if self._installed:
+            return self
+        net, clock, tracer = self.net, self.clock, self.tracer
+        forward_layer, backward_layer = net.forward_layer, net.backward_layer
+        names = net.layer_names
+
+        def timed_forward(i, *args, **kwargs):
+            t0 = clock()
+            if i == 0:
+                self.forward_start = t0
+            try:
+                return forward_layer(i, *args, **kwargs)
+            finally:
+                self.forward_end = t1 = clock()
+                if tracer is not None:
+                    tracer.span(names[i], "forward", COMPUTE, t0, t1)
+
+        def timed_backward(i, *args, **kwargs):
+            t0 = clock()
+            try:
+                return backward_layer(i, *args, **kwargs)
+            finally:
+                if tracer is not None:
+                    tracer.span(names[i], "backward", COMPUTE, t0, clock())
+
+        net.forward_layer = timed_forward
+        net.backward_layer = timed_backward
+        self._installed = True
+        return self
+
+    def remove(self) -> None:
+        """Put the net's own methods back (no timing cost from here on)."""
+        if self._installed:
+            for name in ("forward_layer", "backward_layer"):
+                self.net.__dict__.pop(name, None)
+            self._installed = False
+
+
+class OnlineProfile:
+    """Collects, per training iteration, the forward span and each gradient's ready time."""
+
+    def __init__(self, model: str, names: list[str], params: list[int],
+                 batch_size: int | None = None, skip: int = 1):
+        self.model = model
+        self.names = list(names)  # input side first
+        self.params = list(params)
+        self.batch_size = batch_size
+        self.skip = skip  # the first iterations warm caches and allocate: not representative
+        self.samples: list[tuple[float, list[float]]] = []
+        self._seen = 0
+
+    def add(self, forward_start: float, forward_end: float, ready: dict[int, float]) -> None:
+        """One iteration: forward start/end and ready[k] for k = 1..L (clock seconds)."""
+        self._seen += 1
+        if self._seen <= self.skip:
+            return
+        L = len(self.names)
+        backward = [0.0] * L
+        previous = forward_end
+        for k in range(L, 0, -1):
+            backward[k - 1] = max(0.0, ready[k] - previous)
+            previous = ready[k]
+        self.samples.append((max(0.0, forward_end - forward_start), backward))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def profile(self) -> Profile:
+        """The median over the collected iterations (robust to one slow iteration)."""
+        forward = statistics.median(s[0] for s in self.samples)
+        layers = [LayerProfile(n, p, statistics.median(s[1][i] for s in self.samples))
+                  for i, (n, p) in enumerate(zip(self.names, self.params))]
+        return Profile(self.model, self.batch_size, 4, forward, tuple(layers))

@@ -1,0 +1,68 @@
+"""Distributed training as `mgcaffe train` wires it, for tests (run under mpiexec or alone).
+
+    mpiexec -n 2 python tests/mpi/train_digits.py --solver S.prototxt --comm wfbp \\
+        --dump-weights OUT [--fail-at ITER --fail-rank R] [any distributed flag]
+
+After training, every rank writes its learnable weights to OUT.rank<R>.npz. `--fail-at`
+makes rank R raise inside the solver at that iteration (through an iteration hook), the
+"exception in a rank" fault case on a real net. This is the wiring the lead puts in
+mgcaffe/commands/train.py; the script exists so the tests do not depend on that file's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import numpy as np
+
+from mgcaffe.comm import distributed
+from mgcaffe.commands.train import add_arguments, build_solver, run_training
+
+
+class FailAt:
+    """An iteration hook that raises (or kills its process) on one rank at one iteration."""
+
+    def __init__(self, iteration, rank, how):
+        self.iteration, self.rank, self.how = iteration, rank, how
+
+    def after_iteration(self, solver):
+        if solver.iter == self.iteration and solver.rank == self.rank:
+            print(f"FAULT {self.how} rank {solver.rank} iteration {solver.iter}", flush=True)
+            if self.how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            raise RuntimeError(f"injected failure at iteration {solver.iter}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-level", default="INFO")
+    add_arguments(parser)
+    distributed.add_arguments(parser)
+    parser.add_argument("--dump-weights", default=None)
+    parser.add_argument("--fail-at", type=int, default=None)
+    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--fail-how", default="raise", choices=["raise", "sigkill", "sigint"])
+    args = parser.parse_args()
+
+    comm, rank, size = distributed.world(args.log_level)
+    with distributed.failing_together(comm):
+        solver = build_solver(args, rank=rank, world_size=size)
+        if args.fail_at is not None:
+            solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how))
+        with distributed.attach(solver, args, comm):
+            run_training(solver, args)
+        if args.dump_weights:
+            np.savez(f"{args.dump_weights}.rank{rank}.npz",
+                     *[np.asarray(b.data) for b in solver.net.learnable_params])
+    print(f"DONE rank {rank} iter {solver.iter}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

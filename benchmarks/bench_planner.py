@@ -1,0 +1,86 @@
+"""Planning time of every scheme against the number of learnable layers L (random profiles).
+
+    .venv/bin/python benchmarks/bench_planner.py [--layers 50 100 200 500 1000 2000]
+
+Three cost regimes, because the work of the two O(L^2) planners depends on it:
+- latency-bound (a = 5.7 ms, b = 4.4 ns/B: 64 nodes on the paper's 10GbE cluster): Algorithm 1
+  merges almost everything, and each merge recomputes the start times (its worst case);
+- balanced (a = 0.27 ms, b = 3.4 ns/B: 4 nodes);
+- bandwidth-bound (a = 10 us, b = 100 ns/B): communication lags far behind backward, so the
+  exact DP cannot stop its inner loop early (its worst case, L(L+1)/2 candidates).
+
+Times are the best of a few runs, in milliseconds, of `make_plan` (which includes building the
+plan's timeline). Exits with status 1 if any scheme takes a second or more at L = 500 (about
+ResNet-152's learnable layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mgcaffe.comm.cost import CostModel  # noqa: E402
+from mgcaffe.comm.planner import SCHEMES, make_plan  # noqa: E402
+from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: E402
+
+REGIMES = {
+    "latency-bound (a 5.7 ms, b 4.4 ns/B)": CostModel(5.70276e-3, 4.4167e-9),
+    "balanced (a 0.27 ms, b 3.4 ns/B)": CostModel(2.7156e-4, 3.365e-9),
+    "bandwidth-bound (a 10 us, b 100 ns/B)": CostModel(1e-5, 1e-7),
+}
+LIMIT_L, LIMIT_S = 500, 1.0
+
+
+def random_profile(L: int, seed: int = 0) -> Profile:
+    """Sizes log-uniform over 1e2..5e6 parameters, backward 0.1..20 ms, t_f = t_b / 2."""
+    rng = random.Random(seed)
+    layers = [LayerProfile(f"layer{i + 1}", int(10 ** rng.uniform(2, 6.7)),
+                           rng.uniform(1e-4, 2e-2)) for i in range(L)]
+    return Profile("random", 32, 4, sum(x.backward_time for x in layers) / 2, tuple(layers))
+
+
+def best_time(profile: Profile, cost: CostModel, scheme: str, repeats: int) -> tuple[float, int]:
+    best, plan = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan = make_plan(profile, cost, scheme)
+        best = min(best, time.perf_counter() - t0)
+    return best, plan.num_messages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[50, 100, 200, 500, 1000, 2000])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    slow = []
+    for regime, cost in REGIMES.items():
+        print(f"\nplanning time (ms), {regime}; [messages of mgwfbp / optimal]")
+        head = f"{'L':>6} " + " ".join(f"{s:>10}" for s in SCHEMES) + f" {'messages':>12}"
+        print(head)
+        print("-" * len(head))
+        for L in args.layers:
+            profile = random_profile(L, seed=L)
+            repeats = args.repeats if L <= 500 else 1
+            cells, msgs = [], {}
+            for s in SCHEMES:
+                t, m = best_time(profile, cost, s, repeats)
+                msgs[s] = m
+                cells.append(f"{t * 1e3:>10.2f}")
+                if L == LIMIT_L and t >= LIMIT_S:
+                    slow.append(f"{s} at L = {L} ({regime}): {t:.2f} s")
+            print(f"{L:>6} " + " ".join(cells) + f" {msgs['mgwfbp']:>5} / {msgs['optimal']:<5}")
+    if slow:
+        print("\nTOO SLOW (must stay well under a second at L = 500):\n  " + "\n  ".join(slow))
+        return 1
+    print(f"\nevery scheme plans L = {LIMIT_L} in under {LIMIT_S:g} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""All-reduce cost model: T_ar(M) = a + b*M seconds for an M-byte message among N workers.
+
+A network description gives a and b for each N, either by an all-reduce algorithm's formula
+from the alpha-beta-gamma constants or by measured per-N fits. JSON format (seconds, seconds per
+byte):
+
+    {"alpha": 4.526e-05, "beta": 9.93e-10, "gamma": 2.5e-09, "algorithm": "ring",
+     "fits": {"8": {"a": 0.00083, "b": 3.34e-09}}}
+
+- `alpha`: latency of one message step; `beta`: wire time per byte; `gamma`: reduction
+  arithmetic per byte (default 0); `algorithm` (default "ring") picks the formula below.
+- `fits` (optional): measured (a, b) per number of nodes; they take precedence over the formula
+  for the N they list (`cost_for(..., use_formula=True)` ignores them). alpha and beta may be
+  left out when fits cover every N asked for.
+- Unknown extra keys (`source`, `units`, `fits_all_sizes`, ... and `rms_s` etc. inside a fit)
+  are ignored.
+
+The standard costs (Thakur, Rabenseifner and Gropp 2005; Chan et al. 2007) for N workers and
+message size M, with log2(N) rounded up for N that is not a power of two:
+
+    ring                        a = 2(N-1) alpha        b = 2(N-1)/N beta + (N-1)/N gamma
+    binary_tree (reduce+bcast)  a = 2 log2(N) alpha     b = log2(N) (2 beta + gamma)
+    recursive_doubling          a = log2(N) alpha       b = log2(N) (beta + gamma)
+    recursive_halving_doubling  a = 2 log2(N) alpha     b = 2(N-1)/N beta + (N-1)/N gamma
+      (Rabenseifner: reduce-scatter by recursive halving, allgather by recursive doubling)
+
+With N = 1 every formula gives a = b = 0 (nothing to exchange).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError
+from .profile import as_float, as_int, read_json, require_mapping
+
+__all__ = ["ALGORITHMS", "CostModel", "Network", "canonical_algorithm", "cost_for",
+           "fit_linear", "formula", "load_network"]
+
+ALGORITHMS = ("ring", "binary_tree", "recursive_doubling", "recursive_halving_doubling")
+
+_ALIASES = {
+    "ring": "ring", "ring_allreduce": "ring",
+    "binary_tree": "binary_tree", "tree": "binary_tree", "btree": "binary_tree",
+    "binomial_tree": "binary_tree", "reduce_bcast": "binary_tree",
+    "recursive_doubling": "recursive_doubling", "doubling": "recursive_doubling",
+    "rd": "recursive_doubling",
+    "recursive_halving_doubling": "recursive_halving_doubling",
+    "recursive_halving_and_doubling": "recursive_halving_doubling",
+    "halving_doubling": "recursive_halving_doubling", "rabenseifner": "recursive_halving_doubling",
+    "rhd": "recursive_halving_doubling",
+}
+
+
+def canonical_algorithm(name: str, source: str = "network", field_name: str = "algorithm") -> str:
+    """Map an algorithm name or alias ("tree", "rabenseifner", "recursive-doubling") to one of
+    ALGORITHMS; anything else is a PlanError naming the field."""
+    key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
+    if key not in _ALIASES:
+        raise PlanError(f"{source}: {field_name}: unknown all-reduce algorithm {name!r} "
+                        f"(choose from {', '.join(ALGORITHMS)})")
+    return _ALIASES[key]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """T_ar(M) = a + b*M: `a` start-up seconds, `b` seconds per byte, for one N.
+
+    `nodes` and `origin` (e.g. "fit", "ring formula", "--a/--b") are informational and do not
+    take part in comparisons."""
+
+    a: float
+    b: float
+    nodes: int | None = field(default=None, compare=False)
+    origin: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for name in ("a", "b"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise PlanError(f"cost model: {name}: must be a finite number, got {v!r}")
+            if v < 0:
+                raise PlanError(f"cost model: {name}: must be >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to all-reduce a message of `nbytes` bytes."""
+        return self.a + self.b * nbytes
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"a": self.a, "b": self.b}
+        if self.nodes is not None:
+            d["nodes"] = self.nodes
+        if self.origin:
+            d["origin"] = self.origin
+        return d
+
+
+def _log2_steps(nodes: int) -> int:
+    return math.ceil(math.log2(nodes)) if nodes > 1 else 0
+
+
+def formula(algorithm: str, nodes: int, alpha: float, beta: float,
+            gamma: float = 0.0) -> tuple[float, float]:
+    """(a, b) of an all-reduce among `nodes` workers by the standard alpha-beta-gamma cost of
+    `algorithm` (see the module docstring)."""
+    algorithm = canonical_algorithm(algorithm)
+    n = nodes
+    if algorithm == "ring":
+        return 2 * (n - 1) * alpha, 2 * (n - 1) / n * beta + (n - 1) / n * gamma
+    steps = _log2_steps(n)
+    if algorithm == "binary_tree":
+        return 2 * steps * alpha, steps * (2 * beta + gamma)
+    if algorithm == "recursive_doubling":
+        return steps * alpha, steps * (beta + gamma)
+    # recursive_halving_doubling (Rabenseifner)
+    return 2 * steps * alpha, 2 * (n - 1) / n * beta + (n - 1) / n * gamma
+
+
+@dataclass(frozen=True)
+class Network:
+    """A cluster's all-reduce costs: alpha/beta/gamma and an algorithm, and/or per-N fits."""
+
+    alpha: float | None
+    beta: float | None
+    gamma: float = 0.0
+    algorithm: str = "ring"
+    fits: dict[int, CostModel] = field(default_factory=dict)
+    source: str = field(default="network", compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "network") -> Network:
+        source = str(source)
+        d = require_mapping(d, source)
+        alpha = as_float(d["alpha"], source, "alpha") if d.get("alpha") is not None else None
+        beta = as_float(d["beta"], source, "beta") if d.get("beta") is not None else None
+        gamma = as_float(d["gamma"], source, "gamma") if d.get("gamma") is not None else 0.0
+        algorithm = canonical_algorithm(d.get("algorithm", "ring"), source)
+        fits: dict[int, CostModel] = {}
+        raw_fits = d.get("fits")
+        if raw_fits is not None:
+            raw_fits = require_mapping(raw_fits, source, "fits")
+            for key, fit in raw_fits.items():
+                try:
+                    n = int(key)
+                except ValueError:
+                    raise PlanError(f"{source}: fits: key {key!r} is not a number of nodes") \
+                        from None
+                if n < 1:
+                    raise PlanError(f"{source}: fits: key {key!r}: must be >= 1")
+                fit = require_mapping(fit, source, f"fits.{key}")
+                for name in ("a", "b"):
+                    if name not in fit:
+                        raise PlanError(f"{source}: fits.{key}.{name}: missing")
+                a = as_float(fit["a"], source, f"fits.{key}.a")
+                b = as_float(fit["b"], source, f"fits.{key}.b")
+                fits[n] = CostModel(a, b, nodes=n, origin="fit")
+        if (alpha is None) != (beta is None):
+            missing = "beta" if beta is None else "alpha"
+            raise PlanError(f"{source}: {missing}: missing (alpha and beta go together)")
+        if alpha is None and not fits:
+            raise PlanError(f"{source}: alpha: missing (give alpha and beta, or fits)")
+        return cls(alpha, beta, gamma, algorithm, fits, source)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {}
+        if self.alpha is not None:
+            d.update(alpha=self.alpha, beta=self.beta, gamma=self.gamma)
+        d["algorithm"] = self.algorithm
+        if self.fits:
+            d["fits"] = {str(n): {"a": c.a, "b": c.b} for n, c in sorted(self.fits.items())}
+        return d
+
+
+def load_network(path: str | Path) -> Network:
+    """Read and validate a network JSON file (errors name the file and the field)."""
+    return Network.from_dict(read_json(path), source=str(path))
+
+
+def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
+             a: float | None = None, b: float | None = None) -> CostModel:
+    """T_ar for `nodes` workers: the measured fit for that N if the network lists one (unless
+    `use_formula`), otherwise the algorithm's formula from alpha, beta and gamma.
+
+    `a` and/or `b` (the command line's --a/--b) override what the network gives; with both,
+    `network` may be None."""
+    source = network.source if network is not None else "cost"
+    nodes = as_int(nodes, source, "nodes", minimum=1)
+    if a is not None:
+        a = as_float(a, "--a", "a")
+    if b is not None:
+        b = as_float(b, "--b", "b")
+    if a is not None and b is not None:
+        return CostModel(a, b, nodes=nodes, origin="--a/--b")
+    if network is None:
+        raise PlanError("cost: need a network description, or both --a and --b")
+    if not use_formula and nodes in network.fits:
+        base = network.fits[nodes]
+        origin = "fit"
+    elif network.alpha is None:
+        listed = ", ".join(str(n) for n in sorted(network.fits))
+        why = "use_formula asked for" if use_formula else f"fits list only N = {listed}"
+        raise PlanError(f"{network.source}: alpha: missing, needed for the formula at "
+                        f"N={nodes} ({why})")
+    else:
+        fa, fb = formula(network.algorithm, nodes, network.alpha, network.beta, network.gamma)
+        base = CostModel(fa, fb)
+        origin = f"{network.algorithm} formula"
+    if a is not None or b is not None:
+        origin += " with --a" if a is not None else " with --b"
+    return CostModel(base.a if a is None else a, base.b if b is None else b, nodes=nodes,
+                     origin=origin)
+
+
+def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[CostModel, float]:
+    """Least-squares fit of times = a + b*sizes (bytes, seconds): returns (CostModel(a, b), rms)
+    with rms the root-mean-square residual in seconds.
+
+    A negative a or b, which noise can produce, is replaced by the constrained optimum (the best
+    fit with that coefficient at 0), as non-negative least squares gives: a cost model never
+    has negative terms. Needs at least two distinct sizes."""
+    xs = [float(x) for x in sizes]
+    ys = [float(y) for y in times]
+    if len(xs) != len(ys):
+        raise PlanError(f"fit_linear: {len(xs)} sizes but {len(ys)} times")
+    n = len(xs)
+    if n == 0:
+        raise PlanError("fit_linear: no points")
+    mx = math.fsum(xs) / n
+    my = math.fsum(ys) / n
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    if not sxx > 0:
+        raise PlanError("fit_linear: need at least two distinct message sizes")
+    b = sxy / sxx
+    a = my - b * mx
+    if a < 0 or b < 0:
+        candidates = []
+        x2 = math.fsum(x * x for x in xs)
+        if x2 > 0:  # a = 0
+            bb = max(0.0, math.fsum(x * y for x, y in zip(xs, ys)) / x2)
+            candidates.append((0.0, bb))
+        candidates.append((max(0.0, my), 0.0))  # b = 0
+        a, b = min(candidates, key=lambda ab: math.fsum(
+            (y - ab[0] - ab[1] * x) ** 2 for x, y in zip(xs, ys)))
+    rms = math.sqrt(math.fsum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / n)
+    return CostModel(a, b, origin="fit"), rms

@@ -1,0 +1,461 @@
+"""Merge planner: which consecutive learnable layers share one all-reduce message.
+
+Pure functions of a `Profile` (per-layer sizes and backward times) and a `CostModel`
+(T_ar(M) = a + b*M); `../shared/paper/MODEL.md` states the model. Schemes:
+
+- `wfbp`: every layer its own message (wait-free backpropagation).
+- `synceasgd`: one message of every gradient, after backward ends.
+- `mgwfbp`: the paper's Algorithm 1 (INFOCOM 2019) exactly: walk l = L..2 and make l a
+  merged-gradient layer (sent with l-1) iff ready(l-1) < tau_c(l) + a (Theorem 1), recomputing
+  the communication start times after each merge; O(L^2). Greedy, so not always optimal.
+- `optimal`: the best grouping of consecutive layers under the same model, by the exact dynamic
+  programme of MODEL.md: F(L+1) = 0, F(j) = min_{k>=j} max(F(k+1), ready(j)) + T_ar(bytes j..k),
+  t_iter = F(1); O(L^2) in the worst case.
+- `threshold`: buckets of at least B bytes filled in backward order (PyTorch DDP's 25 MB
+  buckets, Horovod's fusion buffer); the last bucket may be smaller.
+
+Every scheme's groups go through the same `timeline()` (the recurrences of MODEL.md):
+backward of layer l runs [tau_b(l), ready(l)) with tau_b(L) = t_f; messages go one at a time in
+backward order, a group starting at max(end of the previous message, ready of its
+input-most layer) and lasting T_ar(its bytes); t_iter = end of the last message (times from the
+start of the forward pass).
+
+A `Plan` is data: groups (in the order they are communicated, output side first; each group
+a list of layer names in backward order), their sizes, the predicted timeline, the iteration
+time and its non-overlapped communication. It serialises to JSON (`save`, `load_plan`) and
+has a `digest()` that ranks compare before training together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError
+from .cost import CostModel
+from .profile import Profile, as_float, as_int, read_json, require, require_mapping
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "PLAN_FORMAT", "SCHEMES", "Plan", "canonical_scheme",
+           "load_plan", "make_plan", "make_plans", "timeline"]
+
+SCHEMES = ("wfbp", "synceasgd", "mgwfbp", "optimal", "threshold")
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # PyTorch DDP's bucket_cap_mb = 25
+PLAN_FORMAT = "mgcaffe-plan/1"
+
+_SCHEME_ALIASES = {
+    "wfbp": "wfbp", "layerwise": "wfbp",
+    "synceasgd": "synceasgd", "sync_easgd": "synceasgd", "single": "synceasgd",
+    "mgwfbp": "mgwfbp", "mg_wfbp": "mgwfbp", "infocom": "mgwfbp", "paper": "mgwfbp",
+    "greedy": "mgwfbp",
+    "optimal": "optimal", "exact": "optimal", "dp": "optimal",
+    "threshold": "threshold", "bucket": "threshold", "buckets": "threshold", "ddp": "threshold",
+}
+
+
+def canonical_scheme(name: str) -> str:
+    """One of SCHEMES for a scheme name or alias (`infocom`/`paper` = mgwfbp, `ddp` =
+    threshold, `exact` = optimal); PlanError otherwise."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in _SCHEME_ALIASES:
+        raise PlanError(f"scheme: unknown scheme {name!r} (choose from {', '.join(SCHEMES)})")
+    return _SCHEME_ALIASES[key]
+
+
+# ----------------------------------------------------------------------------- the Plan
+@dataclass(frozen=True)
+class Plan:
+    """A grouping of the learnable layers into messages, with its predicted timeline.
+
+    layers / layer_bytes / backward_start / backward_end: per layer, input side first (layer
+    1 .. L), as in the profile. groups / group_sizes / comm_start / comm_end: per message, in
+    the order messages are sent (output side first); each group lists layer names in backward
+    order. Times are seconds from the start of the forward pass."""
+
+    scheme: str
+    model: str
+    layers: tuple[str, ...]
+    layer_bytes: tuple[int, ...]
+    groups: tuple[tuple[str, ...], ...]
+    group_sizes: tuple[int, ...]
+    forward_time: float
+    backward_start: tuple[float, ...]
+    backward_end: tuple[float, ...]
+    comm_start: tuple[float, ...]
+    comm_end: tuple[float, ...]
+    iteration_time: float
+    ideal: float
+    a: float
+    b: float
+    nodes: int | None = None
+    bucket_bytes: int | None = field(default=None)
+
+    # -- derived
+    @property
+    def non_overlapped_comm(self) -> float:
+        """Communication not hidden behind backward: t_iter - (t_f + t_b), >= 0."""
+        return max(0.0, self.iteration_time - self.ideal)
+
+    @property
+    def num_messages(self) -> int:
+        return len(self.groups)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def group_index(self) -> dict[str, int]:
+        """Layer name -> index (into `groups`) of the message that carries it."""
+        return {name: g for g, group in enumerate(self.groups) for name in group}
+
+    @cached_property
+    def layer_index(self) -> dict[str, int]:
+        """Layer name -> its 1-based learnable-layer index (1 = input side .. L)."""
+        return {name: i + 1 for i, name in enumerate(self.layers)}
+
+    def group_layer_indices(self) -> list[list[int]]:
+        """`groups` as 1-based learnable-layer indices (each group descending)."""
+        return [[self.layer_index[n] for n in group] for group in self.groups]
+
+    @property
+    def merged_layers(self) -> frozenset[str]:
+        """The paper's merged-gradient layers (Algorithm 2): every layer that is not the last
+        of its group in backward order; its gradient only joins the pending message."""
+        return frozenset(n for group in self.groups for n in group[:-1])
+
+    def digest(self) -> str:
+        """sha256 (hex) of the layer list, layer sizes, groups and group sizes: two ranks with
+        equal digests pack and all-reduce the same messages in the same order."""
+        canon = {"layers": list(self.layers), "layer_bytes": list(self.layer_bytes),
+                 "groups": [list(g) for g in self.groups], "group_sizes": list(self.group_sizes)}
+        blob = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    # -- (de)serialisation
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "scheme": self.scheme,
+            "model": self.model,
+            "nodes": self.nodes,
+            "a": self.a,
+            "b": self.b,
+            "bucket_bytes": self.bucket_bytes,
+            "forward_time": self.forward_time,
+            "ideal": self.ideal,
+            "iteration_time": self.iteration_time,
+            "non_overlapped_comm": self.non_overlapped_comm,
+            "layers": [{"name": n, "bytes": nb, "backward_start": s, "backward_end": e}
+                       for n, nb, s, e in zip(self.layers, self.layer_bytes,
+                                              self.backward_start, self.backward_end)],
+            "groups": [list(g) for g in self.groups],
+            "group_sizes": list(self.group_sizes),
+            "comm_start": list(self.comm_start),
+            "comm_end": list(self.comm_end),
+            "digest": self.digest(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "plan") -> Plan:
+        """Validate a plan read from JSON: every layer in exactly one group, groups consecutive
+        in backward order, sizes consistent, digest (if present) matching."""
+        source = str(source)
+        d = require_mapping(d, source)
+        fmt = d.get("format", PLAN_FORMAT)
+        if fmt != PLAN_FORMAT:
+            raise PlanError(f"{source}: format: expected {PLAN_FORMAT!r}, got {fmt!r}")
+        scheme = require(d, "scheme", source)
+        if not isinstance(scheme, str):
+            raise PlanError(f"{source}: scheme: must be a string, got {scheme!r}")
+        model = d.get("model", "")
+        raw_layers = require(d, "layers", source)
+        if not isinstance(raw_layers, list) or not raw_layers:
+            raise PlanError(f"{source}: layers: must be a non-empty list")
+        names, nbytes, bstart, bend = [], [], [], []
+        for i, raw in enumerate(raw_layers):
+            at = f"layers[{i}]"
+            raw = require_mapping(raw, source, at)
+            name = require(raw, "name", source, f"{at}.")
+            if not isinstance(name, str) or not name:
+                raise PlanError(f"{source}: {at}.name: must be a non-empty string")
+            names.append(name)
+            nbytes.append(as_int(require(raw, "bytes", source, f"{at}."), source, f"{at}.bytes"))
+            bstart.append(as_float(require(raw, "backward_start", source, f"{at}."), source,
+                                   f"{at}.backward_start"))
+            bend.append(as_float(require(raw, "backward_end", source, f"{at}."), source,
+                                 f"{at}.backward_end"))
+        raw_groups = require(d, "groups", source)
+        if not isinstance(raw_groups, list) or not all(isinstance(g, list) for g in raw_groups):
+            raise PlanError(f"{source}: groups: must be a list of lists of layer names")
+        groups = tuple(tuple(g) for g in raw_groups)
+        _check_groups(names, groups, source)
+        sizes = require(d, "group_sizes", source)
+        if not isinstance(sizes, list) or len(sizes) != len(groups):
+            raise PlanError(f"{source}: group_sizes: must list one size per group")
+        sizes = [as_int(s, source, f"group_sizes[{g}]") for g, s in enumerate(sizes)]
+        by_name = dict(zip(names, nbytes))
+        for g, group in enumerate(groups):
+            want = sum(by_name[n] for n in group)
+            if sizes[g] != want:
+                raise PlanError(f"{source}: group_sizes[{g}]: {sizes[g]} bytes, but its layers "
+                                f"hold {want}")
+
+        def floats(key):
+            v = require(d, key, source)
+            if not isinstance(v, list) or len(v) != len(groups):
+                raise PlanError(f"{source}: {key}: must list one time per group")
+            return tuple(as_float(x, source, f"{key}[{i}]") for i, x in enumerate(v))
+
+        nodes = d.get("nodes")
+        if nodes is not None:
+            nodes = as_int(nodes, source, "nodes", minimum=1)
+        bucket = d.get("bucket_bytes")
+        if bucket is not None:
+            bucket = as_int(bucket, source, "bucket_bytes")
+        plan = cls(
+            scheme=scheme, model=str(model), layers=tuple(names), layer_bytes=tuple(nbytes),
+            groups=groups, group_sizes=tuple(sizes),
+            forward_time=as_float(require(d, "forward_time", source), source, "forward_time"),
+            backward_start=tuple(bstart), backward_end=tuple(bend),
+            comm_start=floats("comm_start"), comm_end=floats("comm_end"),
+            iteration_time=as_float(require(d, "iteration_time", source), source,
+                                    "iteration_time"),
+            ideal=as_float(require(d, "ideal", source), source, "ideal"),
+            a=as_float(require(d, "a", source), source, "a"),
+            b=as_float(require(d, "b", source), source, "b"),
+            nodes=nodes, bucket_bytes=bucket)
+        digest = d.get("digest")
+        if digest is not None and digest != plan.digest():
+            raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
+                            f"sizes ({plan.digest()!r}); was the file edited?")
+        return plan
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan written by `Plan.save` (or `mgcaffe plan --save-plan`)."""
+    return Plan.from_dict(read_json(path), source=str(path))
+
+
+def _check_groups(names: list[str], groups, source: str) -> None:
+    """`names` input side first. Groups must be non-empty and, concatenated, list every layer
+    once in backward order (so each group is a run of consecutive layers and the runs go
+    output side first)."""
+    names = list(names)
+    known = set(names)
+    flat = []
+    for g, group in enumerate(groups):
+        if not group:
+            raise PlanError(f"{source}: groups[{g}]: empty group")
+        for n in group:
+            if not isinstance(n, str) or n not in known:
+                raise PlanError(f"{source}: groups[{g}]: unknown layer {n!r}")
+            flat.append(n)
+    want = names[::-1]
+    if flat == want:
+        return
+    seen = set()
+    for n in flat:
+        if n in seen:
+            raise PlanError(f"{source}: groups: layer {n!r} appears in more than one place")
+        seen.add(n)
+    missing = [n for n in want if n not in seen]
+    if missing:
+        raise PlanError(f"{source}: groups: layer {missing[0]!r} is in no group "
+                        f"({len(missing)} missing)")
+    for i, (got, exp) in enumerate(zip(flat, want)):
+        if got != exp:
+            raise PlanError(f"{source}: groups: not consecutive layers in backward order: "
+                            f"position {i} holds {got!r}, expected {exp!r}")
+
+
+# ----------------------------------------------------------------------------- timeline
+def _ready_times(profile: Profile) -> list[float]:
+    """ready[l] for l = 1..L (index 0 unused): tau_b(L) = t_f, tau_b(l) = tau_b(l+1) +
+    t_b(l+1), ready(l) = tau_b(l) + t_b(l)."""
+    L = profile.num_layers
+    ready = [0.0] * (L + 1)
+    t = profile.forward_time
+    for l in range(L, 0, -1):
+        t = t + profile.layers[l - 1].backward_time
+        ready[l] = t
+    return ready
+
+
+def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom",
+             nodes: int | None = None, bucket_bytes: int | None = None) -> Plan:
+    """The predicted timeline of one iteration when `groups` (lists of layer names, output side
+    first, each in backward order) are all-reduced one after another: the one implementation
+    of MODEL.md's recurrences that every scheme uses."""
+    names = profile.names
+    groups = tuple(tuple(g) for g in groups)
+    _check_groups(names, groups, "groups" if scheme == "custom" else f"plan {scheme}")
+    L = profile.num_layers
+    ready = _ready_times(profile)
+    # tau_b(l) = ready(l+1) (tau_b(L) = t_f), exactly as the recurrence adds them
+    bstart = tuple([ready[l + 1] for l in range(1, L)] + [profile.forward_time])
+    bend = tuple(ready[1:])
+    index = {n: i + 1 for i, n in enumerate(names)}
+    by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
+    sizes, cstart, cend = [], [], []
+    free = 0.0  # F(L+1): the channel is free from the start
+    for group in groups:
+        size = sum(by_name[n] for n in group)
+        start = max(free, ready[index[group[-1]]])
+        free = start + cost.time(size)
+        sizes.append(size)
+        cstart.append(start)
+        cend.append(free)
+    t_iter = cend[-1]
+    return Plan(
+        scheme=scheme, model=profile.model, layers=tuple(names),
+        layer_bytes=tuple(by_name[n] for n in names), groups=groups,
+        group_sizes=tuple(sizes), forward_time=profile.forward_time,
+        backward_start=bstart, backward_end=bend, comm_start=tuple(cstart),
+        comm_end=tuple(cend), iteration_time=t_iter, ideal=ready[1], a=cost.a, b=cost.b,
+        nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
+        bucket_bytes=bucket_bytes)
+
+
+# ----------------------------------------------------------------------------- schemes
+def _groups_from_runs(profile: Profile, runs: list[tuple[int, int]]) -> list[list[str]]:
+    """(high, low) 1-based layer runs, output side first -> lists of names in backward order."""
+    names = profile.names
+    return [[names[l - 1] for l in range(hi, lo - 1, -1)] for hi, lo in runs]
+
+
+def _wfbp_runs(L: int) -> list[tuple[int, int]]:
+    return [(l, l) for l in range(L, 0, -1)]
+
+
+def _mgwfbp_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+    """Algorithm 1 of the paper, as MODEL.md states it."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    a = cost.a
+    ready = _ready_times(profile)
+    p = [0] + [layer.params for layer in profile.layers]  # p[l], l = 1..L; merges move p down
+    tc = [0.0] + [cost.time(nb * p[l]) for l in range(1, L + 1)]
+    tau_c = [0.0] * (L + 2)
+
+    def recompute(top: int) -> None:
+        # tau_c(L) = ready(L); tau_c(l) = max(tau_c(l+1) + t_c(l+1), ready(l)). After merging l
+        # into l-1 only t_c(l) and t_c(l-1) changed, so tau_c(l..L) are unchanged and
+        # recomputing from `top` = l-1 down gives exactly the full recomputation's values.
+        if top == L:
+            tau_c[L] = ready[L]
+            top -= 1
+        for m in range(top, 0, -1):
+            tau_c[m] = max(tau_c[m + 1] + tc[m + 1], ready[m])
+
+    recompute(L)
+    merged = [False] * (L + 1)
+    for l in range(L, 1, -1):
+        r = ready[l - 1]
+        # Theorem 1: C.1 r < tau_c(l): merge; C.2 tau_c(l) <= r < tau_c(l) + t_c(l): merge iff
+        # r - tau_c(l) < a; C.3 r >= tau_c(l) + t_c(l): keep. Together (t_c(l) >= a):
+        if r < tau_c[l] + a:
+            merged[l] = True
+            p[l - 1] += p[l]
+            p[l] = 0
+            tc[l] = 0.0
+            tc[l - 1] = cost.time(nb * p[l - 1])
+            recompute(l - 1)
+    runs, hi = [], L
+    for l in range(L, 0, -1):
+        if l == 1 or not merged[l]:
+            runs.append((hi, l))
+            hi = l - 1
+    return runs
+
+
+def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+    """Exact optimum over groupings of consecutive layers (MODEL.md's dynamic programme).
+
+    F(j) = min over k >= j of max(F(k+1), ready(j)) + T_ar(bytes of j..k), F(L+1) = 0. F is
+    non-increasing in its argument, so once F(k+1) <= ready(j) every larger k only adds bytes:
+    the inner loop stops there (exact; O(L^2) in the worst case, far less on real profiles)."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    ready = _ready_times(profile)
+    p = [0] + [layer.params for layer in profile.layers]
+    F = [0.0] * (L + 2)
+    choice = [0] * (L + 2)
+    time = cost.time
+    for j in range(L, 0, -1):
+        rj = ready[j]
+        best, best_k, params = math.inf, j, 0
+        for k in range(j, L + 1):
+            params += p[k]
+            f = F[k + 1]
+            v = (f if f > rj else rj) + time(nb * params)
+            if v < best:
+                best, best_k = v, k
+            if f <= rj:
+                break
+        F[j] = best
+        choice[j] = best_k
+    runs = []
+    j = 1
+    while j <= L:
+        k = choice[j]
+        runs.append((k, j))
+        j = k + 1
+    runs.reverse()
+    return runs
+
+
+def _threshold_runs(profile: Profile, bucket_bytes: int) -> list[tuple[int, int]]:
+    L = profile.num_layers
+    runs, hi, acc = [], L, 0
+    for l in range(L, 0, -1):
+        acc += profile.layer_bytes(profile.layers[l - 1])
+        if acc >= bucket_bytes or l == 1:
+            runs.append((hi, l))
+            hi, acc = l - 1, 0
+    return runs
+
+
+def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int | None = None,
+              *, nodes: int | None = None) -> Plan:
+    """Plan one scheme (see SCHEMES); `bucket_bytes` is the `threshold` bucket size (default
+    25 MiB) and is ignored by the others. `nodes` (default `cost.nodes`) is recorded only."""
+    scheme = canonical_scheme(scheme)
+    if not isinstance(profile, Profile):
+        raise PlanError(f"make_plan: expected a Profile, got {type(profile).__name__}")
+    L = profile.num_layers
+    bucket = None
+    if scheme == "wfbp":
+        runs = _wfbp_runs(L)
+    elif scheme == "synceasgd":
+        runs = [(L, 1)]
+    elif scheme == "mgwfbp":
+        runs = _mgwfbp_runs(profile, cost)
+    elif scheme == "optimal":
+        runs = _optimal_runs(profile, cost)
+    else:
+        bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
+            bucket_bytes, "threshold", "bucket_bytes")
+        runs = _threshold_runs(profile, bucket)
+    return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=scheme,
+                    nodes=nodes, bucket_bytes=bucket)
+
+
+def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,
+               bucket_bytes: int | None = None, *, nodes: int | None = None) -> dict[str, Plan]:
+    """make_plan for several schemes: {scheme: Plan}, in the order given."""
+    out: dict[str, Plan] = {}
+    for s in schemes:
+        plan = make_plan(profile, cost, s, bucket_bytes, nodes=nodes)
+        out[plan.scheme] = plan
+    return out

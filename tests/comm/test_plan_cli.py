@@ -1,0 +1,148 @@
+"""`mgcaffe plan`: tables, JSON shape, saved plans, overrides and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mgcaffe.cli import main
+from mgcaffe.comm.cost import cost_for, load_network
+from mgcaffe.comm.planner import SCHEMES, load_plan, make_plan
+from mgcaffe.comm.profile import load_profile
+
+
+@pytest.fixture
+def inputs(paper_dir):
+    return ["--profile", str(paper_dir / "googlenet-k80.json"),
+            "--network", str(paper_dir / "network-10gbe-paper-constants.json")]
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_table(capsys, inputs):
+    rc, out, err = run(capsys, "plan", *inputs, "--nodes", "64")
+    assert rc == 0, err
+    assert "googlenet: 64 learnable layers" in out
+    assert "N = 64: a = 5702.76 us" in out
+    for s in SCHEMES:
+        assert f"\n{s} " in out
+    assert "+10.81%" in out  # Algorithm 1 above the optimum
+    assert "optimal: 5 messages" in out
+    assert "wfbp: each of the 64 layers is its own message" in out
+
+
+def test_json_shape(capsys, inputs, paper_dir):
+    rc, out, _ = run(capsys, "plan", *inputs, "--nodes", "8", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert {"nodes", "a", "b", "ideal", "schemes"} <= set(d)
+    assert d["nodes"] == 8
+    assert list(d["schemes"]) == list(SCHEMES)
+    profile = load_profile(paper_dir / "googlenet-k80.json")
+    cost = cost_for(load_network(paper_dir / "network-10gbe-paper-constants.json"), 8)
+    for s, got in d["schemes"].items():
+        assert {"groups", "iteration_time", "non_overlapped_comm"} <= set(got)
+        plan = make_plan(profile, cost, s)
+        assert got["groups"] == [list(g) for g in plan.groups]
+        assert got["iteration_time"] == plan.iteration_time
+        assert got["non_overlapped_comm"] == plan.non_overlapped_comm
+        assert got["digest"] == plan.digest()
+    assert d["schemes"]["optimal"]["above_optimal"] == 0
+
+
+def test_scheme_subset_and_save(capsys, inputs, tmp_path):
+    path = tmp_path / "plan.json"
+    rc, out, _ = run(capsys, "plan", *inputs, "--nodes", "16", "--scheme", "infocom",
+                     "--save-plan", str(path))
+    assert rc == 0
+    assert "mgwfbp" in out and "optimal " not in out
+    plan = load_plan(path)
+    assert plan.scheme == "mgwfbp" and plan.nodes == 16
+    assert plan.digest()[:16] in out
+    # several schemes: the optimal plan is saved
+    rc, _, _ = run(capsys, "plan", *inputs, "--nodes", "16", "--save-plan", str(path))
+    assert rc == 0 and load_plan(path).scheme == "optimal"
+
+
+def test_a_b_override(capsys, paper_dir):
+    rc, out, _ = run(capsys, "plan", "--profile", str(paper_dir / "resnet50-k80.json"),
+                     "--a", "0", "--b", "1e-9", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert (d["a"], d["b"], d["nodes"]) == (0.0, 1e-9, None)
+    s = d["schemes"]
+    assert s["wfbp"]["iteration_time"] == pytest.approx(s["optimal"]["iteration_time"])
+    rc, out, _ = run(capsys, "plan", "--profile", str(paper_dir / "resnet50-k80.json"),
+                     "--network", str(paper_dir / "network-10gbe.json"), "--nodes", "8",
+                     "--a", "0.5", "--json")
+    d = json.loads(out)
+    assert d["a"] == 0.5 and d["b"] == pytest.approx(3.337284927836494e-09)
+    assert d["schemes"]["optimal"]["messages"] == 1
+
+
+def test_use_formula_and_bucket(capsys, paper_dir):
+    base = ["plan", "--profile", str(paper_dir / "resnet50-k80.json"),
+            "--network", str(paper_dir / "network-10gbe.json"), "--nodes", "8", "--json"]
+    fit = json.loads(run(capsys, *base)[1])
+    formula = json.loads(run(capsys, *base, "--use-formula")[1])
+    assert fit["cost_origin"] == "fit" and formula["cost_origin"] == "ring formula"
+    assert fit["a"] != formula["a"]
+    small = json.loads(run(capsys, *base, "--scheme", "threshold", "--bucket-mb", "1")[1])
+    assert small["schemes"]["threshold"]["bucket_bytes"] == 2**20
+
+
+@pytest.mark.parametrize("mutate, argv_extra, expect", [
+    (lambda d: d["layers"][3].update(backward_time=-1), [],
+     "{profile}: layers[3].backward_time: must be >= 0, got -1"),
+    (lambda d: d["layers"][5].update(name=d["layers"][0]["name"]), [],
+     "{profile}: layers[5].name: 'conv1/7x7_s2' repeats layers[0].name"),
+    (lambda d: d.update(layers=[]), [], "{profile}: layers: must not be empty"),
+    (lambda d: d.pop("forward_time"), [], "{profile}: forward_time: missing"),
+    (None, ["--scheme", "bogus"], "scheme: unknown scheme 'bogus'"),
+])
+def test_errors_are_one_line(capsys, tmp_path, paper_dir, mutate, argv_extra, expect):
+    d = json.loads((paper_dir / "googlenet-k80.json").read_text())
+    if mutate:
+        mutate(d)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(d))
+    rc, out, err = run(capsys, "plan", "--profile", str(profile), "--network",
+                       str(paper_dir / "network-10gbe.json"), "--nodes", "8", *argv_extra)
+    assert rc == 1
+    assert err.startswith(f"mgcaffe plan: error: {expect.format(profile=profile)}")
+    assert err.count("\n") == 1
+
+
+def test_network_errors(capsys, tmp_path, paper_dir):
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"alpha": 1e-5, "beta": 1e-9, "algorithm": "carrier-pigeon"}))
+    prof = str(paper_dir / "googlenet-k80.json")
+    rc, _, err = run(capsys, "plan", "--profile", prof, "--network", str(net), "--nodes", "8")
+    assert rc == 1 and err.startswith(f"mgcaffe plan: error: {net}: algorithm: unknown")
+    assert err.count("\n") == 1
+    rc, _, err = run(capsys, "plan", "--profile", prof, "--nodes", "8")
+    assert rc == 1 and "--network: missing" in err
+    rc, _, err = run(capsys, "plan", "--profile", prof, "--network", str(net))
+    assert rc == 1
+    rc, _, err = run(capsys, "plan", "--profile", prof,
+                     "--network", str(paper_dir / "network-10gbe.json"))
+    assert rc == 1 and "--nodes: missing" in err
+    rc, _, err = run(capsys, "plan", "--profile", prof,
+                     "--network", str(paper_dir / "network-10gbe.json"), "--nodes", "0")
+    assert rc == 1 and "nodes: must be >= 1" in err
+
+
+def test_python_dash_m_discovers_the_command(paper_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "mgcaffe", "plan", "--profile",
+         str(paper_dir / "googlenet-k80.json"), "--network",
+         str(paper_dir / "network-10gbe.json"), "--nodes", "4", "--scheme", "wfbp", "--json"],
+        capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["schemes"]["wfbp"]["messages"] == 64

@@ -1,0 +1,108 @@
+"""Weak-scaling simulation (pure data) and the plots drawn from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mgcaffe.comm import plots
+from mgcaffe.comm.cost import Network, load_network
+from mgcaffe.comm.planner import SCHEMES
+from mgcaffe.comm.profile import load_profile
+from mgcaffe.comm.simulate import efficiency, simulate_nodes, speedup, weak_scaling
+from mgcaffe.errors import PlanError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def googlenet(paper_dir):
+    return load_profile(paper_dir / "googlenet-k80.json")
+
+
+@pytest.fixture(scope="module")
+def network(paper_dir):
+    return load_network(paper_dir / "network-10gbe-paper-constants.json")
+
+
+def test_weak_scaling_definitions(googlenet, network):
+    sc = weak_scaling(googlenet, network, [4, 8, 16, 32, 64])
+    assert sc.schemes == SCHEMES
+    assert [p.nodes for p in sc.points] == [4, 8, 16, 32, 64]
+    for p in sc.points:
+        assert p.cost.nodes == p.nodes
+        for s, sp in p.schemes.items():
+            plan = p.plans[s]
+            assert sp.iteration_time == plan.iteration_time
+            assert sp.speedup == pytest.approx(p.nodes * googlenet.ideal_time / plan.iteration_time)
+            assert sp.efficiency == pytest.approx(sp.speedup / p.nodes)
+            assert speedup(plan, p.nodes) == sp.speedup and efficiency(plan) == sp.efficiency
+            assert 0 < sp.efficiency <= 1
+            assert sp.messages == plan.num_messages
+        assert p.ratio("mgwfbp", "wfbp") == pytest.approx(
+            p.schemes["wfbp"].iteration_time / p.schemes["mgwfbp"].iteration_time)
+        assert p.above_optimal("optimal") == 0
+        assert set(p.ratios()) == {"mgwfbp_over_wfbp", "mgwfbp_over_synceasgd",
+                                   "optimal_over_wfbp", "optimal_over_synceasgd"}
+    d = json.loads(json.dumps(sc.to_dict()))
+    assert d["nodes"] == [4, 8, 16, 32, 64]
+    assert d["points"][-1]["schemes"]["optimal"]["speedup"] == sc.points[-1].schemes[
+        "optimal"].speedup
+
+
+def test_paper_headline_directions(googlenet, network, paper_dir):
+    """With the authors' constants at 64 nodes: MG-WFBP 1.73x over WFBP and 1.35x over
+    SyncEASGD on GoogleNet (the paper: 1.78x and 1.35x)."""
+    p = weak_scaling(googlenet, network, [64]).points[0]
+    assert p.ratio("mgwfbp", "wfbp") == pytest.approx(1.7276, abs=1e-4)
+    assert p.ratio("mgwfbp", "synceasgd") == pytest.approx(1.3489, abs=1e-4)
+    # SyncEASGD beats WFBP at 64 nodes (the crossing the paper describes)
+    assert p.schemes["synceasgd"].speedup > p.schemes["wfbp"].speedup
+    small = weak_scaling(googlenet, network, [4]).points[0]
+    assert small.schemes["wfbp"].speedup > small.schemes["synceasgd"].speedup
+
+
+def test_one_node_is_the_ideal(googlenet, network):
+    p = weak_scaling(googlenet, network, [1]).points[0]
+    for sp in p.schemes.values():
+        assert sp.speedup == pytest.approx(1.0)
+        assert sp.non_overlapped_comm == 0.0
+
+
+def test_overrides_and_subsets(googlenet):
+    sc = weak_scaling(googlenet, None, [8, 16], ["infocom", "optimal"], a=1e-3, b=1e-9)
+    assert sc.schemes == ("mgwfbp", "optimal")
+    assert all((p.cost.a, p.cost.b) == (1e-3, 1e-9) for p in sc.points)
+    assert sc.points[0].ratios() == {}
+    net = Network.from_dict({"alpha": 1e-5, "beta": 1e-9})
+    sc = weak_scaling(googlenet, net, [8], ["wfbp"], a=2e-3)
+    assert sc.points[0].cost.a == 2e-3
+
+
+def test_bad_arguments(googlenet, network):
+    with pytest.raises(PlanError, match="nodes: must be >= 1"):
+        weak_scaling(googlenet, network, [0])
+    with pytest.raises(PlanError, match="at least one"):
+        weak_scaling(googlenet, network, [])
+    with pytest.raises(PlanError, match="unknown scheme"):
+        weak_scaling(googlenet, network, [4], ["nope"])
+
+
+def test_simulate_nodes_bucket(googlenet, network):
+    from mgcaffe.comm.cost import cost_for
+
+    p = simulate_nodes(googlenet, cost_for(network, 8), 8, ["threshold"], bucket_bytes=2**20)
+    assert p.plans["threshold"].bucket_bytes == 2**20
+
+
+def test_plots_write_pngs(tmp_path, googlenet, network):
+    sc = weak_scaling(googlenet, network, [2, 4, 8])
+    out = plots.scaling_plot(sc, tmp_path / "scaling.png")
+    assert out.read_bytes()[:8] == PNG
+    out = plots.gantt_chart(sc.point(8).plans, tmp_path / "gantt.png")
+    assert out.read_bytes()[:8] == PNG
+    with pytest.raises(PlanError, match="no plan"):
+        plots.gantt_chart({}, tmp_path / "x.png")
+    with pytest.raises(PlanError, match="cannot write the plot"):
+        plots.scaling_plot(sc, tmp_path / "missing-dir" / "s.png")

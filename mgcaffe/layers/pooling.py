@@ -118,15 +118,18 @@ class Pooling(Layer):
         self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
         self._plan = [] if self.whole_plane else self._offset_plan((h, w), kernel)
         top_shape = (n, c) + self.out_hw
-        if self.method == _P.MAX:
-            # Which kernel offset won, per output: small ints keep the backward sweep cheap.
-            count = 1 if self.whole_plane else kernel[0] * kernel[1]
-            index_dtype = np.int8 if count < 127 else np.int32
-            self._winner = self.xp.full(top_shape, -1, dtype=index_dtype)
+        if self.method == _P.MAX and not self.whole_plane:
+            # Per output, 1 + the kernel offset that won (0: none yet); small ints keep the
+            # sweeps cheap, and offsets are scanned in increasing order, so "the latest
+            # strictly greater offset" is a running maximum of (greater * (offset + 1)).
+            count = kernel[0] * kernel[1] + 1
+            index_dtype = np.int8 if count <= 127 else (np.int16 if count <= 32767
+                                                        else np.int32)
+            self._winner = self.xp.zeros(top_shape, dtype=index_dtype)
+            self._candidate = self.xp.empty(top_shape, dtype=index_dtype)
             self._greater = self.xp.empty(top_shape, dtype=bool)
-            self._mask_index = (self._mask_tables((h, w), kernel) if len(top) > 1
-                                and not self.whole_plane else None)
-        else:
+            self._mask_delta = self._mask_offsets((h, w), kernel) if len(top) > 1 else None
+        elif self.method == _P.AVE:
             self._inv_area = self._inverse_window_area((h, w), kernel)
         self._scratch = self.xp.empty(top_shape, dtype=self.dtype)
 
@@ -150,11 +153,15 @@ class Pooling(Layer):
     def _window_starts(self, axis):
         return self.xp.arange(self.out_hw[axis]) * self.stride[axis] - self.pad[axis]
 
-    def _mask_tables(self, in_hw, kernel):
-        """Per offset: the flat input index h*W + w each output reads there (mask values)."""
-        base = (self._window_starts(0)[:, None] * in_hw[1] + self._window_starts(1)[None, :])
-        return {o: (base + (o // kernel[1]) * in_hw[1] + o % kernel[1]).astype(self.dtype)
-                for o, _, _ in self._plan}
+    def _mask_offsets(self, in_hw, kernel):
+        """(window start index h0*W + w0 per output, table of i*W + j per offset + 1).
+
+        The mask value of an output is start + table[winner]; table[0] (no winner) is unused.
+        """
+        start = (self._window_starts(0)[:, None] * in_hw[1] + self._window_starts(1)[None, :])
+        i, j = self.xp.divmod(self.xp.arange(kernel[0] * kernel[1]), kernel[1])
+        table = self.xp.concatenate([self.xp.zeros(1, dtype=i.dtype), i * in_hw[1] + j])
+        return start.astype(self.dtype), table.astype(self.dtype)
 
     def _inverse_window_area(self, in_hw, kernel):
         """1 / (window area clipped to the padded input), per output position (Caffe's AVE)."""
@@ -196,19 +203,26 @@ class Pooling(Layer):
             self.xp.mean(flat, axis=2, out=out)
 
     def _forward_max(self, x, top):
-        out, winner, greater = top[0].data, self._winner, self._greater
+        # Arithmetic only (masked copies are ~10x slower on numpy): fmax keeps the old value
+        # on NaN, as Caffe's "x > max" does; ties keep the earlier offset (strictly greater).
+        xp, out, winner = self.xp, top[0].data, self._winner
+        index_type = winner.dtype.type
         out[...] = _LOWEST
-        winner[...] = -1
-        mask = top[1].data if len(top) > 1 else None
-        if mask is not None:
-            mask[...] = -1
+        winner[...] = 0
         for o, out_sl, in_sl in self._plan:
             values, best = x[in_sl], out[out_sl]
-            won = self.xp.greater(values, best, out=greater[out_sl])
-            self.xp.copyto(best, values, where=won)
-            self.xp.copyto(winner[out_sl], o, where=won)
-            if mask is not None:
-                self.xp.copyto(mask[out_sl], self._mask_index[o][out_sl[2:]], where=won)
+            won = xp.greater(values, best, out=self._greater[out_sl])
+            xp.fmax(best, values, out=best)
+            tag = xp.multiply(won, index_type(o + 1), out=self._candidate[out_sl])
+            xp.maximum(winner[out_sl], tag, out=winner[out_sl])
+        if len(top) > 1:
+            # Flat index h*W + w of the winner in its plane; -1 where no cell was read.
+            start, table = self._mask_delta
+            mask = top[1].data
+            xp.take(table, winner, out=mask)
+            mask += start + 1
+            mask *= winner > 0
+            mask -= 1
 
     # -- backward --------------------------------------------------------------------------
     def backward(self, top, propagate_down, bottom):
@@ -220,9 +234,10 @@ class Pooling(Layer):
             return
         bottom_diff[...] = 0
         if self.method == _P.MAX:
-            picked = self._scratch
+            picked, index_type = self._scratch, self._winner.dtype.type
             for o, out_sl, in_sl in self._plan:
-                won = self.xp.equal(self._winner[out_sl], o, out=self._greater[out_sl])
+                won = self.xp.equal(self._winner[out_sl], index_type(o + 1),
+                                    out=self._greater[out_sl])
                 share = self.xp.multiply(top_diff[out_sl], won, out=picked[out_sl])
                 bottom_diff[in_sl] += share
         else:

@@ -38,6 +38,7 @@ def poison_gradient(solver):
     solver.net.params["ip"][1].diff[0] = np.nan
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf in the softmax
 def test_nonfinite_loss_names_iteration_and_first_layer(tiny):
     solver = tiny.solver(FIELDS, iteration_hooks=[At(7, poison_weights)])
     with pytest.raises(SolverError, match=r"iteration 7: the loss is nan .*layer 'ip', "

@@ -346,6 +346,7 @@ class DistributedTraining:
         self._agreed = _SOLVER_ACTION_NONE
         self._stop = False
         self._local_action = None
+        self._agreed_fn = self._agreed_action  # one bound method, compared by identity
         solver.gradient_sync = self
         solver.iteration_hooks.append(self)
         with self._guard("start barrier"):
@@ -473,11 +474,11 @@ class DistributedTraining:
 
     # ------------------------------------------------------------------ iteration hook
     def before_iteration(self, solver: Any) -> None:
-        if solver.action_function is not self._agreed_action:
+        if solver.action_function is not self._agreed_fn:
             # Signals act only once every rank agrees (after_iteration); run_training's
             # handler becomes this rank's vote.
             self._local_action = solver.action_function
-            solver.action_function = self._agreed_action
+            solver.action_function = self._agreed_fn
         p = solver.param
         if (self.size > 1 and p.test_interval and solver.iter % p.test_interval == 0
                 and (solver.iter > 0 or p.test_initialization)):

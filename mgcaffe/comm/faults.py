@@ -5,8 +5,8 @@
   killed with SIGKILL or is stuck. An MPI collective cannot be interrupted, so MPI_Abort is the
   only way out; it ends every rank.
 - `fail_all`: log an exception with the rank and abort every rank (an exception on any rank).
-- `CollectiveSignals`: SIGINT/SIGHUP only set flags; once per iteration the flags of all ranks
-  are OR-ed by a tiny all-reduce so every rank stops or snapshots at the same iteration.
+- Stop/snapshot requests (SIGINT/SIGHUP) and the agreement on them: distributed.py, which
+  OR-s every rank's request once per iteration (`Communicator.any_true`).
 - `weights_checksum` / `check_in_sync`: compare the weights of every rank (--check-sync K).
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import signal
 import threading
 import time
 import zlib
@@ -26,8 +25,8 @@ import numpy as np
 from ..errors import CommError
 from .communicator import Communicator
 
-__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "CollectiveSignals", "Watchdog", "check_in_sync",
-           "fail_all", "weights_checksum"]
+__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "Watchdog", "check_in_sync", "fail_all",
+           "weights_checksum"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -114,52 +113,6 @@ class Watchdog:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=5.0)
-
-
-class CollectiveSignals:
-    """SIGINT/SIGHUP become requests that every rank acts on at the same iteration.
-
-    `effects` maps "SIGINT"/"SIGHUP" to "stop", "snapshot" or "none" (Caffe's defaults:
-    SIGINT stops, SIGHUP snapshots). The handlers only set flags; `poll(comm, nonfinite)`,
-    called once per iteration on every rank, OR-s the flags across ranks and returns the
-    agreed (stop, snapshot, nonfinite)."""
-
-    def __init__(self, effects: dict[str, str] | None = None):
-        self.effects = {"SIGINT": "stop", "SIGHUP": "snapshot"}
-        self.effects.update(effects or {})
-        for sig, effect in self.effects.items():
-            if effect not in ("stop", "snapshot", "none"):
-                raise CommError(f"{sig} effect must be stop, snapshot or none, got {effect!r}")
-        self.stop_requested = False
-        self.snapshot_requested = False
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        """Install the handlers (main thread only); `restore()` puts the old ones back."""
-        for name in self.effects:
-            signum = getattr(signal, name, None)
-            if signum is not None:
-                self._previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        effect = self.effects.get(signal.Signals(signum).name, "none")
-        if effect == "stop":
-            self.stop_requested = True
-        elif effect == "snapshot":
-            self.snapshot_requested = True
-
-    def poll(self, comm: Communicator, nonfinite: bool = False) -> tuple[bool, bool, bool]:
-        """Agree across ranks: (stop, snapshot, nonfinite), each true if true on any rank.
-        The snapshot request is consumed; a stop request stays."""
-        stop, snap, bad = comm.any_true([self.stop_requested, self.snapshot_requested,
-                                         nonfinite])
-        self.snapshot_requested = False
-        return stop, snap, bad
 
 
 def weights_checksum(arrays: Sequence[np.ndarray]) -> int:

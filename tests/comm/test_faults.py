@@ -1,10 +1,8 @@
 """Faults end every rank quickly: watchdog, failures in a rank or its communication thread,
-SIGKILL and a stuck peer under mpiexec; agreed stop/snapshot requests; weight checksums."""
+SIGKILL and a stuck peer under mpiexec; weight checksums."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -12,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgcaffe.comm.faults import CollectiveSignals, Watchdog, check_in_sync, weights_checksum
+from mgcaffe.comm.faults import Watchdog, check_in_sync, weights_checksum
 from mgcaffe.comm.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.testing import run_mpi, run_ranks
 from mgcaffe.errors import CommError
@@ -51,34 +49,6 @@ def test_watchdog_default_aborts_the_world():
         with wd.guard("barrier"):
             comms[0].barrier()  # rank 1 never comes; the abort releases us
     assert world.aborted == (0, 3)
-
-
-def test_signals_are_agreed_across_ranks():
-    comms = LocalWorld(2, timeout=5).communicators()
-    sigs = [CollectiveSignals(), CollectiveSignals()]
-    sigs[1].snapshot_requested = True  # as if SIGHUP reached rank 1 only
-
-    def rank_main(r):
-        first = sigs[r].poll(comms[r], nonfinite=(r == 0))
-        second = sigs[r].poll(comms[r])
-        return first, second
-
-    results, errors = run_ranks(2, rank_main)
-    assert errors == [None, None]
-    assert results == [((False, True, True), (False, False, False))] * 2
-
-
-def test_signal_handler_sets_flags_only():
-    sigs = CollectiveSignals({"SIGHUP": "stop"})
-    sigs.install()
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGHUP)
-        time.sleep(0.05)
-    finally:
-        sigs.restore()
-    assert sigs.stop_requested and not sigs.snapshot_requested
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_check_in_sync_names_diverged_ranks():

@@ -1,0 +1,259 @@
+"""Distributed start-up and per-iteration agreements, with the real Solver on a tiny net,
+two ranks as threads of one process (LocalWorld)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from mgcaffe.comm.distributed import (
+    Options,
+    agree_on_layers_and_plan,
+    attach,
+    benchmark_sizes,
+    options_from,
+)
+from mgcaffe.comm.local import LocalWorld
+from mgcaffe.comm.testing import plan, run_ranks
+from mgcaffe.errors import CommError
+from mgcaffe.proto import caffe_pb2
+from mgcaffe.solvers import get_solver
+
+pytestmark = pytest.mark.timeout(120)
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 6 } shape { dim: 4 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
+layer { name: "fc1" type: "InnerProduct" bottom: "data" top: "fc1"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 }
+                        bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "fc1" top: "fc1" }
+layer { name: "fc2" type: "InnerProduct" bottom: "fc1" top: "fc2"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "fc3" type: "InnerProduct" bottom: "fc2" top: "fc3"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc3" bottom: "label" top: "loss" }
+"""
+
+FLAGS = ("comm", "merge", "bucket_mb", "profile", "network", "plan", "save_plan",
+         "profile_iters", "timeline", "emulate_network", "emulate_nodes", "check_sync",
+         "comm_timeout")
+
+
+def flags(**given):
+    return SimpleNamespace(**{**{f: None for f in FLAGS}, **given})
+
+
+def solver_text(comm_param: str = "", max_iter: int = 100) -> str:
+    return (f'net_param {{ {NET} }} base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 '
+            f'lr_policy: "fixed" max_iter: {max_iter} display: 0 random_seed: {7} '
+            f'type: "SGD" snapshot_after_train: false {comm_param}')
+
+
+def make_solver(rank, size, comm_param=""):
+    param = caffe_pb2.SolverParameter()
+    from google.protobuf import text_format  # noqa: PLC0415
+
+    text_format.Merge(solver_text(comm_param), param)
+    # Different random seeds per rank: the weight broadcast must make them identical.
+    param.random_seed = 7 + rank
+    return get_solver(param, rank=rank, world_size=size)
+
+
+def train(n, args, iters=6, comm_param="", per_rank=None, timeout=20):
+    """Train `iters` iterations on n thread-ranks; returns (solvers, handles, errors)."""
+    comms = LocalWorld(n, timeout=timeout).communicators()
+    solvers = [make_solver(r, n, comm_param) for r in range(n)]
+    handles = [None] * n
+
+    def rank_main(r):
+        a = args(r) if callable(args) else args
+        with attach(solvers[r], a, comms[r]) as h:
+            handles[r] = h
+            if per_rank:
+                per_rank(r, solvers[r])
+            solvers[r].step(iters)
+
+    _, errors = run_ranks(n, rank_main, timeout=60)
+    return solvers, handles, errors
+
+
+def weights(solver):
+    return [np.array(b.data) for b in solver.net.learnable_params]
+
+
+# ------------------------------------------------------------------ options
+def test_flags_override_the_solver_comm_param():
+    cp = caffe_pb2.CommParameter(comm="wfbp", merge="paper", bucket_mb=4, profile_iters=9,
+                                 timeout=30, network="net.json")
+    o = options_from(flags(comm="threshold", comm_timeout=5.0), cp)
+    assert (o.comm, o.merge, o.bucket_mb, o.profile_iters, o.timeout, o.network) == \
+        ("threshold", "paper", 4.0, 9, 5.0, "net.json")
+    assert o.scheme == "threshold"
+
+
+def test_defaults_and_merge_to_scheme():
+    o = options_from(flags())
+    assert (o.comm, o.merge, o.scheme, o.timeout, o.profile_iters) == \
+        ("mgwfbp", "optimal", "optimal", 120.0, 5)
+    assert options_from(flags(merge="paper")).scheme == "mgwfbp"
+    assert options_from(flags(comm="wfbp", merge="paper")).scheme == "wfbp"
+    defaults = caffe_pb2.CommParameter()  # the proto's defaults agree with Options'
+    assert options_from(flags(), defaults) == Options()
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(comm="ring"), "--comm: expected one of wfbp, synceasgd, mgwfbp, threshold"),
+    (dict(merge="greedy"), "--merge: expected one of optimal, paper"),
+    (dict(bucket_mb=0.0), "--bucket-mb: must be > 0"),
+    (dict(emulate_nodes=8), "--emulate-network and --emulate-nodes go together"),
+    (dict(comm_timeout=-1.0), "--comm-timeout: must be > 0"),
+    (dict(profile_iters=1), "profile_iters: must be >= 2"),
+])
+def test_invalid_options(given, message):
+    with pytest.raises(CommError, match=message):
+        options_from(flags(**given))
+
+
+def test_benchmark_sizes_cover_the_gradient():
+    sizes = benchmark_sizes(10 << 20)
+    assert sizes[0] == 4 and sizes[-1] == 10 << 20 and sizes == sorted(sizes)
+    assert benchmark_sizes(100)[-1] == 1 << 20 and benchmark_sizes(1 << 30)[-1] == 64 << 20
+
+
+# ------------------------------------------------------------------ agreement
+def test_layer_and_plan_agreement_names_the_rank_that_differs():
+    comms = LocalWorld(3, timeout=10).communicators()
+    names = ["conv1", "fc1", "fc2"]
+    plans = [plan(["fc2", "fc1", "conv1"])] * 2 + [plan(["fc2"], ["fc1", "conv1"])]
+
+    def rank_main(r):
+        agree_on_layers_and_plan(comms[r], names, [10, 20, 30], plans[r])
+
+    _, errors = run_ranks(3, rank_main)
+    assert all(isinstance(e, CommError) for e in errors)
+    assert all("ranks disagree: rank 2 holds plan" in str(e) for e in errors)
+
+
+def test_layer_agreement_reports_a_different_net():
+    comms = LocalWorld(2, timeout=10).communicators()
+    nets = [["conv1", "fc1"], ["conv1", "fc9"]]
+
+    def rank_main(r):
+        agree_on_layers_and_plan(comms[r], nets[r], [1, 2], plan(list(reversed(nets[r]))))
+
+    _, errors = run_ranks(2, rank_main)
+    assert all("rank 1's learnable layers differ from rank 0's (position 1: 'fc9' vs 'fc1')"
+               in str(e) for e in errors)
+
+
+# ------------------------------------------------------------------ training on thread-ranks
+@pytest.mark.parametrize("comm", ["wfbp", "synceasgd", "mgwfbp", "threshold"])
+def test_ranks_start_and_stay_identical(comm):
+    solvers, handles, errors = train(2, flags(comm=comm, profile_iters=3, bucket_mb=0.0001),
+                                     iters=6)
+    assert errors == [None, None]
+    for a, b in zip(weights(solvers[0]), weights(solvers[1])):
+        assert np.array_equal(a, b)
+    # profiling ran on the first iterations; then each rank switched to the same plan
+    assert handles[0].plan is not None and handles[0].plan.digest() == handles[1].plan.digest()
+    assert [list(g) for g in handles[0].plan.groups] == [g.names for g in
+                                                         handles[0].executor.groups]
+    assert handles[0].plan.scheme == {"mgwfbp": "optimal"}.get(comm, comm)
+    assert len(handles[0].grad_times) == 6 - 3  # timed after the plan was in place
+    assert "predicted" in handles[0].summary()
+    assert solvers[0].gradient_sync is None  # close() unhooked it
+
+
+def test_a_stop_request_on_one_rank_stops_every_rank_at_the_same_iteration():
+    def per_rank(r, solver):
+        if r == 1:  # as if SIGINT reached rank 1 during iteration 3
+            solver.action_function = lambda: "stop" if solver.iter == 3 else "none"
+
+    solvers, _, errors = train(2, flags(comm="wfbp", profile_iters=2), iters=10,
+                               per_rank=per_rank)
+    assert errors == [None, None]
+    assert [s.iter for s in solvers] == [3, 3]
+
+
+def test_check_sync_stops_every_rank_when_weights_diverge():
+    class Corrupt:
+        def after_iteration(self, solver):
+            if solver.iter == 3:
+                solver.net.learnable_params[0].data[0, 0] += 1.0
+
+    def per_rank(r, solver):
+        if r == 1:
+            solver.iteration_hooks.insert(0, Corrupt())
+
+    _, _, errors = train(2, flags(comm="wfbp", profile_iters=2, check_sync=2), iters=6,
+                         per_rank=per_rank)
+    assert all(isinstance(e, CommError) for e in errors)
+    assert all("weights diverged at iteration 4: rank(s) [1] differ from rank 0" in str(e)
+               for e in errors)
+
+
+def test_plan_from_a_profile_is_saved_and_followed(tmp_path):
+    profile = {"model": "tiny", "forward_time": 0.01, "layers": [
+        {"name": "fc1", "params": 35, "backward_time": 0.004},
+        {"name": "fc2", "params": 24, "backward_time": 0.001},
+        {"name": "fc3", "params": 15, "backward_time": 0.001}]}
+    network = {"fits": {"2": {"a": 0.002, "b": 1e-9}}}
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    (tmp_path / "n.json").write_text(json.dumps(network))
+    args = flags(profile=str(tmp_path / "p.json"), network=str(tmp_path / "n.json"),
+                 save_plan=str(tmp_path / "plan.json"))
+    solvers, handles, errors = train(2, args, iters=3)
+    assert errors == [None, None]
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert saved["scheme"] == "optimal" and saved["a"] == 0.002
+    assert [g.names for g in handles[1].executor.groups] == saved["groups"]
+    assert handles[0].profiler is None  # no profiling with a profile given
+    # the saved plan is reusable: both ranks read it, nothing is planned
+    solvers, handles, errors = train(2, flags(plan=str(tmp_path / "plan.json")), iters=2)
+    assert errors == [None, None] and handles[0].plan.digest() == saved["digest"]
+
+
+def test_different_plans_on_two_ranks_stop_both(tmp_path):
+    profile = {"model": "tiny", "forward_time": 0.01, "layers": [
+        {"name": n, "params": p, "backward_time": 0.001}
+        for n, p in (("fc1", 35), ("fc2", 24), ("fc3", 15))]}
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    (tmp_path / "n.json").write_text(json.dumps({"fits": {"1": {"a": 1e-3, "b": 1e-9}}}))
+    for comm in ("wfbp", "synceasgd"):
+        _, handles, errors = train(1, flags(comm=comm, profile=str(tmp_path / "p.json"),
+                                            network=str(tmp_path / "n.json"),
+                                            save_plan=str(tmp_path / f"{comm}.json")), iters=1)
+        assert errors == [None]
+
+    def args(r):
+        return flags(plan=str(tmp_path / ("wfbp.json" if r == 0 else "synceasgd.json")))
+
+    _, _, errors = train(2, args, iters=1)
+    assert all(isinstance(e, CommError) and "rank 1 holds plan" in str(e) for e in errors)
+
+
+def test_a_plan_for_another_net_is_refused(tmp_path):
+    other = {"model": "x", "forward_time": 0.01, "layers": [
+        {"name": n, "params": 10, "backward_time": 0.001} for n in ("fc1", "fcX", "fc3")]}
+    (tmp_path / "p.json").write_text(json.dumps(other))
+    _, _, errors = train(1, flags(profile=str(tmp_path / "p.json")), iters=1)
+    assert isinstance(errors[0], CommError)
+    assert "'fcX' in the plan but 'fc2' in the net" in str(errors[0])
+
+
+def test_single_rank_with_emulation_slows_each_allreduce(tmp_path):
+    (tmp_path / "n.json").write_text(json.dumps({"fits": {"8": {"a": 0.02, "b": 0.0}}}))
+    args = flags(comm="wfbp", emulate_network=str(tmp_path / "n.json"), emulate_nodes=8,
+                 profile_iters=2)
+    _, handles, errors = train(1, args, iters=4)
+    assert errors == [None]
+    h = handles[0]
+    # profiling (2 iterations): one all-reduce after backward; then wfbp: one per layer
+    assert h.comm.calls == 2 * 1 + 2 * 3
+    assert h.plan.a == 0.02 and min(h.grad_times) >= 3 * 0.02 * 0.9

@@ -1,0 +1,149 @@
+"""Distributed training of the digits net under mpiexec, every mode: ranks stay bit-identical,
+match one process with the combined batch, communicate the planned groups (read back from
+the trace); faults and signals on a real training run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mgcaffe.comm.testing import run_mpi
+from mgcaffe.comm.trace import load_trace
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = REPO / "tests" / "mpi" / "train_digits.py"
+ITERS = 8
+PROFILE_ITERS = 3
+COMBINED_BATCH = 16
+
+MODES = {  # name: flags
+    "wfbp": ["--comm", "wfbp"],
+    "synceasgd": ["--comm", "synceasgd"],
+    "mgwfbp-optimal": ["--comm", "mgwfbp", "--merge", "optimal"],
+    "mgwfbp-paper": ["--comm", "mgwfbp", "--merge", "paper"],
+    "threshold": ["--comm", "threshold", "--bucket-mb", "0.05"],
+}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """Digits LMDBs, and a solver writer for a per-rank batch size."""
+    root = tmp_path_factory.mktemp("digits")
+    subprocess.run([sys.executable, str(REPO / "tools" / "convert_digits.py"), "--out",
+                    str(root / "data")], check=True, timeout=120, capture_output=True)
+    net_text = (REPO / "models" / "digits" / "train_test.prototxt").read_text()
+    net_text = net_text.replace("data/digits/", f"{root}/data/")
+
+    def solver(batch: int, max_iter: int = ITERS) -> Path:
+        net = root / f"net_b{batch}.prototxt"
+        net.write_text(net_text.replace("batch_size: 64", f"batch_size: {batch}"))
+        path = root / f"solver_b{batch}_i{max_iter}.prototxt"
+        path.write_text(f'net: "{net}"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n'
+                        f'lr_policy: "inv"\ngamma: 0.0001\npower: 0.75\ndisplay: 0\n'
+                        f'max_iter: {max_iter}\nrandom_seed: 1701\ntype: "SGD"\n'
+                        f'snapshot_prefix: "{root}/snap"\n')
+        return path
+
+    return root, solver
+
+
+@pytest.fixture(scope="module")
+def reference(digits):
+    """One process, batch = the ranks' combined batch."""
+    root, solver = digits
+    out = root / "reference"
+    proc = subprocess.run([sys.executable, str(DRIVER), "--solver",
+                           str(solver(COMBINED_BATCH)), "--dump-weights", str(out)],
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    return load_weights(out, 0)
+
+
+def load_weights(prefix, rank):
+    with np.load(f"{prefix}.rank{rank}.npz") as z:
+        return [z[k] for k in sorted(z.files, key=lambda s: int(s.split("_")[1]))]
+
+
+def iterations(doc, rank):
+    """Per solver iteration of `rank`: (gradient-ready times, all-reduce events)."""
+    out: dict[int, tuple[list, list]] = {}
+    for e in doc["traceEvents"]:
+        if e.get("pid") != rank or "args" not in e or "iter" not in e["args"]:
+            continue
+        grads, ars = out.setdefault(e["args"]["iter"], ([], []))
+        if e.get("cat") == "grad":
+            grads.append(e["ts"])
+        elif e.get("cat") == "allreduce":
+            ars.append(e)
+    return out
+
+
+def check_trace(doc, n, mode):
+    plan = doc["metadata"]["plan"]
+    groups = plan["groups"]
+    every_layer = [name for g in groups for name in g]
+    for rank in range(n):
+        its = iterations(doc, rank)
+        assert sorted(its) == list(range(ITERS))
+        for it, (grads, ars) in its.items():
+            want = [every_layer] if it < PROFILE_ITERS else groups
+            # exactly the planned groups, in order, each once per iteration
+            assert [e["args"]["layers"] for e in ars] == want, (rank, it)
+            backward_end = max(grads)
+            if mode == "synceasgd" or it < PROFILE_ITERS:
+                assert min(e["ts"] for e in ars) >= backward_end
+            if mode == "wfbp" and it >= PROFILE_ITERS:
+                assert ars[0]["ts"] < backward_end, "WFBP: the first all-reduce overlaps"
+
+
+@pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp-optimal")])
+def test_every_mode_matches_one_process_with_the_combined_batch(digits, reference, n, mode):
+    root, solver = digits
+    out = root / f"w_{mode}_{n}"
+    trace = root / f"trace_{mode}_{n}.json"
+    status, log, _ = run_mpi(n, [DRIVER, "--solver", solver(COMBINED_BATCH // n),
+                                 *MODES[mode], "--profile-iters", PROFILE_ITERS,
+                                 "--dump-weights", out, "--timeline", trace, "--check-sync",
+                                 "4"], timeout=240)
+    assert status == 0, log
+    ranks = [load_weights(out, r) for r in range(n)]
+    for r in range(1, n):  # bit-identical on every rank
+        assert all(np.array_equal(a, b) for a, b in zip(ranks[0], ranks[r])), f"rank {r}"
+    for got, want in zip(ranks[0], reference):
+        scale = float(np.abs(want).max())
+        assert float(np.abs(got - want).max()) <= 1e-5 * scale
+    check_trace(load_trace(trace), n, mode.split("-")[0])
+    assert "measured" in log and "predicted" in log  # measured vs predicted is logged
+    assert re.search(r"plan \w+ \([0-9a-f]{12}\)", log)
+
+
+@pytest.mark.parametrize("how, rank", [("raise", 1), ("sigkill", 1), ("raise", 0)])
+def test_a_failing_rank_ends_every_rank(digits, how, rank):
+    root, solver = digits
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
+                                       "--profile-iters", 2, "--fail-at", 4, "--fail-rank",
+                                       rank, "--fail-how", how, "--comm-timeout", 5],
+                                   timeout=120)
+    assert status not in (None, 0), log
+    assert f"FAULT {how} rank {rank} iteration 4" in log
+    assert "DONE" not in log
+    assert seconds < 60, log
+    if how == "raise":
+        assert f"rank {rank}: RuntimeError: injected failure at iteration 4" in log
+
+
+def test_sigint_on_one_rank_stops_every_rank_at_the_same_iteration(digits):
+    root, solver = digits
+    status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
+                                 "--profile-iters", 2, "--fail-at", 4, "--fail-rank", 1,
+                                 "--fail-how", "sigint"], timeout=120)
+    assert status == 0, log
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "4"), ("1", "4")]
+    assert "Optimization stopped early" in log

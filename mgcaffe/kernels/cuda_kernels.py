@@ -1,0 +1,385 @@
+"""CUDA twins of the generic kernels: im2col, col2im, and MAX pooling forward/backward.
+
+Each function takes and returns CuPy arrays and computes exactly what its generic twin does:
+- `im2col`, `col2im`: the functions of `mgcaffe.kernels.im2col` (same signatures, layout and
+  summation order, so the results are bit-identical);
+- `max_pool_forward`, `max_pool_backward`: the strided-slice loops of
+  `mgcaffe.layers.pooling.Pooling` (`_forward_max`, the MAX branch of `backward`): the same
+  winner (first maximum in window scan order, never a padded cell), the same winner index
+  (kernel offset i*kw + j, -1 when the window reads no input), the same mask values (the flat
+  index h*W + w of the winner, as a float) and the same order of gradient accumulation.
+
+Why hand-written kernels here (STYLE.md: only where no cheap array expression exists): the
+generic im2col is one strided copy, but col2im and pooling loop over the kh*kw kernel offsets
+on the host, each offset launching a few kernels over strided slices; one thread per output
+(or input) cell does the whole loop in registers, in one launch, without scratch arrays.
+gpu_check measures both and records the speed-up.
+
+The kernels are compiled on first use (NVRTC, through `cupy.RawKernel`) for each element type
+and cached here and in CuPy's on-disk kernel cache. Nothing in this module imports CuPy: the
+arrays passed in bring their module, so importing it on a machine without CuPy is fine.
+Launches go to the current CuPy stream, like every other CuPy operation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import get_array_module
+from .im2col import conv_output_size
+
+__all__ = ["col2im", "im2col", "kernel_source", "max_pool_backward", "max_pool_forward",
+           "use_cuda_kernels"]
+
+#: Element types the kernels are compiled for (numpy dtype -> CUDA type).
+_REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+#: Winner-index types the pooling layer keeps (int8 for small windows, int32 otherwise).
+_INDEX_TYPES = {np.dtype(np.int8): "signed char", np.dtype(np.int32): "int"}
+_THREADS = 256
+#: A grid-stride loop covers any size; more blocks than this buys nothing on current GPUs.
+_MAX_BLOCKS = 65536
+
+_IM2COL_SOURCE = r"""
+typedef REAL real;
+extern "C" __global__ void mgcaffe_im2col(
+    const real* x, real* col, long long total, int num, int channels, int height, int width,
+    int kernel_h, int kernel_w, int pad_h, int pad_w, int stride_h, int stride_w,
+    int dilation_h, int dilation_w, int out_h, int out_w) {
+  // One thread per (channel, image, output row, output column); it writes the kh*kw column
+  // entries of that position, one per row (c, i, j) of the column matrix.
+  const long long cols = (long long)num * out_h * out_w;
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int ox = (int)(index % out_w);
+    long long rest = index / out_w;
+    const int oy = (int)(rest % out_h);
+    rest /= out_h;
+    const int n = (int)(rest % num);
+    const int c = (int)(rest / num);
+    const real* image = x + ((long long)n * channels + c) * height * width;
+    real* out = col + (long long)c * kernel_h * kernel_w * cols
+                + ((long long)n * out_h + oy) * out_w + ox;
+    const int y0 = oy * stride_h - pad_h;
+    const int x0 = ox * stride_w - pad_w;
+    for (int i = 0; i < kernel_h; ++i) {
+      const int y = y0 + i * dilation_h;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int xx = x0 + j * dilation_w;
+        *out = (y >= 0 && y < height && xx >= 0 && xx < width) ? image[y * width + xx]
+                                                               : (real)0;
+        out += cols;
+      }
+    }
+  }
+}
+"""
+
+_COL2IM_SOURCE = r"""
+typedef REAL real;
+extern "C" __global__ void mgcaffe_col2im(
+    const real* col, real* image, long long total, int num, int channels, int height,
+    int width, int kernel_h, int kernel_w, int pad_h, int pad_w, int stride_h, int stride_w,
+    int dilation_h, int dilation_w, int out_h, int out_w) {
+  // One thread per image cell: it gathers every column entry read from that cell, so no
+  // two threads write one address (no atomics, deterministic). The output rows and columns
+  // are walked downwards so that the kernel offsets (i, j) come in increasing order: the
+  // order in which the generic col2im adds them, hence the same float sum.
+  const long long cols = (long long)num * out_h * out_w;
+  const int extent_h = (kernel_h - 1) * dilation_h + 1;
+  const int extent_w = (kernel_w - 1) * dilation_w + 1;
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int xx = (int)(index % width) + pad_w;
+    long long rest = index / width;
+    const int y = (int)(rest % height) + pad_h;
+    rest /= height;
+    const int c = (int)(rest % channels);
+    const int n = (int)(rest / channels);
+    const int oy_start = (y < extent_h) ? 0 : (y - extent_h) / stride_h + 1;
+    const int oy_end = min(y / stride_h + 1, out_h);
+    const int ox_start = (xx < extent_w) ? 0 : (xx - extent_w) / stride_w + 1;
+    const int ox_end = min(xx / stride_w + 1, out_w);
+    real sum = 0;
+    for (int oy = oy_end - 1; oy >= oy_start; --oy) {
+      int i = y - oy * stride_h;
+      if (i % dilation_h != 0) continue;
+      i /= dilation_h;
+      for (int ox = ox_end - 1; ox >= ox_start; --ox) {
+        int j = xx - ox * stride_w;
+        if (j % dilation_w != 0) continue;
+        j /= dilation_w;
+        sum += col[((long long)(c * kernel_h + i) * kernel_w + j) * cols
+                   + ((long long)n * out_h + oy) * out_w + ox];
+      }
+    }
+    image[index] = sum;
+  }
+}
+"""
+
+_MAX_POOL_FORWARD_SOURCE = r"""
+typedef REAL real;
+typedef INDEX index_t;
+extern "C" __global__ void mgcaffe_max_pool_forward(
+    const real* x, real* top, index_t* winner, real* mask, int has_mask, long long total,
+    int height, int width, int out_h, int out_w, int kernel_h, int kernel_w, int pad_h,
+    int pad_w, int stride_h, int stride_w, real lowest) {
+  // One thread per output cell; the window is scanned row by row and a later cell must be
+  // strictly greater to win (Caffe's rule, and the generic twin's offset order).
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int ox = (int)(index % out_w);
+    long long rest = index / out_w;
+    const int oy = (int)(rest % out_h);
+    const long long plane = rest / out_h;
+    const int y0 = oy * stride_h - pad_h;
+    const int x0 = ox * stride_w - pad_w;
+    const real* image = x + plane * height * width;
+    real best = lowest;
+    int won = -1;
+    for (int i = 0; i < kernel_h; ++i) {
+      const int y = y0 + i;
+      if (y < 0 || y >= height) continue;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int xx = x0 + j;
+        if (xx < 0 || xx >= width) continue;
+        const real value = image[y * width + xx];
+        if (value > best) {
+          best = value;
+          won = i * kernel_w + j;
+        }
+      }
+    }
+    top[index] = best;
+    winner[index] = (index_t)won;
+    if (has_mask) {
+      mask[index] = won < 0 ? (real)-1
+                             : (real)((y0 + won / kernel_w) * width + x0 + won % kernel_w);
+    }
+  }
+}
+"""
+
+_MAX_POOL_BACKWARD_SOURCE = r"""
+typedef REAL real;
+typedef INDEX index_t;
+extern "C" __global__ void mgcaffe_max_pool_backward(
+    const real* top_diff, const index_t* winner, real* bottom_diff, long long total,
+    int height, int width, int out_h, int out_w, int kernel_h, int kernel_w, int pad_h,
+    int pad_w, int stride_h, int stride_w) {
+  // One thread per input cell: it sums the gradients of the windows this cell won. Windows
+  // are visited so that their kernel offset for this cell increases, the generic twin's
+  // order of accumulation.
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int xx = (int)(index % width) + pad_w;
+    long long rest = index / width;
+    const int y = (int)(rest % height) + pad_h;
+    const long long plane = rest / height;
+    const int oy_start = (y < kernel_h) ? 0 : (y - kernel_h) / stride_h + 1;
+    const int oy_end = min(y / stride_h + 1, out_h);
+    const int ox_start = (xx < kernel_w) ? 0 : (xx - kernel_w) / stride_w + 1;
+    const int ox_end = min(xx / stride_w + 1, out_w);
+    const long long base = plane * out_h * out_w;
+    real sum = 0;
+    for (int oy = oy_end - 1; oy >= oy_start; --oy) {
+      const int i = y - oy * stride_h;
+      for (int ox = ox_end - 1; ox >= ox_start; --ox) {
+        const int offset = i * kernel_w + (xx - ox * stride_w);
+        const long long o = base + (long long)oy * out_w + ox;
+        if ((int)winner[o] == offset) sum += top_diff[o];
+      }
+    }
+    bottom_diff[index] = sum;
+  }
+}
+"""
+
+_SOURCES = {
+    "mgcaffe_im2col": _IM2COL_SOURCE,
+    "mgcaffe_col2im": _COL2IM_SOURCE,
+    "mgcaffe_max_pool_forward": _MAX_POOL_FORWARD_SOURCE,
+    "mgcaffe_max_pool_backward": _MAX_POOL_BACKWARD_SOURCE,
+}
+
+#: Kernels by (name, dtype, index dtype), compiled on their first launch.
+_cache: dict[tuple, object] = {}
+
+
+def use_cuda_kernels(xp, dtype=None) -> bool:
+    """Whether the CUDA twins apply: `xp` is CuPy and `dtype` (when given) one they support.
+
+    A layer asks this once (in reshape) and calls either the twin or the generic function.
+    """
+    if xp is np or getattr(xp, "__name__", "") != "cupy":
+        return False
+    return dtype is None or np.dtype(dtype) in _REAL_TYPES
+
+
+def kernel_source(name: str, dtype, index_dtype=None) -> str:
+    """The CUDA C source of kernel `name` for element type `dtype` (and, for pooling, the
+    winner-index type). Plain C apart from the launch indices, so tests can also compile it
+    for the host (tests/gpu/test_cuda_kernels_cpu.py)."""
+    if name not in _SOURCES:
+        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(sorted(_SOURCES))}")
+    real = _REAL_TYPES.get(np.dtype(dtype))
+    if real is None:
+        raise ValueError(f"{name}: no CUDA kernel for dtype {np.dtype(dtype)} (supported: "
+                         f"{', '.join(str(d) for d in _REAL_TYPES)})")
+    source = _SOURCES[name].replace("REAL", real, 1)
+    if "INDEX" in source:
+        index = _INDEX_TYPES.get(np.dtype(index_dtype)) if index_dtype is not None else None
+        if index is None:
+            raise ValueError(f"{name}: winner indices must be int8 or int32, got "
+                             f"{None if index_dtype is None else np.dtype(index_dtype)}")
+        source = source.replace("INDEX", index, 1)
+    return source
+
+
+def _kernel(xp, name: str, dtype, index_dtype=None):
+    """The kernel `name` for these element types (cached; compiled on its first launch)."""
+    # A RawKernel compiles for each device it is launched on, so one object serves all.
+    key = (name, np.dtype(dtype), None if index_dtype is None else np.dtype(index_dtype))
+    kernel = _cache.get(key)
+    if kernel is None:
+        kernel = _cache[key] = xp.RawKernel(kernel_source(name, dtype, index_dtype), name)
+    return kernel
+
+
+def _launch(kernel, total: int, args) -> None:
+    if total == 0:
+        return
+    blocks = min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+    kernel((blocks,), (_THREADS,), args)
+
+
+def _cupy_of(array, what: str):
+    xp = get_array_module(array)
+    if not use_cuda_kernels(xp):
+        raise TypeError(f"{what}: the CUDA kernels take CuPy arrays, got "
+                        f"{type(array).__module__}.{type(array).__name__}; use the generic "
+                        f"function for numpy arrays")
+    return xp
+
+
+def _pairs(kernel, pad, stride, dilation):
+    return tuple((int(v[0]), int(v[1])) for v in (kernel, pad, stride, dilation))
+
+
+def _i32(*values):
+    return tuple(np.int32(v) for v in values)
+
+
+def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padded=None):
+    """CUDA twin of `mgcaffe.kernels.im2col.im2col` (same arguments, same result).
+
+    `padded` is accepted for signature compatibility and ignored: the kernel reads the
+    padding as zeros without materialising it.
+    """
+    del padded  # the kernel needs no padded scratch image
+    xp = _cupy_of(x, "im2col")
+    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
+    n, c, height, width = (int(d) for d in x.shape)
+    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
+    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
+    shape = (c * kernel[0] * kernel[1], n * out_h * out_w)
+    if out is None:
+        out = xp.empty(shape, dtype=x.dtype)
+    elif out.shape != shape:
+        raise ValueError(f"im2col: out has shape {out.shape}, expected {shape}")
+    if out.dtype != x.dtype:
+        raise ValueError(f"im2col: out has dtype {out.dtype}, input {x.dtype}")
+    target = out if out.flags.c_contiguous else xp.empty(shape, dtype=x.dtype)
+    x = xp.ascontiguousarray(x)
+    total = c * n * out_h * out_w
+    _launch(_kernel(xp, "mgcaffe_im2col", x.dtype), total,
+            (x, target, np.int64(total))
+            + _i32(n, c, height, width, *kernel, *pad, *stride, *dilation, out_h, out_w))
+    if target is not out:
+        out[...] = target
+    return out
+
+
+def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None):
+    """CUDA twin of `mgcaffe.kernels.im2col.col2im`: `out` (N, C, H, W) is overwritten."""
+    xp = _cupy_of(col, "col2im")
+    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
+    n, c, height, width = (int(d) for d in shape)
+    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
+    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
+    expected = (c * kernel[0] * kernel[1], n * out_h * out_w)
+    if col.shape != expected:
+        raise ValueError(f"col2im: col has shape {col.shape}, expected {expected} for image "
+                         f"shape {tuple(shape)}")
+    image_shape = (n, c, height, width)
+    if out is None:
+        out = xp.empty(image_shape, dtype=col.dtype)
+    elif tuple(out.shape) != image_shape or out.dtype != col.dtype:
+        raise ValueError(f"col2im: out is {tuple(out.shape)} {out.dtype}, expected "
+                         f"{image_shape} {col.dtype}")
+    target = out if out.flags.c_contiguous else xp.empty(image_shape, dtype=col.dtype)
+    col = xp.ascontiguousarray(col)
+    total = n * c * height * width
+    _launch(_kernel(xp, "mgcaffe_col2im", col.dtype), total,
+            (col, target, np.int64(total))
+            + _i32(n, c, height, width, *kernel, *pad, *stride, *dilation, out_h, out_w))
+    if target is not out:
+        out[...] = target
+    return out
+
+
+def _check_pool(what, x_shape, out_hw, arrays):
+    n, c = int(x_shape[0]), int(x_shape[1])
+    top_shape = (n, c, int(out_hw[0]), int(out_hw[1]))
+    for name, array in arrays.items():
+        if array is not None and tuple(array.shape) != top_shape:
+            raise ValueError(f"{what}: {name} has shape {tuple(array.shape)}, expected "
+                             f"{top_shape}")
+    return top_shape
+
+
+def max_pool_forward(x, kernel, pad, stride, out_hw, out, winner, mask=None):
+    """CUDA twin of Pooling's MAX forward over x (N, C, H, W).
+
+    Writes `out` (N, C, out_h, out_w) with each window's maximum (-FLT_MAX for a window that
+    reads no input cell), `winner` (int8 or int32, same shape) with the winning kernel offset
+    i*kw + j (-1 for none) and, when given, `mask` with the winner's flat index h*W + w
+    within its channel plane (-1 for none). `out_hw` is the layer's pooled size (Caffe's
+    rounding and clipping are the layer's business). All outputs must be C-contiguous.
+    """
+    xp = _cupy_of(x, "max_pool_forward")
+    kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
+    _check_pool("max_pool_forward", x.shape, out_hw,
+                {"out": out, "winner": winner, "mask": mask})
+    for name, array in (("out", out), ("winner", winner), ("mask", mask)):
+        if array is not None and not array.flags.c_contiguous:
+            raise ValueError(f"max_pool_forward: {name} must be C-contiguous")
+    x = xp.ascontiguousarray(x)
+    height, width = int(x.shape[2]), int(x.shape[3])
+    total = int(out.size)
+    lowest = x.dtype.type(np.finfo(np.float32).min)  # Caffe's -FLT_MAX, for double too
+    _launch(_kernel(xp, "mgcaffe_max_pool_forward", x.dtype, winner.dtype), total,
+            (x, out, winner, out if mask is None else mask, np.int32(mask is not None),
+             np.int64(total))
+            + _i32(height, width, *out_hw, *kernel, *pad, *stride) + (lowest,))
+    return out
+
+
+def max_pool_backward(top_diff, winner, kernel, pad, stride, bottom_diff):
+    """CUDA twin of Pooling's MAX backward: `bottom_diff` (N, C, H, W) is overwritten with
+    the sum, over the windows each input cell won (per `winner` from the forward), of their
+    top gradient."""
+    xp = _cupy_of(top_diff, "max_pool_backward")
+    kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
+    out_hw = tuple(int(d) for d in top_diff.shape[2:])
+    _check_pool("max_pool_backward", bottom_diff.shape, out_hw,
+                {"top_diff": top_diff, "winner": winner})
+    if not bottom_diff.flags.c_contiguous or not winner.flags.c_contiguous:
+        raise ValueError("max_pool_backward: bottom_diff and winner must be C-contiguous")
+    top_diff = xp.ascontiguousarray(top_diff)
+    height, width = int(bottom_diff.shape[2]), int(bottom_diff.shape[3])
+    total = int(bottom_diff.size)
+    _launch(_kernel(xp, "mgcaffe_max_pool_backward", top_diff.dtype, winner.dtype), total,
+            (top_diff, winner, bottom_diff, np.int64(total))
+            + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    return bottom_diff

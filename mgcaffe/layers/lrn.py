@@ -64,9 +64,12 @@ class LRN(Layer):
                              f"shape {shape}")
         top[0].reshape(shape)
         if getattr(self, "_scale", None) is None or self._scale.shape != shape:
-            self._scale = self.xp.empty(shape, dtype=self.dtype)
-            self._work = self.xp.empty(shape, dtype=self.dtype)
-            self._work2 = self.xp.empty(shape, dtype=self.dtype)
+            empty = self.xp.empty
+            self._scale = empty(shape, dtype=self.dtype)
+            # scale^-beta, kept from forward for backward (pow is the costly elementwise op)
+            self._scale_pow = empty(shape, dtype=self.dtype)
+            self._work = empty(shape, dtype=self.dtype)
+            self._work2 = empty(shape, dtype=self.dtype) if len(self.axes) == 2 else None
 
     def _local_sum(self, src, out):
         """The window sum of src over this layer's region, written into `out`."""
@@ -82,20 +85,17 @@ class LRN(Layer):
         self._local_sum(squares, scale)
         scale *= self.alpha / self.area
         scale += self.k
-        xp.power(scale, -self.beta, out=top[0].data)
-        top[0].data *= x
+        xp.power(scale, -self.beta, out=self._scale_pow)
+        xp.multiply(x, self._scale_pow, out=top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         xp = self.xp
-        x, scale, top_diff = bottom[0].data, self._scale, top[0].diff
+        x, top_diff, diff = bottom[0].data, top[0].diff, bottom[0].diff
         ratio = xp.multiply(top_diff, top[0].data, out=self._work)
-        ratio /= scale
-        diff = bottom[0].diff
+        ratio /= self._scale
         self._local_sum(ratio, diff)
         diff *= x
         diff *= -2.0 * self.alpha * self.beta / self.area
-        direct = xp.power(scale, -self.beta, out=self._work)
-        direct *= top_diff
-        diff += direct
+        diff += xp.multiply(top_diff, self._scale_pow, out=self._work)

@@ -1,0 +1,129 @@
+"""Traces: events, merging, reading back; per-layer timing of a net; the online profile."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mgcaffe.comm.timing import NetTimer, OnlineProfile
+from mgcaffe.comm.trace import (
+    COMM,
+    COMPUTE,
+    Tracer,
+    iteration_times,
+    load_trace,
+    merge_traces,
+    save_trace,
+)
+from mgcaffe.errors import CommError
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_events_are_relative_to_the_origin_in_microseconds():
+    clock = Clock()
+    tr = Tracer(rank=3, clock=clock)
+    tr.set_origin(100.0)
+    tr.iteration = 7
+    tr.span("conv1", "forward", COMPUTE, 100.5, 100.75, extra=1)
+    tr.instant("conv1", "grad", COMPUTE, 101.0)
+    tr.span("allreduce g0", "allreduce", COMM, 101.0, 101.002, bytes=64)
+    x, i, c = tr.events
+    assert (x["ph"], x["pid"], x["tid"], x["ts"], x["dur"]) == ("X", 3, 0, 500000.0, 250000.0)
+    assert x["args"] == {"iter": 7, "extra": 1}
+    assert (i["ph"], i["ts"]) == ("i", 1e6)
+    assert c["tid"] == 1 and c["args"]["bytes"] == 64
+
+
+def test_merge_save_load_and_iteration_times(tmp_path):
+    ranks = []
+    for r in range(2):
+        tr = Tracer(rank=r, clock=Clock())
+        tr.set_origin(0.0)
+        for it in range(3):
+            tr.iteration = it
+            tr.span(f"iteration {it}", "iteration", COMPUTE, it, it + 0.25 + 0.01 * r)
+        ranks.append(tr.snapshot())
+    doc = merge_traces(ranks, {"predicted_iteration_s": 0.2})
+    path = tmp_path / "t.json"
+    save_trace(doc, path)
+    back = load_trace(path)
+    assert back["metadata"]["predicted_iteration_s"] == 0.2
+    names = [e for e in back["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert {(e["pid"], e["args"]["name"]) for e in names} == \
+        {(0, "compute"), (0, "comm"), (1, "compute"), (1, "comm")}
+    assert iteration_times(back, 1) == pytest.approx([0.26] * 3)
+    assert iteration_times(back, 0, skip=1) == pytest.approx([0.25] * 2)
+
+
+def test_load_trace_errors(tmp_path):
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CommError, match="not a JSON trace"):
+        load_trace(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(CommError, match="no traceEvents list"):
+        load_trace(tmp_path / "other.json")
+    with pytest.raises(CommError, match="cannot read trace"):
+        load_trace(tmp_path / "missing.json")
+
+
+class TinyNet:
+    """forward_layer/backward_layer called through self, as Net does."""
+
+    layer_names = ["data", "fc", "loss"]
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def forward_layer(self, i):
+        self.clock.t += 0.001 * (i + 1)
+        return 0.0
+
+    def backward_layer(self, i):
+        self.clock.t += 0.002
+
+    def forward_backward(self):
+        for i in range(3):
+            self.forward_layer(i)
+        for i in reversed(range(3)):
+            self.backward_layer(i)
+
+
+def test_net_timer_traces_every_layer_and_can_be_removed():
+    clock = Clock()
+    net = TinyNet(clock)
+    tr = Tracer(clock=clock)
+    timer = NetTimer(net, tr, clock=clock).install()
+    net.forward_backward()
+    fw = [(e["name"], round(e["dur"])) for e in tr.events if e["cat"] == "forward"]
+    bw = [e["name"] for e in tr.events if e["cat"] == "backward"]
+    assert fw == [("data", 1000), ("fc", 2000), ("loss", 3000)]
+    assert bw == ["loss", "fc", "data"]
+    assert timer.forward_end - timer.forward_start == pytest.approx(0.006)
+    timer.remove()
+    assert "forward_layer" not in net.__dict__
+    net.forward_backward()
+    assert len(tr.events) == 6
+
+
+def test_online_profile_is_the_median_of_the_iterations_after_the_first():
+    prof = OnlineProfile("m", ["conv1", "fc"], [10, 20], skip=1)
+    prof.add(0.0, 5.0, {2: 6.0, 1: 9.0})  # warm-up: ignored
+    for extra in (0.0, 0.1, 0.2):
+        # forward 0.1 s; fc ready 0.2 s after forward ends; conv1 another 0.3 s (+ noise)
+        prof.add(0.0, 0.1, {2: 0.3, 1: 0.6 + extra})
+    p = prof.profile()
+    assert len(prof) == 3 and p.names == ["conv1", "fc"]
+    assert p.forward_time == pytest.approx(0.1)
+    assert [layer.backward_time for layer in p.layers] == pytest.approx([0.4, 0.2])
+    assert [layer.params for layer in p.layers] == [10, 20]
+    assert p.ideal_time == pytest.approx(0.7)
+    assert np.isclose(p.backward_time, 0.6)

@@ -5,15 +5,17 @@ Each function takes and returns CuPy arrays and computes exactly what its generi
   summation order, so the results are bit-identical);
 - `max_pool_forward`, `max_pool_backward`: the strided-slice loops of
   `mgcaffe.layers.pooling.Pooling` (`_forward_max`, the MAX branch of `backward`): the same
-  winner (first maximum in window scan order, never a padded cell), the same winner index
-  (kernel offset i*kw + j, -1 when the window reads no input), the same mask values (the flat
-  index h*W + w of the winner, as a float) and the same order of gradient accumulation.
+  winner (first maximum in window scan order, never a padded cell), the same winner tag
+  (1 + the kernel offset i*kw + j; 0 when the window reads no input), the same mask values
+  (the flat index h*W + w of the winner, as a float; -1 for none) and the same order of
+  gradient accumulation.
 
 Why hand-written kernels here (STYLE.md: only where no cheap array expression exists): the
-generic im2col is one strided copy, but col2im and pooling loop over the kh*kw kernel offsets
-on the host, each offset launching a few kernels over strided slices; one thread per output
-(or input) cell does the whole loop in registers, in one launch, without scratch arrays.
-gpu_check measures both and records the speed-up.
+generic im2col first copies the input into a zero-padded image, then gathers through a 6-D
+strided view; col2im and pooling loop over the kh*kw kernel offsets on the host, each offset
+launching a few kernels over strided slices. One thread per output (or input) cell does the
+whole loop in registers, in one launch, without scratch arrays. gpu_check measures both
+versions and records the speed-up.
 
 The kernels are compiled on first use (NVRTC, through `cupy.RawKernel`) for each element type
 and cached here and in CuPy's on-disk kernel cache. Nothing in this module imports CuPy: the
@@ -33,8 +35,9 @@ __all__ = ["col2im", "im2col", "kernel_source", "max_pool_backward", "max_pool_f
 
 #: Element types the kernels are compiled for (numpy dtype -> CUDA type).
 _REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-#: Winner-index types the pooling layer keeps (int8 for small windows, int32 otherwise).
-_INDEX_TYPES = {np.dtype(np.int8): "signed char", np.dtype(np.int32): "int"}
+#: Winner-tag types the pooling layer keeps (the smallest that holds kh*kw + 1).
+_INDEX_TYPES = {np.dtype(np.int8): "signed char", np.dtype(np.int16): "short",
+                np.dtype(np.int32): "int"}
 _THREADS = 256
 #: A grid-stride loop covers any size; more blocks than this buys nothing on current GPUs.
 _MAX_BLOCKS = 65536
@@ -125,7 +128,8 @@ extern "C" __global__ void mgcaffe_max_pool_forward(
     int height, int width, int out_h, int out_w, int kernel_h, int kernel_w, int pad_h,
     int pad_w, int stride_h, int stride_w, real lowest) {
   // One thread per output cell; the window is scanned row by row and a later cell must be
-  // strictly greater to win (Caffe's rule, and the generic twin's offset order).
+  // strictly greater to win (Caffe's rule, and the generic twin's offset order). The winner
+  // is tagged 1 + its kernel offset, 0 when the window reads no input cell.
   for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
        index += (long long)blockDim.x * gridDim.x) {
     const int ox = (int)(index % out_w);
@@ -151,7 +155,7 @@ extern "C" __global__ void mgcaffe_max_pool_forward(
       }
     }
     top[index] = best;
-    winner[index] = (index_t)won;
+    winner[index] = (index_t)(won + 1);
     if (has_mask) {
       mask[index] = won < 0 ? (real)-1
                              : (real)((y0 + won / kernel_w) * width + x0 + won % kernel_w);
@@ -187,7 +191,7 @@ extern "C" __global__ void mgcaffe_max_pool_backward(
       for (int ox = ox_end - 1; ox >= ox_start; --ox) {
         const int offset = i * kernel_w + (xx - ox * stride_w);
         const long long o = base + (long long)oy * out_w + ox;
-        if ((int)winner[o] == offset) sum += top_diff[o];
+        if ((int)winner[o] == offset + 1) sum += top_diff[o];
       }
     }
     bottom_diff[index] = sum;
@@ -230,7 +234,7 @@ def kernel_source(name: str, dtype, index_dtype=None) -> str:
     if "INDEX" in source:
         index = _INDEX_TYPES.get(np.dtype(index_dtype)) if index_dtype is not None else None
         if index is None:
-            raise ValueError(f"{name}: winner indices must be int8 or int32, got "
+            raise ValueError(f"{name}: winner tags must be int8, int16 or int32, got "
                              f"{None if index_dtype is None else np.dtype(index_dtype)}")
         source = source.replace("INDEX", index, 1)
     return source
@@ -342,9 +346,9 @@ def max_pool_forward(x, kernel, pad, stride, out_hw, out, winner, mask=None):
     """CUDA twin of Pooling's MAX forward over x (N, C, H, W).
 
     Writes `out` (N, C, out_h, out_w) with each window's maximum (-FLT_MAX for a window that
-    reads no input cell), `winner` (int8 or int32, same shape) with the winning kernel offset
-    i*kw + j (-1 for none) and, when given, `mask` with the winner's flat index h*W + w
-    within its channel plane (-1 for none). `out_hw` is the layer's pooled size (Caffe's
+    reads no input cell), `winner` (int8, int16 or int32, same shape) with 1 + the winning
+    kernel offset i*kw + j (0 for none) and, when given, `mask` with the winner's flat index
+    h*W + w within its channel plane (-1 for none). `out_hw` is the layer's pooled size (Caffe's
     rounding and clipping are the layer's business). All outputs must be C-contiguous.
     """
     xp = _cupy_of(x, "max_pool_forward")

@@ -109,15 +109,18 @@ class Solver:
         self._losses: list[float] = []
         self._smoothed_loss = 0.0
         self._sumsq: float | None = None  # this iteration's sum of squared diffs
+        # Every rank gets the same seed, so that initial weights agree without a broadcast
+        # (Caffe adds the rank and broadcasts rank 0's weights instead). Without a
+        # random_seed the ranks' fillers differ and the trainer must broadcast.
         self._seed = int(param.random_seed) if param.random_seed >= 0 else None
         if self.rank == 0:
             log.info("Initializing solver from parameters: \n%s",
                      text_format.MessageToString(param))
+        self._check_snapshot_dir()
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets() if self.rank == 0 else []
         for weights in param.weights:
             self.load_weights(weights)
-        self._check_snapshot_dir()
         xp = self.net.xp
         params = self.net.learnable_params
         self.history = [xp.zeros(b.shape, dtype=b.dtype)

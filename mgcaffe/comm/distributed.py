@@ -46,7 +46,7 @@ from .executor import GradientExecutor, check_plan_layers
 from .faults import ABORT_EXCEPTION, Watchdog, check_in_sync, fail_all
 from .local import SingleCommunicator
 from .mpi import MpiCommunicator, launched_by_mpi
-from .timing import NetTimer, OnlineProfile
+from .timing import NetTimer, OnlineProfile, slowest
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
 __all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_arguments", "attach",
@@ -522,7 +522,12 @@ class DistributedTraining:
         self.profiler = None
         if self.tracer is None:
             self.timer.remove()
-        plan = self._make_and_share(prof.profile, f"profile of {len(prof)} iteration(s)")
+        # The step waits for the slowest rank: plan with the latest ready time of each layer.
+        with self._guard("gathering the ranks' profiles"):
+            profiles = self.base_comm.allgather(prof.profile())
+        plan = self._make_and_share(lambda: slowest(profiles),
+                                    f"profile of {len(prof)} iteration(s), slowest of "
+                                    f"{self.size} rank(s)")
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(self.base_comm, self.names, self.counts, plan)
         self.executor.set_plan(plan)

@@ -21,7 +21,7 @@ from typing import Any
 from .profile import LayerProfile, Profile
 from .trace import COMPUTE
 
-__all__ = ["NetTimer", "OnlineProfile"]
+__all__ = ["NetTimer", "OnlineProfile", "slowest"]
 
 
 class NetTimer:
@@ -109,3 +109,27 @@ class OnlineProfile:
         layers = [LayerProfile(n, p, statistics.median(s[1][i] for s in self.samples))
                   for i, (n, p) in enumerate(zip(self.names, self.params))]
         return Profile(self.model, self.batch_size, 4, forward, tuple(layers))
+
+
+def slowest(profiles: list[Profile]) -> Profile:
+    """The profile of the synchronous step: gradient l is ready on EVERY rank only at the
+    latest of the ranks' ready times, ready(l) = max over ranks of t_f + sum_{j>=l} t_b(j),
+    so the all-reduce of l cannot start earlier. Returns a profile with those ready times
+    (t_f the slowest forward; each backward_time the difference of consecutive readies)."""
+    first = profiles[0]
+    L = first.num_layers
+    forward = max(p.forward_time for p in profiles)
+    ready = [0.0] * (L + 2)
+    for p in profiles:
+        t = p.forward_time
+        for l in range(L, 0, -1):
+            t += p.layers[l - 1].backward_time
+            ready[l] = max(ready[l], t)
+    layers, previous = [], forward
+    backward = [0.0] * L
+    for l in range(L, 0, -1):
+        backward[l - 1] = max(0.0, ready[l] - previous)
+        previous = max(previous, ready[l])
+    for layer, bt in zip(first.layers, backward):
+        layers.append(LayerProfile(layer.name, layer.params, bt))
+    return Profile(first.model, first.batch_size, first.dtype_bytes, forward, tuple(layers))

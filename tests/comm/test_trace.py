@@ -127,3 +127,19 @@ def test_online_profile_is_the_median_of_the_iterations_after_the_first():
     assert [layer.params for layer in p.layers] == [10, 20]
     assert p.ideal_time == pytest.approx(0.7)
     assert np.isclose(p.backward_time, 0.6)
+
+
+def test_slowest_profile_takes_the_latest_ready_time_of_each_layer():
+    from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: PLC0415
+    from mgcaffe.comm.timing import slowest  # noqa: PLC0415
+
+    def prof(tf, tbs):
+        return Profile("m", None, 4, tf, tuple(LayerProfile(f"l{i}", 1, t)
+                                              for i, t in enumerate(tbs, start=1)))
+
+    # rank 0: forward slow, backward fast; rank 1 the opposite
+    p = slowest([prof(0.3, [0.1, 0.1, 0.1]), prof(0.1, [0.3, 0.2, 0.2])])
+    # ready(3) = max(0.4, 0.3) = 0.4; ready(2) = max(0.5, 0.5); ready(1) = max(0.6, 0.8)
+    assert p.forward_time == pytest.approx(0.3)
+    assert [layer.backward_time for layer in p.layers] == pytest.approx([0.3, 0.1, 0.1])
+    assert p.ideal_time == pytest.approx(0.8)

@@ -50,7 +50,7 @@ from .timing import NetTimer, OnlineProfile, slowest
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
 __all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_arguments", "attach",
-           "failing_together", "options_from", "world"]
+           "failing_together", "options_from", "wanted", "world"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -604,7 +604,15 @@ class DistributedTraining:
         if exc_type is None:
             self.close()
         else:  # the failure path: no collectives (peers may be gone); failing_together aborts
-            self.executor.close()
+            self.executor.close(join=False)
+            self.timer.remove()
+
+
+def wanted(args: Any, comm: Communicator) -> bool:
+    """Whether `mgcaffe train` needs the distributed machinery: several ranks, or one rank
+    asked for a trace, an emulated network or a plan."""
+    return comm.size > 1 or any(getattr(args, f, None) for f in (
+        "timeline", "emulate_network", "plan", "save_plan"))
 
 
 def attach(solver: Any, args: Any, comm: Communicator | None = None) -> DistributedTraining:

@@ -239,13 +239,15 @@ class GradientExecutor:
         raise CommError(f"rank {self.rank}: communication thread failed: "
                         f"{type(exc).__name__}: {exc}") from exc
 
-    def close(self) -> None:
-        """Stop the thread (after the current iteration's work); idempotent."""
+    def close(self, join: bool = True) -> None:
+        """Stop the thread (after the current iteration's work); idempotent. `join=False`
+        (the failure path) does not wait: the thread may be stuck in a collective."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(_STOP)
-        self._thread.join(timeout=min(self.timeout, 10.0))
+        if join:
+            self._thread.join(timeout=min(self.timeout, 10.0))
         with self._cond:
             self._cond.notify_all()
 

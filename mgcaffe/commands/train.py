@@ -17,6 +17,7 @@ import argparse
 import logging
 
 from ..backend import Device
+from ..comm import distributed
 from ..errors import MgcaffeError, SolverError
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"what {sig.upper()} does: stop (after a final snapshot), "
                                  f"snapshot and go on, or none (default: {default})")
     add_state_arguments(parser)
+    distributed.add_arguments(parser)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +153,12 @@ def run(args) -> int:
         handler = SignalHandler(args.sigint_effect, args.sighup_effect)
     except ValueError as exc:
         raise MgcaffeError(str(exc)) from None
-    with handler:
-        solver = build_solver(args)
-        return run_training(solver, args, handler=handler)
+    # Under mpiexec: rank and size before the solver (data sharding), every rank ended on
+    # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
+    comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"))
+    with handler, distributed.failing_together(comm):
+        solver = build_solver(args, rank=rank, world_size=size)
+        if not distributed.wanted(args, comm):
+            return run_training(solver, args, handler=handler)
+        with distributed.attach(solver, args, comm):
+            return run_training(solver, args, handler=handler)

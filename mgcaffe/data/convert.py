@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from collections.abc import Iterable
@@ -30,9 +31,19 @@ def write_lmdb(path, datums: Iterable, keys: Iterable | None = None, chunk: int 
     """Write Datum messages (or serialized bytes) to a new LMDB directory; returns the count.
 
     Keys default to the zero-padded record number ("00000000", ...), so LMDB's key order is
-    the order given. Transactions are committed every `chunk` records (as Caffe does). The
-    database is built beside `path` and renamed into place at the end, so an interrupted run
-    never leaves a partial database at `path`.
+    the order given. See `write_records` for the rest.
+    """
+    keys = keys if keys is not None else (f"{i:08d}" for i in itertools.count())
+    return write_records(path, zip(keys, datums), chunk=chunk, overwrite=overwrite)
+
+
+def write_records(path, records: Iterable[tuple], chunk: int = 1000,
+                  overwrite: bool = False) -> int:
+    """Write (key, Datum or bytes) pairs to a new LMDB directory; returns the count.
+
+    Transactions are committed every `chunk` records (as Caffe does). The database is built
+    beside `path` and renamed into place at the end, so an interrupted run never leaves a
+    partial database at `path`.
     """
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
@@ -40,13 +51,11 @@ def write_lmdb(path, datums: Iterable, keys: Iterable | None = None, chunk: int 
     partial = f"{path}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    keys = iter(keys) if keys is not None else None
     count = 0
     env = lmdb.open(partial, map_size=_FIRST_MAP_SIZE, subdir=True)
     try:
         pending: list[tuple[bytes, bytes]] = []
-        for datum in datums:
-            key = next(keys) if keys is not None else f"{count:08d}"
+        for key, datum in records:
             key = key.encode() if isinstance(key, str) else bytes(key)
             value = datum if isinstance(datum, bytes) else datum.SerializeToString()
             pending.append((key, value))

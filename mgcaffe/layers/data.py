@@ -85,9 +85,19 @@ class BasePrefetchingDataLayer(Layer):
     def release(self) -> None:
         """Free the data source (open databases); called once the thread has stopped."""
 
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(rank, world_size) for reading: record k is read only if k % world_size == rank.
+
+        Caffe 1.0 shards only in TRAIN: test nets run on rank 0 alone and read everything.
+        """
+        if self.phase == caffe_pb2.TRAIN:
+            return self.ctx.rank, self.ctx.world_size
+        return 0, 1
+
     def stream_rng(self) -> np.random.Generator:
         """Generator for choices all ranks must share (shuffle order, rand_skip)."""
-        return host_rng(stream_seed(self.ctx.seed, self.ctx.world_size), self.name)
+        return host_rng(stream_seed(self.ctx.seed, self.shard[1]), self.name)
 
     def transform_rng(self) -> np.random.Generator:
         """Generator for this rank's augmentation (crop offsets, mirror coins)."""
@@ -99,7 +109,8 @@ class Data(BasePrefetchingDataLayer):
     """Reads Datum records from an LMDB in key order, wrapping around; tops: data [, label].
 
     Top shapes come from the first record and the transform; every record must have the
-    first one's size. With world_size N, rank r reads stream record k only if k % N == r.
+    first one's size. In TRAIN with world_size N, rank r reads stream record k only if
+    k % N == r.
     """
 
     type = "Data"
@@ -116,8 +127,9 @@ class Data(BasePrefetchingDataLayer):
             raise self.error("data_param.batch_size must be positive")
         backend = p.backend if p.HasField("backend") else caffe_pb2.DataParameter.LMDB
         skip = int(self.stream_rng().integers(p.rand_skip)) if p.rand_skip else 0
-        self.reader = open_db(self.source, backend, rank=self.ctx.rank,
-                              world_size=self.ctx.world_size, skip=skip)
+        rank, world_size = self.shard
+        self.reader = open_db(self.source, backend, rank=rank, world_size=world_size,
+                              skip=skip)
         tp = transform_param_of(self.param, p)
         if p.force_encoded_color:
             tp.force_color = True

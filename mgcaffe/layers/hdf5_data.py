@@ -33,8 +33,8 @@ class HDF5Data(BasePrefetchingDataLayer):
 
     Batches run across file boundaries. With `shuffle`, the file order is shuffled at each
     pass and the rows of each file each time it is used (as Caffe). No transforms (Caffe
-    refuses transform_param here). With world_size N, rank r reads stream row k only if
-    k % N == r.
+    refuses transform_param here). In TRAIN with world_size N, rank r reads stream row k
+    only if k % N == r.
     """
 
     type = "HDF5Data"
@@ -124,7 +124,8 @@ class HDF5Data(BasePrefetchingDataLayer):
                     self.row = 0
                     if self.shuffle:
                         self._stream_rng.shuffle(self.rows)
-            keep = self.offset % self.ctx.world_size == self.ctx.rank
+            rank, world_size = self.shard
+            keep = self.offset % world_size == rank
             self.offset += 1
             row = int(self.rows[self.row])
             self.row += 1

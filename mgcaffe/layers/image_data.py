@@ -47,7 +47,7 @@ class ImageData(BasePrefetchingDataLayer):
     """Reads `root_folder + path` images in list order (shuffled each epoch if `shuffle`).
 
     Tops: data, label. Images are resized to new_height x new_width when both are set; every
-    image must then have the first one's size. With world_size N, rank r reads stream record
+    image must then have the first one's size. In TRAIN with world_size N, rank r reads record
     k only if k % N == r (all ranks shuffle identically).
     """
 
@@ -104,7 +104,8 @@ class ImageData(BasePrefetchingDataLayer):
         """The next list index this rank reads; reshuffles at each pass's end (as Caffe)."""
         while True:
             index = int(self.order[self.pos])
-            keep = self.offset % self.ctx.world_size == self.ctx.rank
+            rank, world_size = self.shard
+            keep = self.offset % world_size == rank
             self.offset += 1
             self.pos += 1
             if self.pos >= len(self.order):

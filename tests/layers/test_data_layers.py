@@ -92,9 +92,9 @@ def test_data_decodes_encoded_records(tmp_path, closing):
 def test_data_ranks_together_read_the_single_process_batch(tmp_path, closing, world_size):
     xs = images(7)
     write_lmdb(tmp_path / "db", (array_to_datum(x, i) for i, x in enumerate(xs)))
-    single, single_top = data_layer(tmp_path / "db", 2 * world_size)
+    single, single_top = data_layer(tmp_path / "db", 2 * world_size, phase=TRAIN)
     closing(single)
-    ranks = [data_layer(tmp_path / "db", 2, rank=r, world_size=world_size)
+    ranks = [data_layer(tmp_path / "db", 2, rank=r, world_size=world_size, phase=TRAIN)
              for r in range(world_size)]
     for layer, _ in ranks:
         closing(layer)
@@ -102,6 +102,27 @@ def test_data_ranks_together_read_the_single_process_batch(tmp_path, closing, wo
         _, big = forward(single, single_top)
         parts = [forward(layer, top)[1] for layer, top in ranks]
         assert np.array_equal(big, [parts[r][i] for i in range(2) for r in range(world_size)])
+
+
+def test_test_phase_is_not_sharded(tmp_path, closing):
+    # Caffe 1.0: test nets run on rank 0 only and read every record.
+    write_lmdb(tmp_path / "db", (array_to_datum(x, i) for i, x in enumerate(images(4))))
+    layer, top = data_layer(tmp_path / "db", 4, rank=0, world_size=2, phase=TEST)
+    closing(layer)
+    assert np.array_equal(forward(layer, top)[1], [0, 1, 2, 3])
+
+
+def test_image_data_ranks_split_a_shuffled_epoch(tmp_path, closing):
+    write_images(tmp_path / "imgs", 4)
+    lines = [f"im{i}.png {i}" for i in range(4)]
+    # Unseeded: the ranks must still agree on the shuffle, or they would overlap.
+    ranks = [image_layer(tmp_path, lines, "batch_size: 2 shuffle: true }", phase=TRAIN,
+                         rank=r, world_size=2, seed=None) for r in range(2)]
+    for layer, _ in ranks:
+        closing(layer)
+    for _ in range(3):
+        parts = [forward(layer, top)[1] for layer, top in ranks]
+        assert sorted(np.concatenate(parts).tolist()) == [0, 1, 2, 3]
 
 
 def test_data_wrong_record_size_names_db_and_key(tmp_path, closing):
@@ -251,10 +272,10 @@ def test_hdf5_shuffle_each_pass_is_a_permutation(tmp_path, closing):
 
 def test_hdf5_sharding_matches_single_process(tmp_path, closing):
     write_h5(tmp_path / "a.h5", np.zeros((5, 1)), np.arange(5.0))
-    single, single_top = hdf5_layer(tmp_path, ["a.h5"], "batch_size: 4 }")
+    single, single_top = hdf5_layer(tmp_path, ["a.h5"], "batch_size: 4 }", phase=TRAIN)
     closing(single)
-    ranks = [hdf5_layer(tmp_path, ["a.h5"], "batch_size: 2 }", rank=r, world_size=2)
-             for r in range(2)]
+    ranks = [hdf5_layer(tmp_path, ["a.h5"], "batch_size: 2 }", rank=r, world_size=2,
+                        phase=TRAIN) for r in range(2)]
     for layer, _ in ranks:
         closing(layer)
     for _ in range(3):

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import NetError
 from mgcaffe.layers.base import TEST, TRAIN, Layer
-from mgcaffe.layers.registry import layer_types, register_layer
+from mgcaffe.layers.registry import register_layer
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 
@@ -36,10 +36,6 @@ class TNInput(Layer):
 
     def forward(self, bottom, top):
         pass
-
-
-if "Input" not in layer_types():  # until the real Input layer lands
-    register_layer(type("FallbackInput", (TNInput,), {"type": "Input"}))
 
 
 @register_layer

@@ -47,9 +47,9 @@ def images(n, shape=(1, 3, 4)):
             .reshape(shape) for i in range(n)]
 
 
-def data_layer(source, batch, extra="", **kw):
-    return build(f'name: "d" type: "Data" top: "data" top: "label" '
-                 f'data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }} '
+def data_layer(source, batch, extra="", data_extra="", **kw):
+    return build(f'name: "d" type: "Data" top: "data" top: "label" data_param {{ '
+                 f'source: "{source}" batch_size: {batch} backend: LMDB {data_extra} }} '
                  + extra, **kw)
 
 
@@ -102,6 +102,18 @@ def test_data_ranks_together_read_the_single_process_batch(tmp_path, closing, wo
         _, big = forward(single, single_top)
         parts = [forward(layer, top)[1] for layer, top in ranks]
         assert np.array_equal(big, [parts[r][i] for i in range(2) for r in range(world_size)])
+
+
+def test_data_rand_skip_is_seeded_and_keeps_order(tmp_path, closing):
+    write_lmdb(tmp_path / "db", (array_to_datum(x, i) for i, x in enumerate(images(10))))
+    starts = []
+    for seed in [*range(12), 0]:
+        layer, top = data_layer(tmp_path / "db", 3, data_extra="rand_skip: 10", seed=seed)
+        closing(layer)
+        labels = forward(layer, top)[1]
+        assert np.array_equal(labels, (labels[0] + np.arange(3)) % 10)
+        starts.append(labels[0])
+    assert starts[0] == starts[-1] and len(set(starts)) > 1
 
 
 def test_test_phase_is_not_sharded(tmp_path, closing):

@@ -17,7 +17,7 @@ the rule is:
   an override (`--synthetic-shape data=64,1,28,28`);
 - HDF5Data declares no shape: every top needs an override.
 The second top of Data, ImageData, MemoryData and WindowData is the label: shape
-(batch_size,), random integers in [0, num_classes) written once after the net is built
+(N,), N the first top's batch, random integers in [0, num_classes) written once after the net is built
 (see `fill_labels`). `batch_size`, when given, replaces the first dimension of every
 synthetic top and of every Input layer's shapes.
 """
@@ -76,7 +76,7 @@ def _top_shapes(layer, shapes, batch_size) -> list[tuple[int, ...]]:
         elif j == 0:
             shape = _image_shape(layer, batch)
         elif j == 1:
-            shape = (batch,)
+            shape = (out[0][0],)  # the label follows the data's batch (overridden or not)
         else:
             raise NetError(f"layer {layer.name!r} ({layer.type}): cannot guess the shape of "
                            f"top {top!r}; give one with --synthetic-shape {top}=N,...")

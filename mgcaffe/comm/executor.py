@@ -201,13 +201,16 @@ class GradientExecutor:
     def wait(self) -> None:
         """Block until every group of this iteration is reduced; re-raise thread failures."""
         t0 = time.perf_counter()
+        # No progress for `timeout` seconds counts from the last progress or from now,
+        # whichever is later (between iterations the thread is idle for as long as it takes).
+        since = time.monotonic()
         with self._cond:
             while self._done < len(self.groups):
                 if self._error is not None:
                     break
                 if self._closed:
                     raise CommError(f"rank {self.rank}: gradient sync used after close()")
-                left = self._last_progress + self.timeout - time.monotonic()
+                left = max(self._last_progress, since) + self.timeout - time.monotonic()
                 if left <= 0:
                     raise CommError(self._stall_message())
                 self._cond.wait(min(left, _POLL_S))

@@ -257,3 +257,21 @@ def test_single_rank_with_emulation_slows_each_allreduce(tmp_path):
     # profiling (2 iterations): one all-reduce after backward; then wfbp: one per layer
     assert h.comm.calls == 2 * 1 + 2 * 3
     assert h.plan.a == 0.02 and min(h.grad_times) >= 3 * 0.02 * 0.9
+
+
+def test_rank_0_testing_longer_than_the_comm_timeout_is_not_a_fault():
+    """Only rank 0 tests; the others wait at a barrier whose deadline is the test timeout,
+    not the (short) communication timeout."""
+    import time  # noqa: PLC0415
+
+    tested = []
+
+    def per_rank(r, solver):
+        solver.param.test_interval = 2
+        if r == 0:
+            solver.test_all = lambda: (tested.append(solver.iter), time.sleep(1.2))
+
+    solvers, _, errors = train(2, flags(comm="wfbp", profile_iters=2, comm_timeout=0.5),
+                               iters=5, per_rank=per_rank)
+    assert errors == [None, None]
+    assert tested == [0, 2, 4] and [s.iter for s in solvers] == [5, 5]

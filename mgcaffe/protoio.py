@@ -270,6 +270,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     except OSError as exc:
         raise MgcaffeError(f"{path}: cannot write: {exc.strerror}") from None
     try:
+        # mkstemp creates 0600 files; give the result the permissions open() would.
+        os.fchmod(fd, 0o666 & ~_current_umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -284,6 +286,12 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             raise MgcaffeError(f"{path}: cannot write: {exc.strerror}") from None
         raise
     _fsync_directory(directory)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -378,3 +378,18 @@ def test_atomic_write_failure_keeps_the_old_file(tmp_path, monkeypatch):
 def test_atomic_write_into_a_missing_directory(tmp_path):
     with pytest.raises(MgcaffeError, match="missing/out.bin: cannot write"):
         protoio.atomic_write_bytes(tmp_path / "missing" / "out.bin", b"x")
+
+
+def test_atomic_write_gives_ordinary_file_permissions(tmp_path):
+    import os
+    import stat
+
+    from mgcaffe.protoio import atomic_write_bytes
+
+    target = tmp_path / "weights.caffemodel"
+    atomic_write_bytes(target, b"abc")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
+    assert target.read_bytes() == b"abc"
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.caffemodel"]

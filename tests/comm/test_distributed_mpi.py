@@ -41,14 +41,14 @@ def digits(tmp_path_factory):
     net_text = (REPO / "models" / "digits" / "train_test.prototxt").read_text()
     net_text = net_text.replace("data/digits/", f"{root}/data/")
 
-    def solver(batch: int, max_iter: int = ITERS) -> Path:
+    def solver(batch: int, max_iter: int = ITERS, extra: str = "") -> Path:
         net = root / f"net_b{batch}.prototxt"
         net.write_text(net_text.replace("batch_size: 64", f"batch_size: {batch}"))
-        path = root / f"solver_b{batch}_i{max_iter}.prototxt"
+        path = root / f"solver_b{batch}_i{max_iter}_{len(extra)}.prototxt"
         path.write_text(f'net: "{net}"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n'
                         f'lr_policy: "inv"\ngamma: 0.0001\npower: 0.75\ndisplay: 0\n'
                         f'max_iter: {max_iter}\nrandom_seed: 1701\ntype: "SGD"\n'
-                        f'snapshot_prefix: "{root}/snap"\n')
+                        f'snapshot_prefix: "{root}/snap"\n{extra}')
         return path
 
     return root, solver
@@ -108,7 +108,9 @@ def test_every_mode_matches_one_process_with_the_combined_batch(digits, referenc
     root, solver = digits
     out = root / f"w_{mode}_{n}"
     trace = root / f"trace_{mode}_{n}.json"
-    status, log, _ = run_mpi(n, [DRIVER, "--solver", solver(COMBINED_BATCH // n),
+    # with 4 ranks rank 0 also tests (alone) every 3 iterations: the others wait for it
+    extra = "test_iter: 2\ntest_interval: 3\n" if n == 4 else ""
+    status, log, _ = run_mpi(n, [DRIVER, "--solver", solver(COMBINED_BATCH // n, extra=extra),
                                  *MODES[mode], "--profile-iters", PROFILE_ITERS,
                                  "--dump-weights", out, "--timeline", trace, "--check-sync",
                                  "4"], timeout=240)
@@ -122,6 +124,8 @@ def test_every_mode_matches_one_process_with_the_combined_batch(digits, referenc
     check_trace(load_trace(trace), n, mode.split("-")[0])
     assert "measured" in log and "predicted" in log  # measured vs predicted is logged
     assert re.search(r"plan \w+ \([0-9a-f]{12}\)", log)
+    if n == 4:
+        assert log.count("Testing net (#0)") == 3  # iterations 0, 3, 6
 
 
 @pytest.mark.parametrize("how, rank", [("raise", 1), ("sigkill", 1), ("raise", 0)])
@@ -147,3 +151,18 @@ def test_sigint_on_one_rank_stops_every_rank_at_the_same_iteration(digits):
     assert status == 0, log
     assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "4"), ("1", "4")]
     assert "Optimization stopped early" in log
+
+
+def test_mgcaffe_train_under_mpiexec(digits):
+    """The real command line: flags over comm_param, plan saved, measured vs predicted."""
+    import json  # noqa: PLC0415
+
+    root, solver = digits
+    path = solver(8, 6, extra='comm_param { comm: "wfbp" profile_iters: 2 }\n')
+    plan = root / "cli_plan.json"
+    status, log, _ = run_mpi(2, ["-m", "mgcaffe", "train", "--solver", path, "--merge",
+                                 "paper", "--comm", "mgwfbp", "--save-plan", plan], timeout=120)
+    assert status == 0, log
+    assert "comm=mgwfbp merge=paper" in log  # the flag beat comm_param's wfbp
+    assert json.loads(plan.read_text())["scheme"] == "mgwfbp"
+    assert "measured" in log and "predicted" in log and "Optimization Done." in log

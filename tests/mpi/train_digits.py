@@ -5,8 +5,8 @@
 
 After training, every rank writes its learnable weights to OUT.rank<R>.npz. `--fail-at`
 makes rank R raise inside the solver at that iteration (through an iteration hook), the
-"exception in a rank" fault case on a real net. This is the wiring the lead puts in
-mgcaffe/commands/train.py; the script exists so the tests do not depend on that file's state.
+"exception in a rank" fault case on a real net. The wiring is that of `run` in
+mgcaffe/commands/train.py (keep the two in step), plus the test hooks.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ class FailAt:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log-level", default="INFO")
-    add_arguments(parser)
-    distributed.add_arguments(parser)
+    add_arguments(parser)  # mgcaffe train's flags, the distributed ones included
     parser.add_argument("--dump-weights", default=None)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--fail-rank", type=int, default=1)

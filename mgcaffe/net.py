@@ -78,6 +78,8 @@ class Net:
         g = build_graph(self.net_param, phase, xp=self.xp, dtype=self.dtype, seed=seed,
                         rank=rank, world_size=world_size)
         self._adopt(g)
+        for lp in self.net_param.layer:
+            del lp.blobs[:]  # weights given inside the model now live in the Blobs only
         self.loss = 0.0
         if weights is not None:
             self.copy_from(weights)

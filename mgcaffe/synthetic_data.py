@@ -16,9 +16,9 @@ the rule is:
   false; otherwise S = 224 (ImageNet). MNIST-like 1x28x28 sources cannot be guessed: pass
   an override (`--synthetic-shape data=64,1,28,28`);
 - HDF5Data declares no shape: every top needs an override.
-The second top of Data, ImageData, MemoryData and WindowData is the label: shape
-(N,), N the first top's batch, random integers in [0, num_classes) written once after the net is built
-(see `fill_labels`). `batch_size`, when given, replaces the first dimension of every
+The second top of Data, ImageData, MemoryData and WindowData is the label: shape (N,), N
+the first top's batch, random integers in [0, num_classes) written once after the net is
+built (see `fill_labels`). `batch_size`, when given, replaces the first dimension of every
 synthetic top and of every Input layer's shapes.
 """
 

@@ -528,3 +528,12 @@ def test_layer_failures_are_wrapped_with_the_layer_name():
     with pytest.raises(NetError, match=r"'bad' \(TNBroken\): forward failed: "
                                        r"FloatingPointError: boom"):
         net.forward()
+
+
+def test_blobs_inside_the_model_are_used_instead_of_fillers():
+    src = chain()
+    again = Net(src.to_proto(), seed=99, dtype=np.float64)
+    assert again.layer_names == src.layer_names
+    for p, q in zip(src.learnable_params, again.learnable_params):
+        np.testing.assert_array_equal(p.data, q.data)
+    assert not again.net_param.layer[1].blobs  # values live in the Blobs only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import numpy as np
@@ -24,6 +25,18 @@ from mgcaffe.synthetic_data import (
 # LeNet's learnable layers and their parameter counts (weights + biases), by hand:
 # conv1 20x1x5x5 + 20, conv2 50x20x5x5 + 50, ip1 500x800 + 500, ip2 10x500 + 10.
 LENET_PARAMS = {"conv1": 520, "conv2": 25050, "ip1": 400500, "ip2": 5010}
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """cli.main points the mgcaffe logger at this test's captured stderr; undo that, so no
+    later log line goes to a closed stream."""
+    logger = logging.getLogger("mgcaffe")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
 
 
 def test_time_deploy_net_logs_caffe_lines_and_writes_profile(repo_root, tmp_path, capsys):

@@ -237,8 +237,8 @@ class NcclCommunicator(Communicator):
     # -------------------------------------------------------------- checks and errors
     def _live(self, what: str) -> Any:
         if self._aborted is not None:
-            raise CommError(f"{self._where()}: {what} after the NCCL communicator was "
-                            f"aborted ({self._aborted})")
+            raise CommError(f"{self._where()}: {what} on an NCCL communicator that is no "
+                            f"longer usable ({self._aborted})")
         return self._comm
 
     def _check_device_buffer(self, buf, what: str):

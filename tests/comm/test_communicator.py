@@ -66,7 +66,7 @@ def test_local_world_collectives():
 
 
 def test_local_world_refuses_mismatched_collectives():
-    comms = LocalWorld(2, timeout=5).communicators()
+    comms = LocalWorld(2, timeout=1).communicators()
 
     def rank_main(r):
         if r == 0:

@@ -59,6 +59,9 @@ class Net:
                  rank: int = 0, world_size: int = 1):
         if isinstance(phase, (str, os.PathLike)):  # pycaffe's Net(model, weights, phase)
             phase, weights = weights, phase
+            if phase is None:
+                raise NetError(f"Net(model, {str(weights)!r}, phase): the older form needs "
+                               f"the phase (mgcaffe.TRAIN or mgcaffe.TEST) after the weights")
         if phase not in (TRAIN, TEST):
             raise NetError(f"Net: phase must be mgcaffe.TRAIN ({TRAIN}) or mgcaffe.TEST "
                            f"({TEST}), got {phase!r}")

@@ -25,7 +25,9 @@ from .backend import CPU, Device
 from .errors import NetError
 from .layers.base import TEST, TRAIN
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
+from .net_weights import copy_trained_layers, net_to_proto, share_trained_layers
 from .proto import caffe_pb2
+from .protoio import filter_net, read_net_param, write_caffemodel
 
 __all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
 
@@ -65,8 +67,6 @@ class Net:
         if phase not in (TRAIN, TEST):
             raise NetError(f"Net: phase must be mgcaffe.TRAIN ({TRAIN}) or mgcaffe.TEST "
                            f"({TEST}), got {phase!r}")
-        from .protoio import filter_net, read_net_param  # noqa: PLC0415 - heavy, lazy
-
         self.device = device or CPU
         self.xp = self.device.xp
         self.dtype = np.dtype(dtype)
@@ -295,27 +295,19 @@ class Net:
     def share_weights(self, other: Net) -> None:
         """Make this net's parameter data the arrays of `other`'s layers of the same name
         (Caffe's ShareTrainedLayersWith: test nets follow the train net's weights)."""
-        from .net_weights import share_trained_layers  # noqa: PLC0415
-
         share_trained_layers(self, other)
 
     # -- weights
     def copy_from(self, source) -> None:
         """Load weights from a .caffemodel path or a NetParameter, matching layers by name."""
-        from .net_weights import copy_trained_layers  # noqa: PLC0415
-
         copy_trained_layers(self, source)
 
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
         """The net with its parameter blobs as a NetParameter (what a .caffemodel holds)."""
-        from .net_weights import net_to_proto  # noqa: PLC0415
-
         return net_to_proto(self, write_diff)
 
     def save(self, path, write_diff: bool = False) -> None:
         """Write the weights as a binary .caffemodel (atomically) that BVLC Caffe loads."""
-        from .protoio import write_caffemodel  # noqa: PLC0415
-
         write_caffemodel(self.to_proto(write_diff), path)
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ from .errors import MgcaffeError, NetError
 from .layers.base import Layer, LayerContext
 from .layers.registry import create_layer
 from .proto import caffe_pb2
+from .protoio import blobproto_to_array
 
 
 # ----------------------------------------------------------------------------- splits
@@ -258,8 +259,6 @@ class _Builder:
         return blob_id
 
     def blob_from_proto(self, lp, index, blob_proto) -> Blob:
-        from .protoio import blobproto_to_array  # noqa: PLC0415 - protoio imports are heavy
-
         values = blobproto_to_array(blob_proto, self.dtype,
                                     where=f"layer {lp.name!r} blob {index}")
         blob = Blob(values.shape, xp=self.xp, dtype=self.dtype, name=f"{lp.name}[{index}]")

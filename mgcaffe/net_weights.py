@@ -15,6 +15,13 @@ import os
 from .backend import to_host
 from .errors import NetError
 from .proto import caffe_pb2
+from .protoio import (
+    array_to_blobproto,
+    blobproto_shape,
+    blobproto_to_array,
+    read_caffemodel,
+    read_net_param,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +43,6 @@ def shape_matches(shape: tuple[int, ...], blob_proto) -> bool:
 
 
 def _source_param(source) -> caffe_pb2.NetParameter:
-    from .protoio import read_caffemodel, read_net_param  # noqa: PLC0415
-
     if isinstance(source, (str, os.PathLike)):
         return read_caffemodel(source)
     if isinstance(source, caffe_pb2.NetParameter):
@@ -48,8 +53,6 @@ def _source_param(source) -> caffe_pb2.NetParameter:
 
 def copy_trained_layers(net, source) -> None:
     """Copy the parameter blobs of `source` (path or NetParameter) into `net` by layer name."""
-    from .protoio import blobproto_shape, blobproto_to_array  # noqa: PLC0415
-
     param = _source_param(source)
     for src in param.layer:
         if src.name not in net._layer_index:
@@ -70,8 +73,6 @@ def copy_trained_layers(net, source) -> None:
 
 def net_to_proto(net, write_diff: bool = False) -> caffe_pb2.NetParameter:
     """Caffe's Net::ToProto: name, every layer's parameter message, and its blobs."""
-    from .protoio import array_to_blobproto  # noqa: PLC0415
-
     out = caffe_pb2.NetParameter()
     out.name = net.name
     for layer in net.layers:

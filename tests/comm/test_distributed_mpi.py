@@ -148,6 +148,19 @@ def test_a_failing_rank_ends_every_rank(digits, how, rank):
         assert f"rank {rank}: RuntimeError: injected failure at iteration 4" in log
 
 
+def test_nan_on_one_rank_stops_every_rank(digits):
+    """A non-finite loss on rank 1 makes the all-reduced gradients non-finite on every rank:
+    every rank's solver stops at the same iteration, and the job ends non-zero."""
+    root, solver = digits
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
+                                       "--profile-iters", 2, "--fail-at", 4, "--fail-rank", 1,
+                                       "--fail-how", "nan"], timeout=120)
+    assert status not in (None, 0), log
+    assert "DONE" not in log and seconds < 60
+    assert re.search(r"rank [01]: SolverError: iteration 4: (the loss is nan|non-finite "
+                     r"gradient)", log), log
+
+
 def test_sigint_on_one_rank_stops_every_rank_at_the_same_iteration(digits):
     root, solver = digits
     status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",

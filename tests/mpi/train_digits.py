@@ -36,6 +36,9 @@ class FailAt:
             if self.how == "sigint":
                 os.kill(os.getpid(), signal.SIGINT)
                 return
+            if self.how == "nan":  # this rank's next loss and gradients are not finite
+                solver.net.learnable_params[0].data[...] = np.nan
+                return
             raise RuntimeError(f"injected failure at iteration {solver.iter}")
 
 
@@ -46,7 +49,8 @@ def main() -> int:
     parser.add_argument("--dump-weights", default=None)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--fail-rank", type=int, default=1)
-    parser.add_argument("--fail-how", default="raise", choices=["raise", "sigkill", "sigint"])
+    parser.add_argument("--fail-how", default="raise",
+                        choices=["raise", "sigkill", "sigint", "nan"])
     args = parser.parse_args()
 
     comm, rank, size = distributed.world(args.log_level)

@@ -281,6 +281,18 @@ def describe_plan(plan: Any) -> str:
     return "\n".join(lines)
 
 
+def describe_profile(profile: dict, where: str) -> str:
+    """The profile the plan is made from, one line per learnable layer (output side first)."""
+    layers = profile["layers"]
+    tb = sum(layer["backward_time"] for layer in layers)
+    lines = [f"profile ({where}): t_f = {profile['forward_time'] * 1e3:.2f} ms, t_b = "
+             f"{tb * 1e3:.2f} ms, {len(layers)} learnable layers"]
+    for layer in reversed(layers):
+        lines.append(f"  {layer['name']:>24} {layer['params']:>10d} params  backward "
+                     f"{layer['backward_time'] * 1e3:8.3f} ms")
+    return "\n".join(lines)
+
+
 def benchmark_sizes(total_bytes: int) -> list[int]:
     """4 bytes up to the whole gradient (at least 1 MB, at most 64 MB), by factors of 4."""
     largest = min(max(total_bytes, 1 << 20), 64 << 20)
@@ -450,6 +462,8 @@ class DistributedTraining:
             raise CommError(f"rank {self.rank}: rank 0 could not plan: {body}")
         plan = Plan.from_dict(body, source="plan from rank 0")
         self.profile_dict = profile_dict
+        if self.rank == 0:
+            log.info("%s", describe_profile(profile_dict, where))
         self._adopt(plan, where)
         return plan
 

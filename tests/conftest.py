@@ -26,3 +26,17 @@ def pytest_collection_modifyitems(config, items):
 def repo_root() -> Path:
     """The repository root (models/, tools/ and docs/ live there)."""
     return REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def _restore_mgcaffe_logger():
+    """CLI tests point the `mgcaffe` logger at pytest's capture stream; put it back afterwards,
+    so a background thread logging later never writes to a closed stream."""
+    import logging  # noqa: PLC0415
+
+    logger = logging.getLogger("mgcaffe")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]

@@ -310,6 +310,28 @@ class Net:
         """Write the weights as a binary .caffemodel (atomically) that BVLC Caffe loads."""
         write_caffemodel(self.to_proto(write_diff), path)
 
+    # -- data and resources
+    def set_input_arrays(self, data, labels) -> None:
+        """pycaffe's MemoryData feed: hand arrays to the net's first layer (a MemoryData)."""
+        first = self.layers[0] if self.layers else None
+        if first is None or not hasattr(first, "set_input_arrays"):
+            raise NetError(f"net {self.name!r}: set_input_arrays needs a MemoryData first layer, "
+                           f"found {first.type if first else 'no layers'}")
+        first.set_input_arrays(data, labels)
+
+    def close(self) -> None:
+        """Stop background work of the layers (data prefetch threads); idempotent."""
+        for layer in self.layers:
+            close = getattr(layer, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Net:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return (f"<Net {self.name!r} {'TRAIN' if self.phase == TRAIN else 'TEST'}: "
                 f"{len(self.layers)} layers, {len(self.learnable_layers)} learnable, "

@@ -537,3 +537,34 @@ def test_blobs_inside_the_model_are_used_instead_of_fillers():
     for p, q in zip(src.learnable_params, again.learnable_params):
         np.testing.assert_array_equal(p.data, q.data)
     assert not again.net_param.layer[1].blobs  # values live in the Blobs only
+
+
+def test_close_stops_layers_and_set_input_arrays_feeds_memory_data():
+    import numpy as np
+
+    from mgcaffe.errors import NetError
+    from mgcaffe.net import Net
+    from mgcaffe.protoio import parse_net_text
+
+    text = """
+    layer { name: "mem" type: "MemoryData" top: "data" top: "label"
+            memory_data_param { batch_size: 2 channels: 1 height: 1 width: 3 } }
+    layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+            inner_product_param { num_output: 2 } }
+    """
+    net = Net(parse_net_text(text, source="test"), seed=1)
+    data = np.arange(12, dtype=np.float32).reshape(4, 1, 1, 3)
+    net.set_input_arrays(data, np.array([0, 1, 0, 1], dtype=np.float32))
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["data"].data, data[:2])
+    closed = []
+    net.layers[0].close = lambda: closed.append(True)
+    with net:
+        pass
+    assert closed == [True]
+
+    plain = Net(parse_net_text("""
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }
+    """, source="test"))
+    with pytest.raises(NetError, match="MemoryData"):
+        plain.set_input_arrays(data, data)

@@ -158,7 +158,10 @@ def run(args) -> int:
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"))
     with handler, distributed.failing_together(comm):
         solver = build_solver(args, rank=rank, world_size=size)
-        if not distributed.wanted(args, comm):
-            return run_training(solver, args, handler=handler)
-        with distributed.attach(solver, args, comm):
-            return run_training(solver, args, handler=handler)
+        try:
+            if not distributed.wanted(args, comm):
+                return run_training(solver, args, handler=handler)
+            with distributed.attach(solver, args, comm):
+                return run_training(solver, args, handler=handler)
+        finally:
+            solver.close()

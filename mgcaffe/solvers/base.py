@@ -206,6 +206,11 @@ class Solver:
                               f"write to directory {directory!r}; make sure it exists and is "
                               "writable")
 
+    def close(self) -> None:
+        """Stop the nets' background work (data prefetch threads)."""
+        for net in [self.net, *self.test_nets]:
+            net.close()
+
     # -- the loop -------------------------------------------------------------------------
     def solve(self, resume_file: str | None = None) -> None:
         """Train to max_iter (optionally resuming a .solverstate first), as Solver::Solve."""

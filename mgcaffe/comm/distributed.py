@@ -28,34 +28,39 @@ iterations compares checksums of the learnable weights.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 from ..backend import to_host
 from ..errors import CommError, MgcaffeError
 from ..log import configure
 from .communicator import Communicator
-from .executor import GradientExecutor, check_plan_layers
+from .executor import GradientExecutor
 from .faults import ABORT_EXCEPTION, Watchdog, check_in_sync, fail_all
 from .local import SingleCommunicator
 from .mpi import MpiCommunicator, launched_by_mpi
+from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
+from .startup import (
+    agree_on_layers_and_plan,
+    benchmark_sizes,
+    broadcast_parameters,
+    describe_plan,
+    describe_profile,
+    learnable_summary,
+    synceasgd_groups,
+)
 from .timing import NetTimer, OnlineProfile, slowest
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
-__all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_arguments", "attach",
-           "failing_together", "options_from", "wanted", "world"]
+# options and start-up pieces are re-exported: `distributed` is the module callers use
+__all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_arguments",
+           "agree_on_layers_and_plan", "attach", "benchmark_sizes", "failing_together",
+           "options_from", "wanted", "world"]
 
 log = logging.getLogger("mgcaffe.comm")
 
-COMM_MODES = ("wfbp", "synceasgd", "mgwfbp", "threshold")
-MERGES = ("optimal", "paper")
 _SOLVER_ACTION_NONE, _STOP, _SNAPSHOT = "none", "stop", "snapshot"  # SolverAction values
 
 
@@ -78,230 +83,6 @@ def failing_together(comm: Communicator):
         if comm.size > 1 and not isinstance(exc, (SystemExit, GeneratorExit)):
             fail_all(comm, exc, ABORT_EXCEPTION)
         raise
-
-
-# ----------------------------------------------------------------------------- options
-@dataclass
-class Options:
-    """Every distributed setting; `options_from` fills it from flags over comm_param."""
-
-    comm: str = "mgwfbp"
-    merge: str = "optimal"
-    bucket_mb: float = 25.0
-    profile: str | None = None
-    network: str | None = None
-    plan: str | None = None
-    save_plan: str | None = None
-    profile_iters: int = 5
-    timeout: float = 120.0
-    timeline: str | None = None
-    emulate_network: str | None = None
-    emulate_nodes: int | None = None
-    check_sync: int = 0
-    test_timeout: float = 3600.0
-
-    @property
-    def scheme(self) -> str:
-        """The planner scheme: mgwfbp with merge=paper is Algorithm 1 ("mgwfbp"), with
-        merge=optimal the exact optimum ("optimal")."""
-        if self.comm == "mgwfbp":
-            return "mgwfbp" if self.merge == "paper" else "optimal"
-        return self.comm
-
-    def check(self) -> Options:
-        if self.comm not in COMM_MODES:
-            raise CommError(f"--comm: expected one of {', '.join(COMM_MODES)}, got "
-                            f"{self.comm!r}")
-        if self.merge not in MERGES:
-            raise CommError(f"--merge: expected one of {', '.join(MERGES)}, got {self.merge!r}")
-        if not self.bucket_mb > 0:
-            raise CommError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
-        if self.profile_iters < 2:
-            raise CommError(f"profile_iters: must be >= 2 (the first is skipped), got "
-                            f"{self.profile_iters}")
-        if not self.timeout > 0:
-            raise CommError(f"--comm-timeout: must be > 0 seconds, got {self.timeout}")
-        if self.check_sync < 0:
-            raise CommError(f"--check-sync: must be >= 0, got {self.check_sync}")
-        if (self.emulate_network is None) != (self.emulate_nodes is None):
-            raise CommError("--emulate-network and --emulate-nodes go together")
-        if self.emulate_nodes is not None and self.emulate_nodes < 1:
-            raise CommError(f"--emulate-nodes: must be >= 1, got {self.emulate_nodes}")
-        return self
-
-
-def add_arguments(parser) -> None:
-    """The distributed flags of `mgcaffe train` (they override the solver's comm_param)."""
-    g = parser.add_argument_group("distributed training (start under mpiexec -n N)")
-    g.add_argument("--comm", choices=COMM_MODES, default=None,
-                   help="gradient communication: wfbp (one all-reduce per layer), synceasgd "
-                        "(one after backward), mgwfbp (merged groups; default), threshold "
-                        "(buckets of --bucket-mb)")
-    g.add_argument("--merge", choices=MERGES, default=None,
-                   help="planner behind --comm=mgwfbp: optimal (exact optimum; default) or "
-                        "paper (the paper's Algorithm 1)")
-    g.add_argument("--bucket-mb", type=float, default=None, metavar="B",
-                   help="bucket size in MB for --comm=threshold (default 25)")
-    g.add_argument("--profile", default=None, metavar="P.json",
-                   help="layer profile to plan from (default: measured on the first "
-                        "iterations)")
-    g.add_argument("--network", default=None, metavar="NET.json",
-                   help="all-reduce cost a + b*M to plan with (default: measured at start)")
-    g.add_argument("--plan", default=None, metavar="PLAN.json",
-                   help="use this saved plan (no profiling, no planning)")
-    g.add_argument("--save-plan", default=None, metavar="PLAN.json",
-                   help="write the plan used (rank 0)")
-    g.add_argument("--profile-iters", type=int, default=None, metavar="N",
-                   help="iterations timed for the profile (the first is skipped; default 5)")
-    g.add_argument("--timeline", default=None, metavar="TRACE.json",
-                   help="write a Chrome/Perfetto trace of every rank (rank 0 writes)")
-    g.add_argument("--emulate-network", default=None, metavar="NET.json",
-                   help="make each gradient all-reduce last at least this network's a + b*M")
-    g.add_argument("--emulate-nodes", type=int, default=None, metavar="N",
-                   help="number of nodes whose a and b --emulate-network uses")
-    g.add_argument("--check-sync", type=int, default=None, metavar="K",
-                   help="every K iterations compare weight checksums across ranks")
-    g.add_argument("--comm-timeout", type=float, default=None, metavar="SECONDS",
-                   help="a collective making no progress this long ends every rank "
-                        "(default 120)")
-
-
-def _resolve_path(value: str, solver_path: str | None) -> str:
-    """A path from the solver file: as given when it exists, else next to the solver file."""
-    if not value or os.path.isabs(value) or os.path.exists(value) or not solver_path:
-        return value
-    alt = os.path.join(os.path.dirname(os.path.abspath(solver_path)), value)
-    return alt if os.path.exists(alt) else value
-
-
-def options_from(args: Any, comm_param: Any = None, solver_path: str | None = None) -> Options:
-    """Options from the solver's comm_param, each overridden by its flag when given."""
-    o = Options()
-    if comm_param is not None:
-        o.comm = comm_param.comm
-        o.merge = comm_param.merge
-        o.bucket_mb = float(comm_param.bucket_mb)
-        o.profile_iters = int(comm_param.profile_iters)
-        o.timeout = float(comm_param.timeout)
-        for name in ("profile", "network", "plan"):
-            if comm_param.HasField(name):
-                setattr(o, name, _resolve_path(getattr(comm_param, name), solver_path))
-    flags = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
-             "network": "network", "plan": "plan", "save_plan": "save_plan",
-             "profile_iters": "profile_iters", "timeline": "timeline",
-             "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
-             "check_sync": "check_sync", "comm_timeout": "timeout"}
-    for flag, name in flags.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            setattr(o, name, value)
-    return o.check()
-
-
-# ----------------------------------------------------------------------------- start-up
-def _blob_arrays(net: Any) -> list[Any]:
-    """Every parameter blob's data, each array once (shared blobs alias one array)."""
-    seen, out = set(), []
-    for blobs in net.params.values():
-        for blob in blobs:
-            if id(blob.data) not in seen:
-                seen.add(id(blob.data))
-                out.append(blob.data)
-    return out
-
-
-def broadcast_parameters(comm: Communicator, net: Any) -> int:
-    """Give every rank rank 0's parameters (learnable or not: BatchNorm statistics too);
-    returns the number of bytes sent."""
-    total = 0
-    for data in _blob_arrays(net):
-        if isinstance(data, np.ndarray) and data.flags.c_contiguous:
-            comm.broadcast(data, root=0)
-        else:  # a device array: through a host copy
-            host = np.ascontiguousarray(to_host(data))
-            comm.broadcast(host, root=0)
-            data[...] = net.xp.asarray(host)
-        total += data.nbytes
-    return total
-
-
-def learnable_summary(net: Any) -> tuple[list[str], list[int]]:
-    """The learnable layer names (input side first) and their parameter counts."""
-    names, counts = [], []
-    for layer in net.learnable_layers:
-        names.append(layer.name)
-        counts.append(sum(int(net.learnable_params[p].diff.size) for p in layer.param_ids))
-    return names, counts
-
-
-def _first_difference(a: list, b: list) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"position {i}: {x!r} vs {y!r}"
-    return f"{len(a)} vs {len(b)} entries"
-
-
-def agree_on_layers_and_plan(comm: Communicator, names: list[str], counts: list[int],
-                             plan: Any) -> None:
-    """Every rank holds the same learnable layers and the same plan, or every rank raises a
-    CommError naming the ranks that differ from rank 0 and how."""
-    check_plan_layers([list(g) for g in plan.groups], names, comm.rank)
-    digest = plan.digest() if hasattr(plan, "digest") else repr([list(g) for g in plan.groups])
-    everyone = comm.allgather((names, counts, digest))
-    ref_names, ref_counts, ref_digest = everyone[0]
-    problems = []
-    for r, (n, c, d) in enumerate(everyone[1:], start=1):
-        if n != ref_names:
-            problems.append(f"rank {r}'s learnable layers differ from rank 0's "
-                            f"({_first_difference(n, ref_names)})")
-        elif c != ref_counts:
-            problems.append(f"rank {r}'s parameter counts differ from rank 0's "
-                            f"({_first_difference(c, ref_counts)})")
-        elif d != ref_digest:
-            problems.append(f"rank {r} holds plan {d[:12]} but rank 0 holds {ref_digest[:12]}")
-    if problems:
-        raise CommError(f"rank {comm.rank}: ranks disagree: {'; '.join(problems)}")
-
-
-def _synceasgd_groups(names: list[str]) -> SimpleNamespace:
-    """A stand-in plan (one message after backward) used while the profile is measured."""
-    return SimpleNamespace(groups=[list(reversed(names))])
-
-
-def describe_plan(plan: Any) -> str:
-    """The plan in a few log lines: scheme, groups, predicted times."""
-    lines = [f"plan {plan.scheme} ({plan.digest()[:12]}): {len(plan.groups)} all-reduce(s) "
-             f"for {len(plan.layers)} learnable layers, a = {plan.a * 1e6:.2f} us, "
-             f"b = {plan.b * 1e9:.4f} ns/B"]
-    for g, (group, size) in enumerate(zip(plan.groups, plan.group_sizes)):
-        lines.append(f"  group {g}: {size / 1e6:.3f} MB  {', '.join(group)}")
-    lines.append(f"predicted iteration {plan.iteration_time * 1e3:.2f} ms (t_f + t_b = "
-                 f"{plan.ideal * 1e3:.2f} ms, not overlapped communication "
-                 f"{plan.non_overlapped_comm * 1e3:.2f} ms)")
-    return "\n".join(lines)
-
-
-def describe_profile(profile: dict, where: str) -> str:
-    """The profile the plan is made from, one line per learnable layer (output side first)."""
-    layers = profile["layers"]
-    tb = sum(layer["backward_time"] for layer in layers)
-    lines = [f"profile ({where}): t_f = {profile['forward_time'] * 1e3:.2f} ms, t_b = "
-             f"{tb * 1e3:.2f} ms, {len(layers)} learnable layers"]
-    for layer in reversed(layers):
-        lines.append(f"  {layer['name']:>24} {layer['params']:>10d} params  backward "
-                     f"{layer['backward_time'] * 1e3:8.3f} ms")
-    return "\n".join(lines)
-
-
-def benchmark_sizes(total_bytes: int) -> list[int]:
-    """4 bytes up to the whole gradient (at least 1 MB, at most 64 MB), by factors of 4."""
-    largest = min(max(total_bytes, 1 << 20), 64 << 20)
-    sizes, m = [], 4
-    while m < largest:
-        sizes.append(m)
-        m *= 4
-    sizes.append(largest // 4 * 4)
-    return sizes
 
 
 # ----------------------------------------------------------------------------- training
@@ -439,7 +220,7 @@ class DistributedTraining:
             log.info("Profiling the first %d iterations (the first one is not counted); "
                      "meanwhile all gradients go in one all-reduce after backward",
                      self.options.profile_iters)
-        return _synceasgd_groups(self.names)
+        return synceasgd_groups(self.names)
 
     def _make_and_share(self, get_profile, where: str):
         """Rank 0 plans from get_profile(); every rank receives the plan (a collective)."""
@@ -620,13 +401,6 @@ class DistributedTraining:
         else:  # the failure path: no collectives (peers may be gone); failing_together aborts
             self.executor.close(join=False)
             self.timer.remove()
-
-
-def wanted(args: Any, comm: Communicator) -> bool:
-    """Whether `mgcaffe train` needs the distributed machinery: several ranks, or one rank
-    asked for a trace, an emulated network or a plan."""
-    return comm.size > 1 or any(getattr(args, f, None) for f in (
-        "timeline", "emulate_network", "plan", "save_plan"))
 
 
 def attach(solver: Any, args: Any, comm: Communicator | None = None) -> DistributedTraining:

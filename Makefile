@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-fast lint proto bench clean
+.PHONY: all venv demo test test-fast lint proto bench gpu-check clean
 
 all: test
 
@@ -35,6 +35,12 @@ lint: $(STAMP)
 ## proto: regenerate mgcaffe/proto/caffe_pb2.py from proto/caffe.proto
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=mgcaffe/proto proto/caffe.proto
+
+## gpu-check: the GPU acceptance run (docs/gpu.md); on a GPU machine whose own Python has
+## CuPy: `make gpu-check GPU_PYTHON=python3`
+GPU_PYTHON ?= $(BIN)/python
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --out gpu-check-results.json
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -10,7 +10,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
     from mgcaffe.backend import gpu_available  # noqa: PLC0415 - only when GPU tests exist

@@ -1,16 +1,19 @@
 """Measured iteration time of every communication scheme beside the planner's prediction.
 
     .venv/bin/python benchmarks/bench_distributed.py [--model googlenet] [--batch 1]
-        [--ranks 2] [--network models/paper/network-10gbe.json] [--nodes 8] [--iters 10]
+        [--ranks 2] [--network models/paper/network-10gbe.json] [--nodes 8]
+        [--rounds 3] [--iters 4] [--timeline trace.json] [--out results.json]
 
-For each scheme (wfbp, synceasgd, mgwfbp with the paper's Algorithm 1, mgwfbp optimal) the
-script starts `mpiexec -n RANKS` training of the model on synthetic data with
-`--emulate-network NETWORK --emulate-nodes NODES`: every gradient all-reduce lasts at least the
-modelled a + b*M of an N-node cluster (real threads, queues and MPI calls underneath). Each
-run profiles its first `--profile-iters` iterations, plans, then trains `--iters` more; the
-measured time is the median, over those, of forward start to reduced gradients (what the
-planner predicts; the update is outside both). The ideal t_f + t_b is measured on one process
-with the same per-rank batch.
+One `mpiexec -n RANKS` run trains the model on synthetic data with `--emulate-network NETWORK
+--emulate-nodes NODES`: every gradient all-reduce lasts at least the modelled a + b*M of an
+N-node cluster (real threads, queues and MPI calls underneath). The run profiles its first
+`--profile-iters` iterations (the trainer's own online profile, slowest rank), plans every
+scheme from that profile (wfbp, synceasgd, mgwfbp with the paper's Algorithm 1, mgwfbp
+optimal), then runs the schemes in turn, `--rounds` times `--iters` iterations each, so that
+a drifting machine load hits every scheme alike. Measured: the median, over a scheme's
+iterations (the first after each switch not counted), of forward start to reduced gradients,
+which is what the planner predicts (the update is outside both). The ideal t_f + t_b is also
+measured on one process alone with the same per-rank batch.
 
 Targets (issue 5): measured within 10% of predicted for every scheme; MG-WFBP's measured
 speed-ups over WFBP and SyncEASGD at least the predicted ones minus 5%. BLAS runs one thread
@@ -36,11 +39,11 @@ sys.path.insert(0, str(REPO))
 
 MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
           "cifar10_quick": REPO / "models" / "cifar10_quick" / "cifar10_quick_train_test.prototxt"}
-SCHEMES = {  # label: (--comm, --merge)
-    "wfbp": ("wfbp", "optimal"),
-    "synceasgd": ("synceasgd", "optimal"),
-    "mgwfbp (paper)": ("mgwfbp", "paper"),
-    "mgwfbp (optimal)": ("mgwfbp", "optimal"),
+SCHEMES = {  # label: planner scheme (--comm mgwfbp --merge paper|optimal for the last two)
+    "wfbp": "wfbp",
+    "synceasgd": "synceasgd",
+    "mgwfbp (paper)": "mgwfbp",
+    "mgwfbp (optimal)": "optimal",
 }
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -61,12 +64,18 @@ def synthetic_solver(model: str, batch: int, max_iter: int):
 
 
 def worker(a) -> int:
-    """One rank of one scheme (under mpiexec), or the one-process ideal (--single)."""
+    """Every scheme in one mpiexec run (or, with --single, the one-process ideal).
+
+    Profile once, plan every scheme from that profile, then run the schemes in turn for
+    `--rounds` rounds of `--iters` iterations each: on a machine shared with other work the
+    load drifts, and interleaving exposes every scheme to the same drift."""
     from mgcaffe.comm.distributed import attach, world  # noqa: PLC0415
+    from mgcaffe.comm.planner import Plan, make_plan  # noqa: PLC0415
+    from mgcaffe.comm.profile import Profile  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
     comm, rank, size = world("WARNING")
-    total = a.profile_iters + a.iters
+    total = a.profile_iters + a.rounds * len(a.schemes) * a.iters
     solver = get_solver(synthetic_solver(a.model, a.batch, total), rank=rank, world_size=size)
     if a.single:
         net, times = solver.net, []
@@ -78,21 +87,35 @@ def worker(a) -> int:
                 times.append(time.perf_counter() - t0)
         print("RESULT " + json.dumps({"ideal": statistics.median(times)}), flush=True)
         return 0
-    args = SimpleNamespace(comm=a.comm, merge=a.merge, bucket_mb=None, profile=None,
+    args = SimpleNamespace(comm="synceasgd", merge=None, bucket_mb=None, profile=None,
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
                            emulate_network=a.network, emulate_nodes=a.nodes, check_sync=None,
                            comm_timeout=300.0)
     with attach(solver, args, comm) as h:
-        solver.step(total)
+        solver.step(a.profile_iters)
+        plans = None
         if rank == 0:
-            grad = h.grad_times[1:]  # the first after the plan change warms the buffers
-            print("RESULT " + json.dumps({
-                "measured": statistics.median(grad), "measured_all": grad,
-                "iteration": statistics.median(h.iteration_times[1:]),
-                "predicted": h.plan.iteration_time, "ideal_profile": h.plan.ideal,
-                "messages": len(h.plan.groups), "scheme": h.plan.scheme,
-                "a": h.plan.a, "b": h.plan.b}), flush=True)
+            profile = Profile.from_dict(h.profile_dict)
+            plans = {label: make_plan(profile, h.cost, SCHEMES[label], nodes=a.nodes).to_dict()
+                     for label in a.schemes}
+        plans = {k: Plan.from_dict(v) for k, v in comm.broadcast(plans, root=0).items()}
+        samples = {label: [] for label in a.schemes}
+        for _ in range(a.rounds):
+            for label in a.schemes:
+                h.executor.set_plan(plans[label])
+                h.plan = plans[label]
+                before = len(h.grad_times)
+                solver.step(a.iters)
+                samples[label] += h.grad_times[before + 1:]  # the first warms the buffers
+        if rank == 0:
+            out = {"ideal_profile": plans[a.schemes[0]].ideal, "schemes": {}}
+            for label in a.schemes:
+                out["schemes"][label] = {
+                    "measured": statistics.median(samples[label]), "samples": samples[label],
+                    "predicted": plans[label].iteration_time,
+                    "messages": len(plans[label].groups)}
+            print("RESULT " + json.dumps(out), flush=True)
     return 0
 
 
@@ -112,16 +135,15 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--network", default=str(REPO / "models" / "paper" / "network-10gbe.json"))
     p.add_argument("--nodes", type=int, default=8, help="emulated nodes (default 8)")
-    p.add_argument("--iters", type=int, default=10, help="timed iterations after planning")
-    p.add_argument("--profile-iters", type=int, default=4)
+    p.add_argument("--iters", type=int, default=4,
+                   help="iterations per scheme per round (the first of each is not timed)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the schemes")
+    p.add_argument("--profile-iters", type=int, default=5)
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
     p.add_argument("--out", default=None, help="also write the results as JSON")
-    p.add_argument("--timeline-dir", default=None, help="write one trace per scheme here")
+    p.add_argument("--timeline", default=None, help="write the run's trace here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--comm", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--merge", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--timeline", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -131,37 +153,27 @@ def main() -> int:
     env = dict(os.environ, **ONE_THREAD, PYTHONPATH=str(REPO))
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--model", a.model, "--batch", str(a.batch), "--iters", str(a.iters),
-              "--profile-iters", str(a.profile_iters), "--network", a.network, "--nodes",
-              str(a.nodes)]
+              "--rounds", str(a.rounds), "--profile-iters", str(a.profile_iters),
+              "--network", a.network, "--nodes", str(a.nodes), "--schemes", *a.schemes]
     print(f"{a.model}, batch {a.batch} per rank, {a.ranks} ranks, emulating {a.nodes} nodes "
           f"of {Path(a.network).name}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs", flush=True)
     ideal = launch(me + ["--worker", "--single"] + common, env, 1800)["ideal"]
-    results = {}
-    for label in a.schemes:
-        comm, merge = SCHEMES[label]
-        extra = []
-        if a.timeline_dir:
-            Path(a.timeline_dir).mkdir(parents=True, exist_ok=True)
-            extra = ["--timeline", str(Path(a.timeline_dir) /
-                                       f"{label.replace(' ', '').strip('()')}.json")]
-        results[label] = launch([mpiexec(), "-n", str(a.ranks)] + me +
-                                ["--worker", "--comm", comm, "--merge", merge] + common +
-                                extra, env, 3600)
-        r = results[label]
-        print(f"  {label}: measured {r['measured'] * 1e3:.1f} ms, predicted "
-              f"{r['predicted'] * 1e3:.1f} ms", flush=True)
-
+    extra = ["--timeline", a.timeline] if a.timeline else []
+    run = launch([mpiexec(), "-n", str(a.ranks)] + me + ["--worker"] + common + extra, env,
+                 7200)
+    results = run["schemes"]
     print(f"\nideal t_f + t_b on one process: {ideal * 1e3:.1f} ms\n")
-    print(f"{'scheme':18} {'msgs':>4} {'measured ms':>12} {'predicted ms':>13} {'meas/pred':>10} "
-          f"{'profiled t_f+t_b':>17} {'whole iter ms':>14}")
+    print(f"t_f + t_b profiled on {a.ranks} ranks (slowest rank): "
+          f"{run['ideal_profile'] * 1e3:.1f} ms\n")
+    print(f"{'scheme':18} {'msgs':>4} {'measured ms':>12} {'predicted ms':>13} "
+          f"{'meas/pred':>10} {'samples':>8}")
     ok = True
     for label, r in results.items():
         ratio = r["measured"] / r["predicted"]
         ok &= abs(ratio - 1) <= 0.10
         print(f"{label:18} {r['messages']:4d} {r['measured'] * 1e3:12.1f} "
-              f"{r['predicted'] * 1e3:13.1f} {ratio:10.3f} {r['ideal_profile'] * 1e3:17.1f} "
-              f"{r['iteration'] * 1e3:14.1f}")
+              f"{r['predicted'] * 1e3:13.1f} {ratio:10.3f} {len(r['samples']):8d}")
     print()
     for mg in ("mgwfbp (paper)", "mgwfbp (optimal)"):
         for base in ("wfbp", "synceasgd"):
@@ -174,7 +186,7 @@ def main() -> int:
                       f"{pred:.3f} ({'ok' if hit else 'BELOW target'})")
     print(f"\ntargets {'met' if ok else 'NOT met'}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"ideal": ideal, "results": results}, indent=1))
+        Path(a.out).write_text(json.dumps({"ideal": ideal, **run}, indent=1))
     return 0
 
 

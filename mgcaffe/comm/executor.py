@@ -157,7 +157,8 @@ class GradientExecutor:
                 if not isinstance(diff, np.ndarray) or diff.dtype != np.float32:
                     raise CommError(f"rank {self.rank}: layer {layer.name!r} parameter {p}: "
                                     f"gradient sync needs float32 numpy diffs, got "
-                                    f"{type(diff).__name__} {getattr(diff, 'dtype', '')}")
+                                    f"{type(diff).__name__} {getattr(diff, 'dtype', '')} "
+                                    f"(train across ranks on the CPU in float32)")
 
     def _layer_offsets(self) -> dict[int, tuple[int, int]]:
         out, offset = {}, 0

@@ -255,3 +255,12 @@ def test_executor_under_mpi(n):
     status, out, _ = run_mpi(n, [checks, "executor"], timeout=100)
     assert status == 0, out
     assert sorted(int(r) for r in re.findall(r"OK executor rank (\d+)", out)) == list(range(n))
+
+
+def test_non_float32_gradients_are_refused():
+    net = FakeNet()
+    blob = net.learnable_params[2]
+    blob.diff = blob.diff.astype(np.float64)
+    with pytest.raises(CommError, match="layer 'conv2' parameter 2: gradient sync needs "
+                                        "float32 numpy diffs, got ndarray float64"):
+        GradientExecutor.from_net(net, PLANS["wfbp"], SingleCommunicator())

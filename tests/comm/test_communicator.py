@@ -108,3 +108,27 @@ def test_mpi_allreduce_releases_the_gil():
     # held GIL: the main thread could not run at all (ratio ~0); CPU contention from other
     # processes on this 2-core machine moves the ratio around 1
     assert result["ratio"] > 0.2, result
+
+
+def test_blas_releases_the_gil():
+    """The other half of the overlap: while the main thread is inside a large matrix product
+    (backward's GEMMs), another thread keeps running Python. A held GIL would stop it."""
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    def spin(seconds):
+        n, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            n += 1
+        return n
+
+    baseline = spin(0.3) / 0.3
+    a = np.random.default_rng(0).standard_normal((1500, 1500), dtype=np.float32)
+    counted = []
+    t = threading.Thread(target=lambda: counted.append(spin(0.4) / 0.4))
+    t.start()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.4:  # GEMMs for the whole time the thread counts
+        a @ a
+    t.join()
+    assert counted[0] > 0.2 * baseline, (counted, baseline)

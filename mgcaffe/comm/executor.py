@@ -134,7 +134,8 @@ class GradientExecutor:
         self._error: BaseException | None = None
         self._closed = False
         self.iterations = 0
-        self.allreduce_seconds = 0.0
+        self.allreduce_seconds = 0.0  # wall time inside all-reduces
+        self.cpu_seconds = 0.0  # CPU time of the communication thread's work
         self._thread = threading.Thread(target=self._run, name=f"mgcaffe-comm-{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -268,7 +269,10 @@ class GradientExecutor:
                 k = self._next_id()
                 if k == _STOP:
                     return
+                cpu = time.thread_time()
                 self._take(k)
+                # CPU this thread takes from the cores backward runs on (copies, MPI)
+                self.cpu_seconds += time.thread_time() - cpu
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
             with self._cond:
                 self._error = exc

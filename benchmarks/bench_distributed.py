@@ -30,6 +30,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -111,15 +112,55 @@ def worker(a) -> int:
                 samples[label] += h.grad_times[before + 1:]  # the first warms the buffers
                 cpu[label] += h.executor.cpu_seconds - cpu0
         if rank == 0:
-            out = {"ideal_profile": plans[a.schemes[0]].ideal, "schemes": {}}
+            out = {"ideal_profile": plans[a.schemes[0]].ideal, "schemes": {},
+                   "a": h.cost.a, "b": h.cost.b}
             for label in a.schemes:
                 out["schemes"][label] = {
                     "measured": statistics.median(samples[label]), "samples": samples[label],
                     "predicted": plans[label].iteration_time,
                     "messages": len(plans[label].groups),
-                    "comm_thread_cpu": cpu[label] / (a.rounds * a.iters)}
+                    "comm_thread_cpu": cpu[label] / (a.rounds * a.iters),
+                    "groups": repr([list(g) for g in plans[label].groups])}
             print("RESULT " + json.dumps(out), flush=True)
     return 0
+
+
+def replay(trace_path: str, a_s: float, b_s: float) -> dict[str, list[tuple[float, float]]]:
+    """Per iteration, from the trace: (measured, replayed) seconds from rank 0's forward start
+    to the gradients being reduced on every rank. Replayed = the model's schedule run on the
+    iteration's ACTUAL gradient-ready times (latest over ranks): each all-reduce starts at
+    max(end of the previous one, ready of its group) and lasts a + b*bytes. It separates the
+    executor's fidelity to the model from drift in compute speed. Keyed by the groups."""
+    from mgcaffe.comm.trace import load_trace  # noqa: PLC0415
+
+    doc = load_trace(trace_path)
+    per: dict[int, dict] = {}
+    for e in doc["traceEvents"]:
+        it = e.get("args", {}).get("iter")
+        if it is None:
+            continue
+        d = per.setdefault(it, {"start": {}, "ready": {}, "groups": [], "end": {}})
+        rank = e["pid"]
+        if e.get("cat") == "forward":
+            d["start"][rank] = min(d["start"].get(rank, e["ts"]), e["ts"])
+        elif e.get("cat") == "grad":
+            d["ready"][e["name"]] = max(d["ready"].get(e["name"], e["ts"]), e["ts"])
+        elif e.get("cat") == "allreduce" and rank == 0:
+            d["groups"].append((e["args"]["layers"], e["args"]["bytes"]))
+        elif e.get("cat") == "wait":
+            d["end"][rank] = e["ts"] + e["dur"]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for it in sorted(per):
+        d = per[it]
+        if 0 not in d["start"] or not d["groups"] or not d["end"]:
+            continue
+        free = float("-inf")
+        for layers, nbytes in d["groups"]:
+            free = max(free, d["ready"][layers[-1]]) + (a_s + b_s * nbytes) * 1e6
+        t0 = d["start"][0]
+        key = repr([g for g, _ in d["groups"]])
+        out.setdefault(key, []).append(((max(d["end"].values()) - t0) / 1e6, (free - t0) / 1e6))
+    return out
 
 
 def launch(cmd, env, timeout):
@@ -162,22 +203,28 @@ def main() -> int:
           f"of {Path(a.network).name}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs", flush=True)
     ideal = launch(me + ["--worker", "--single"] + common, env, 1800)["ideal"]
-    extra = ["--timeline", a.timeline] if a.timeline else []
-    run = launch([mpiexec(), "-n", str(a.ranks)] + me + ["--worker"] + common + extra, env,
-                 7200)
+    trace = a.timeline or str(Path(tempfile.mkdtemp()) / "bench-trace.json")
+    run = launch([mpiexec(), "-n", str(a.ranks)] + me + ["--worker", "--timeline", trace] +
+                 common, env, 7200)
     results = run["schemes"]
+    replays = replay(trace, run["a"], run["b"])
+    for r in results.values():
+        pairs = replays.get(r["groups"], [])[1:]
+        r["replay_ratio"] = statistics.median(m / p for m, p in pairs) if pairs else None
     print(f"\nideal t_f + t_b on one process: {ideal * 1e3:.1f} ms\n")
     print(f"t_f + t_b profiled on {a.ranks} ranks (slowest rank): "
           f"{run['ideal_profile'] * 1e3:.1f} ms\n")
     print(f"{'scheme':18} {'msgs':>4} {'measured ms':>12} {'predicted ms':>13} "
-          f"{'meas/pred':>10} {'samples':>8} {'comm-thread CPU ms/iter':>24}")
+          f"{'meas/pred':>10} {'samples':>8} {'comm-thread CPU ms/iter':>24} "
+          f"{'meas/replay':>12}")
     ok = True
     for label, r in results.items():
         ratio = r["measured"] / r["predicted"]
         ok &= abs(ratio - 1) <= 0.10
         print(f"{label:18} {r['messages']:4d} {r['measured'] * 1e3:12.1f} "
               f"{r['predicted'] * 1e3:13.1f} {ratio:10.3f} {len(r['samples']):8d} "
-              f"{r['comm_thread_cpu'] * 1e3:24.1f}")
+              f"{r['comm_thread_cpu'] * 1e3:24.1f} "
+              f"{r['replay_ratio'] if r['replay_ratio'] is not None else float('nan'):12.3f}")
     print()
     for mg in ("mgwfbp (paper)", "mgwfbp (optimal)"):
         for base in ("wfbp", "synceasgd"):

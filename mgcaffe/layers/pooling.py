@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..kernels import valid_range
+from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register_layer
@@ -116,39 +116,29 @@ class Pooling(Layer):
         self.out_hw = tuple(out)
         self.kernel_now = kernel
         self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
-        self._plan = [] if self.whole_plane else self._offset_plan((h, w), kernel)
-        top_shape = (n, c) + self.out_hw
-        if self.method == _P.MAX and not self.whole_plane:
-            # Per output, 1 + the kernel offset that won (0: none yet); small ints keep the
-            # sweeps cheap, and offsets are scanned in increasing order, so "the latest
-            # strictly greater offset" is a running maximum of (greater * (offset + 1)).
+        if self.whole_plane:
+            return
+        fill = -np.inf if self.method == _P.MAX else 0
+        self._windows = ShiftedWindows(self.xp, self.dtype, shape, kernel, self.stride,
+                                       self.pad, self.out_hw, fill)
+        length, empty = self._windows.length, self.xp.empty
+        self._grid_out = empty(length, dtype=self.dtype)
+        self._grid_diff = self.xp.zeros(length, dtype=self.dtype)  # junk cells stay 0
+        self._phase_diff = self.xp.zeros_like(self._windows.phases)
+        if self.method == _P.MAX:
+            # Per grid cell, 1 + the kernel offset that won (0: none); offsets are scanned in
+            # increasing order, so "the latest strictly greater one" is a running maximum of
+            # greater * (offset + 1): small-int arithmetic instead of slow masked copies.
             count = kernel[0] * kernel[1] + 1
             index_dtype = np.int8 if count <= 127 else (np.int16 if count <= 32767
                                                         else np.int32)
-            self._winner = self.xp.zeros(top_shape, dtype=index_dtype)
-            self._candidate = self.xp.empty(top_shape, dtype=index_dtype)
-            self._greater = self.xp.empty(top_shape, dtype=bool)
+            self._winner = empty(length, dtype=index_dtype)
+            self._candidate = empty(length, dtype=index_dtype)
+            self._greater = empty(length, dtype=bool)
+            self._picked = empty(length, dtype=self.dtype)
             self._mask_delta = self._mask_offsets((h, w), kernel) if len(top) > 1 else None
-        elif self.method == _P.AVE:
+        else:
             self._inv_area = self._inverse_window_area((h, w), kernel)
-        self._scratch = self.xp.empty(top_shape, dtype=self.dtype)
-
-    def _offset_plan(self, in_hw, kernel):
-        """Per kernel offset: (offset id, output slices, input slices); empty offsets dropped."""
-        plan = []
-        for i in range(kernel[0]):
-            h0, h1, hin = valid_range(in_hw[0], self.out_hw[0], self.pad[0], self.stride[0], i)
-            for j in range(kernel[1]):
-                w0, w1, win = valid_range(in_hw[1], self.out_hw[1], self.pad[1],
-                                          self.stride[1], j)
-                if h1 <= h0 or w1 <= w0:
-                    continue
-                out_sl = (slice(None), slice(None), slice(h0, h1), slice(w0, w1))
-                in_sl = (slice(None), slice(None),
-                         slice(hin, hin + (h1 - h0 - 1) * self.stride[0] + 1, self.stride[0]),
-                         slice(win, win + (w1 - w0 - 1) * self.stride[1] + 1, self.stride[1]))
-                plan.append((i * kernel[1] + j, out_sl, in_sl))
-        return plan
 
     def _window_starts(self, axis):
         return self.xp.arange(self.out_hw[axis]) * self.stride[axis] - self.pad[axis]
@@ -178,16 +168,19 @@ class Pooling(Layer):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, bottom, top):
-        x, out = bottom[0].data, top[0].data
+        x = bottom[0].data
         if self.whole_plane:
             self._forward_whole_plane(x, top)
-        elif self.method == _P.MAX:
-            self._forward_max(x, top)
+            return
+        windows, best = self._windows, self._grid_out
+        windows.load(x)
+        if self.method == _P.MAX:
+            self._forward_max(top)
         else:
-            out[...] = 0
-            for _, out_sl, in_sl in self._plan:
-                out[out_sl] += x[in_sl]
-            out *= self._inv_area
+            best[...] = 0
+            for _, index, shift in windows.offsets:
+                best += windows.window(windows.phases, index, shift)
+            self.xp.multiply(windows.valid(best), self._inv_area, out=top[0].data)
 
     def _forward_whole_plane(self, x, top):
         n, c = x.shape[:2]
@@ -202,26 +195,30 @@ class Pooling(Layer):
         else:
             self.xp.mean(flat, axis=2, out=out)
 
-    def _forward_max(self, x, top):
-        # Arithmetic only (masked copies are ~10x slower on numpy): fmax keeps the old value
-        # on NaN, as Caffe's "x > max" does; ties keep the earlier offset (strictly greater).
-        xp, out, winner = self.xp, top[0].data, self._winner
+    def _forward_max(self, top):
+        # Padding holds -inf and the running maximum starts at -FLT_MAX, so a padded cell never
+        # wins; fmax keeps the old value on NaN, as Caffe's "x > max" does; ties keep the
+        # earlier offset (a later one must be strictly greater).
+        xp, windows = self.xp, self._windows
+        best, winner, greater, candidate = (self._grid_out, self._winner, self._greater,
+                                            self._candidate)
         index_type = winner.dtype.type
-        out[...] = _LOWEST
+        best[...] = _LOWEST
         winner[...] = 0
-        for o, out_sl, in_sl in self._plan:
-            values, best = x[in_sl], out[out_sl]
-            won = xp.greater(values, best, out=self._greater[out_sl])
+        for tag, index, shift in windows.offsets:
+            values = windows.window(windows.phases, index, shift)
+            xp.greater(values, best, out=greater)
             xp.fmax(best, values, out=best)
-            tag = xp.multiply(won, index_type(o + 1), out=self._candidate[out_sl])
-            xp.maximum(winner[out_sl], tag, out=winner[out_sl])
+            xp.multiply(greater, index_type(tag + 1), out=candidate)
+            xp.maximum(winner, candidate, out=winner)
+        top[0].data[...] = windows.valid(best)
         if len(top) > 1:
             # Flat index h*W + w of the winner in its plane; -1 where no cell was read.
             start, table = self._mask_delta
-            mask = top[1].data
-            xp.take(table, winner, out=mask)
+            mask, won = top[1].data, windows.valid(winner)
+            xp.take(table, won, out=mask)
             mask += start + 1
-            mask *= winner > 0
+            mask *= won > 0
             mask -= 1
 
     # -- backward --------------------------------------------------------------------------
@@ -232,18 +229,21 @@ class Pooling(Layer):
         if self.whole_plane:
             self._backward_whole_plane(top_diff, bottom_diff)
             return
-        bottom_diff[...] = 0
+        xp, windows = self.xp, self._windows
+        grid_diff, phase_diff = self._grid_diff, self._phase_diff
+        phase_diff[...] = 0
         if self.method == _P.MAX:
-            picked, index_type = self._scratch, self._winner.dtype.type
-            for o, out_sl, in_sl in self._plan:
-                won = self.xp.equal(self._winner[out_sl], index_type(o + 1),
-                                    out=self._greater[out_sl])
-                share = self.xp.multiply(top_diff[out_sl], won, out=picked[out_sl])
-                bottom_diff[in_sl] += share
+            windows.valid(grid_diff)[...] = top_diff
+            index_type = self._winner.dtype.type
+            for tag, index, shift in windows.offsets:
+                won = xp.equal(self._winner, index_type(tag + 1), out=self._greater)
+                windows.window(phase_diff, index, shift)[...] += xp.multiply(
+                    grid_diff, won, out=self._picked)
         else:
-            scaled = self.xp.multiply(top_diff, self._inv_area, out=self._scratch)
-            for _, out_sl, in_sl in self._plan:
-                bottom_diff[in_sl] += scaled[out_sl]
+            xp.multiply(top_diff, self._inv_area, out=windows.valid(grid_diff))
+            for _, index, shift in windows.offsets:
+                windows.window(phase_diff, index, shift)[...] += grid_diff
+        windows.unload(phase_diff, bottom_diff)
 
     def _backward_whole_plane(self, top_diff, bottom_diff):
         n, c = top_diff.shape[:2]

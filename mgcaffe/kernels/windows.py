@@ -1,0 +1,86 @@
+"""Sliding 2-D windows as shifted, contiguous 1-D slices (pooling's kernel, numpy and CuPy).
+
+A ufunc over a sliced 4-D view runs its inner loop once per row; on a CNN's small planes
+(7 to 56 wide) that per-row overhead dominates. Here the padded input is split into its
+stride phases, each stored flat and contiguous, so that every kernel offset reads one
+contiguous 1-D slice of one phase and a whole minibatch is reduced by a few long 1-D calls.
+
+Layout. With output size (Ph, Pw), windows span Hn = (Ph-1)*sh + kh padded rows (from -pad),
+rounded up to Hq = ceil(Hn / sh) rows per phase (Wq likewise). Phase (a, b) holds padded cell
+(u*sh + a, v*sw + b), i.e. input cell (u*sh + a - ph, v*sw + b - pw), at (n, c, u, v) of a
+(N, C, Hq, Wq) grid. Output (oh, ow) at kernel offset (i, j) reads phase (i % sh, j % sw) at
+grid cell (oh + i // sh, ow + j // sw): the output's own flat grid index plus a shift of
+(i // sh) * Wq + j // sw. Grid cells past (Ph, Pw) are junk outputs, computed and dropped;
+each phase has `max_shift` spare tail cells so every slice stays in bounds.
+"""
+
+from __future__ import annotations
+
+from .im2col import valid_range
+
+
+class ShiftedWindows:
+    """The phase layout of one input shape, kernel, stride, pad and output size.
+
+    `phases` (S = sh*sw rows of length L + max_shift, L = N*C*Hq*Wq) holds the padded input;
+    cells that are not input cells keep `fill`. `offsets` lists (tag, phase, shift) per kernel
+    offset in scan order, tag = i*kw + j. Arrays of length L are "grid" arrays: `valid(a)`
+    views their (N, C, Ph, Pw) output part.
+    """
+
+    def __init__(self, xp, dtype, shape, kernel, stride, pad, out_hw, fill):
+        n, c, height, width = shape
+        (kh, kw), (sh, sw) = kernel, stride
+        self.xp, self.out_hw = xp, tuple(out_hw)
+        hq = -(-((out_hw[0] - 1) * sh + kh) // sh)
+        wq = -(-((out_hw[1] - 1) * sw + kw) // sw)
+        self.grid_shape = (n, c, hq, wq)
+        self.length = n * c * hq * wq
+        self.offsets = [(i * kw + j, (i % sh) * sw + j % sw, (i // sh) * wq + j // sw)
+                        for i in range(kh) for j in range(kw)]
+        self.max_shift = max(shift for _, _, shift in self.offsets)
+        self.phases = xp.full((sh * sw, self.length + self.max_shift), fill, dtype=dtype)
+        # Per phase: the grid block that holds input cells and the input slices they come from.
+        rows = [valid_range(height, hq, pad[0], sh, a) for a in range(sh)]
+        cols = [valid_range(width, wq, pad[1], sw, b) for b in range(sw)]
+        self._copies = []
+        for a, (u0, u1, h_first) in enumerate(rows):
+            for b, (v0, v1, w_first) in enumerate(cols):
+                if u1 <= u0 or v1 <= v0:
+                    continue
+                grid_block = (slice(None), slice(None), slice(u0, u1), slice(v0, v1))
+                source = (slice(None), slice(None),
+                          slice(h_first, h_first + (u1 - u0 - 1) * sh + 1, sh),
+                          slice(w_first, w_first + (v1 - v0 - 1) * sw + 1, sw))
+                self._copies.append((a * sw + b, grid_block, source))
+        # Input cells past the last window are in no phase: their gradient is zero.
+        self.covers_input = (sum(max(0, u1 - u0) for u0, u1, _ in rows) == height
+                             and sum(max(0, v1 - v0) for v0, v1, _ in cols) == width)
+
+    def grid(self, flat):
+        """A length-L array as its (N, C, Hq, Wq) grid."""
+        return flat.reshape(self.grid_shape)
+
+    def phase_grid(self, phases, index):
+        """Phase `index` of a phases-shaped array as its (N, C, Hq, Wq) grid."""
+        return phases[index, :self.length].reshape(self.grid_shape)
+
+    def valid(self, flat):
+        """The (N, C, Ph, Pw) output part of a grid array (a strided view)."""
+        return self.grid(flat)[:, :, :self.out_hw[0], :self.out_hw[1]]
+
+    def load(self, x):
+        """Copy input x (N, C, H, W) into `phases` (padding cells keep their fill)."""
+        for index, grid_block, source in self._copies:
+            self.phase_grid(self.phases, index)[grid_block] = x[source]
+
+    def window(self, phases, index, shift):
+        """The contiguous slice of a phases-shaped array that one kernel offset reads."""
+        return phases[index, shift:shift + self.length]
+
+    def unload(self, phases, out):
+        """Write the input cells of a phases-shaped array (gradients) into out (N, C, H, W)."""
+        if not self.covers_input:
+            out[...] = 0
+        for index, grid_block, source in self._copies:
+            out[source] = self.phase_grid(phases, index)[grid_block]

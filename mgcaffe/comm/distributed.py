@@ -64,11 +64,14 @@ log = logging.getLogger("mgcaffe.comm")
 _SOLVER_ACTION_NONE, _STOP, _SNAPSHOT = "none", "stop", "snapshot"  # SolverAction values
 
 
-def world(log_level: str | None = "INFO") -> tuple[Communicator, int, int]:
+def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll"
+          ) -> tuple[Communicator, int, int]:
     """(communicator, rank, size) of this process: MPI when a launcher started it, else a
     world of one rank without touching MPI. With `log_level`, logging is configured so that
-    only rank 0 logs below WARNING and every other rank's lines carry its rank."""
-    comm: Communicator = MpiCommunicator() if launched_by_mpi() else SingleCommunicator()
+    only rank 0 logs below WARNING and every other rank's lines carry its rank. `mpi_wait`:
+    how MPI all-reduces wait ("poll" or "block", see MpiCommunicator)."""
+    comm: Communicator = (MpiCommunicator(wait=mpi_wait) if launched_by_mpi()
+                          else SingleCommunicator())
     if log_level is not None and comm.size > 1:
         configure(log_level, rank=comm.rank, world_size=comm.size)
     return comm, comm.rank, comm.size

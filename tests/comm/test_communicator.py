@@ -88,9 +88,9 @@ def test_local_world_times_out_naming_missing_ranks():
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [2, 4])
-def test_mpi_collectives(n):
-    status, out, _ = run_mpi(n, [CHECKS, "collectives"], timeout=90)
+@pytest.mark.parametrize("n, wait", [(2, "poll"), (4, "poll"), (2, "block")])
+def test_mpi_collectives(n, wait):
+    status, out, _ = run_mpi(n, [CHECKS, "collectives", "--wait", wait], timeout=90)
     assert status == 0, out
     # launcher output of several ranks may interleave within a line: search, do not split
     assert sorted(int(r) for r in re.findall(r"OK collectives rank (\d+)", out)) == \
@@ -102,7 +102,7 @@ def test_mpi_collectives(n):
 def test_mpi_allreduce_releases_the_gil():
     """While the communication thread is blocked in MPI_Allreduce, the main thread runs Python
     at (nearly) its full rate: the backward pass really overlaps communication."""
-    status, out, _ = run_mpi(2, [CHECKS, "gil"], timeout=90)
+    status, out, _ = run_mpi(2, [CHECKS, "gil", "--wait", "block"], timeout=90)
     assert status == 0, out
     result = json.loads(re.search(r"RESULT (\{.*?\})", out).group(1))
     # held GIL: the main thread could not run at all (ratio ~0); CPU contention from other

@@ -169,8 +169,9 @@ def main():
     parser.add_argument("--fault", default="none")
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--wait", default="poll", choices=["poll", "block"])
     args = parser.parse_args()
-    comm, rank, size = world()
+    comm, rank, size = world(mpi_wait=args.wait)
     try:
         CASES[args.case](comm, args)
     except BaseException as exc:  # noqa: BLE001 - every rank must end, not only this one

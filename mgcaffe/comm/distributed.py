@@ -94,7 +94,12 @@ class DistributedTraining:
 
     gradient_sync: `on_learnable_done(k)`, `wait()`. Iteration hook: `before_iteration`,
     `after_iteration`, `should_stop`. `close()` (a collective) stops the thread, writes the
-    trace and logs the measured iteration time beside the plan's prediction."""
+    trace and logs the measured iteration time beside the plan's prediction.
+
+    MPI requires every rank to issue collectives on a communicator in the same order. The
+    main thread's collectives (barrier, agreements, plan broadcast, check-sync) all happen
+    between `wait()` returning and the next backward, when the communication thread has
+    nothing in flight, so the two threads never interleave theirs."""
 
     def __init__(self, solver: Any, comm: Communicator, options: Options):
         self.solver = solver

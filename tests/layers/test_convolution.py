@@ -10,6 +10,7 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.layers.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 
@@ -55,9 +56,22 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["whole batch", "per sample"])
+def gemm_layout(request, monkeypatch):
+    """Run a test with each of Convolution's two GEMM layouts (picked by output size)."""
+    if request.param == "per sample":
+        monkeypatch.setattr(Convolution, "per_sample_from", 1)
+        monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 1)
+    else:
+        monkeypatch.setattr(Convolution, "per_sample_from", 10**9)
+        monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("body,shape,geometry,group", CASES)
-def test_forward_matches_naive(body, shape, geometry, group):
+def test_forward_matches_naive(body, shape, geometry, group, gemm_layout):
     layer, bottom, top = make_layer(conv_param(body), [shape])
+    assert layer._per_sample == (gemm_layout == "per sample")
     kernel, stride, pad, dilation = geometry
     w = layer.blobs[0].data
     b = layer.blobs[1].data if len(layer.blobs) > 1 else None
@@ -69,9 +83,25 @@ def test_forward_matches_naive(body, shape, geometry, group):
 
 
 @pytest.mark.parametrize("body,shape,geometry,group", CASES)
-def test_gradients(body, shape, geometry, group):
+def test_gradients(body, shape, geometry, group, gemm_layout):
     layer, bottom, top = make_layer(conv_param(body), [shape])
     check_layer_gradients(layer, bottom, top, max_checks=60)
+
+
+def test_layout_follows_output_size():
+    # The real thresholds: large outputs (and 1x1 convolutions from 14x14) go per sample.
+    cases = [("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 46, 46), True),
+             ("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 44, 44), False),
+             ("num_output: 2 kernel_size: 1", (1, 1, 14, 14), True),
+             ("num_output: 2 kernel_size: 1", (1, 1, 7, 7), False),
+             ("num_output: 2 kernel_size: 1 stride: 2", (1, 1, 28, 28), False)]
+    for body, shape, per_sample in cases:
+        layer, bottom, top = make_layer(conv_param(body), [shape])
+        assert layer._per_sample == per_sample, (body, shape)
+        layer.forward(bottom, top)
+        expected = naive_conv(bottom[0].data, layer.blobs[0].data, layer.blobs[1].data,
+                              layer.stride, layer.pad, (1, 1), 1)
+        np.testing.assert_allclose(top[0].data, expected, rtol=1e-10)
 
 
 def test_float32_forward():
@@ -96,7 +126,7 @@ def test_shapes(body, shape, out_shape):
     assert top[0].shape == out_shape
 
 
-def test_axis_puts_batch_axes_before_the_channel_axis():
+def test_axis_puts_batch_axes_before_the_channel_axis(gemm_layout):
     # axis 2 on a 5-D bottom: axes 0 and 1 are both batch axes.
     body = "num_output: 3 kernel_size: 2 axis: 2"
     layer, bottom, top = make_layer(conv_param(body), [(2, 3, 2, 4, 5)])
@@ -109,7 +139,7 @@ def test_axis_puts_batch_axes_before_the_channel_axis():
     check_layer_gradients(layer, bottom, top, max_checks=40)
 
 
-def test_several_bottoms_share_the_weights():
+def test_several_bottoms_share_the_weights(gemm_layout):
     param = conv_param("num_output: 2 kernel_size: 3 pad: 1", n_top=2)
     layer, bottom, top = make_layer(param, [(1, 2, 4, 4), (1, 2, 4, 4)], seed=3)
     layer.forward(bottom, top)
@@ -126,7 +156,7 @@ def run_backward(layer, bottom, top, propagate_down):
     layer.backward(top, propagate_down, bottom)
 
 
-def test_param_diffs_accumulate_and_bottom_diff_is_overwritten():
+def test_param_diffs_accumulate_and_bottom_diff_is_overwritten(gemm_layout):
     layer, bottom, top = make_layer(conv_param("num_output: 3 kernel_size: 3 pad: 1 group: 1"),
                                     [(2, 2, 5, 5)])
     bottom[0].diff[...] = 7.0
@@ -144,7 +174,7 @@ def test_param_diffs_accumulate_and_bottom_diff_is_overwritten():
     np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
 
 
-def test_propagate_down_false_leaves_bottom_diff_alone():
+def test_propagate_down_false_leaves_bottom_diff_alone(gemm_layout):
     layer, bottom, top = make_layer(conv_param("num_output: 3 kernel_size: 3"), [(2, 2, 5, 5)])
     bottom[0].diff[...] = 7.0
     run_backward(layer, bottom, top, [False])

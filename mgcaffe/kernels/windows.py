@@ -43,18 +43,20 @@ class ShiftedWindows:
         # Per phase: the grid block that holds input cells and the input slices they come from.
         rows = [valid_range(height, hq, pad[0], sh, a) for a in range(sh)]
         cols = [valid_range(width, wq, pad[1], sw, b) for b in range(sw)]
+        used = {index for _, index, _ in self.offsets}  # stride > kernel leaves phases unread
         self._copies = []
         for a, (u0, u1, h_first) in enumerate(rows):
             for b, (v0, v1, w_first) in enumerate(cols):
-                if u1 <= u0 or v1 <= v0:
+                if u1 <= u0 or v1 <= v0 or a * sw + b not in used:
                     continue
                 grid_block = (slice(None), slice(None), slice(u0, u1), slice(v0, v1))
                 source = (slice(None), slice(None),
                           slice(h_first, h_first + (u1 - u0 - 1) * sh + 1, sh),
                           slice(w_first, w_first + (v1 - v0 - 1) * sw + 1, sw))
                 self._copies.append((a * sw + b, grid_block, source))
-        # Input cells past the last window are in no phase: their gradient is zero.
-        self.covers_input = (sum(max(0, u1 - u0) for u0, u1, _ in rows) == height
+        # Input cells past the last window, or in an unread phase, get a zero gradient.
+        self.covers_input = (len(used) == sh * sw
+                             and sum(max(0, u1 - u0) for u0, u1, _ in rows) == height
                              and sum(max(0, v1 - v0) for v0, v1, _ in cols) == width)
 
     def grid(self, flat):
@@ -79,7 +81,7 @@ class ShiftedWindows:
         return phases[index, shift:shift + self.length]
 
     def unload(self, phases, out):
-        """Write the input cells of a phases-shaped array (gradients) into out (N, C, H, W)."""
+        """Write a phases-shaped array's input cells into out (N, C, H, W); unread cells: 0."""
         if not self.covers_input:
             out[...] = 0
         for index, grid_block, source in self._copies:

@@ -10,9 +10,10 @@ The mask top holds the flat index h*W + w of the winner within its channel plane
 AVE divides by the window clipped to the padded input (padded cells count, overhang past the
 padded border does not).
 
-The loops run over the kh*kw kernel offsets, each moving one strided slice of the whole
-minibatch: the output positions whose input cell lies in the padding (or past the end) are a
-border strip, so padding is never materialised.
+The loops run over the kh*kw kernel offsets; each reads one contiguous 1-D slice of the
+padded input split into its stride phases (`kernels.windows.ShiftedWindows`), so a few long
+ufunc calls cover the whole minibatch. A window spanning the whole plane (global pooling)
+is a plain reduction.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Pooling(Layer):
             return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
         return (int(getattr(p, name)),) * 2
 
-    # -- shapes and the per-offset plan ----------------------------------------------------
+    # -- shapes and buffers ----------------------------------------------------------------
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         if len(shape) != 4:
@@ -114,7 +115,6 @@ class Pooling(Layer):
             return
         self._shape = (shape, kernel)
         self.out_hw = tuple(out)
-        self.kernel_now = kernel
         self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
         if self.whole_plane:
             return

@@ -33,7 +33,9 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-from ..backend import to_host
+import numpy as np
+
+from ..backend import Device, to_host
 from ..errors import CommError, MgcaffeError
 from ..log import configure
 from .communicator import Communicator
@@ -57,7 +59,7 @@ from .trace import COMPUTE, Tracer, merge_traces, save_trace
 # options and start-up pieces are re-exported: `distributed` is the module callers use
 __all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_arguments",
            "agree_on_layers_and_plan", "attach", "benchmark_sizes", "failing_together",
-           "options_from", "wanted", "world"]
+           "options_from", "rank_device", "wanted", "world"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -75,6 +77,23 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll"
     if log_level is not None and comm.size > 1:
         configure(log_level, rank=comm.rank, world_size=comm.size)
     return comm, comm.rank, comm.size
+
+
+def rank_device(comm: Communicator, gpu_flag: str | None = None) -> Device:
+    """The GPU of this rank when several ranks train on GPUs: the i-th of the node's GPUs for
+    the node's i-th rank. `gpu_flag` is `--gpu`: a list of ids ("0,1,2,3") or "all"."""
+    from ..backend import _import_cupy  # noqa: PLC0415 - GPU installs only
+    from .nccl import node_local_rank, select_gpu  # noqa: PLC0415
+
+    ids = None
+    if gpu_flag not in (None, "", "all"):
+        try:
+            ids = [int(x) for x in str(gpu_flag).split(",") if x.strip()]
+        except ValueError:
+            raise CommError(f"--gpu: expected ids or `all`, found {gpu_flag!r}") from None
+    count = _import_cupy().cuda.runtime.getDeviceCount()
+    local_rank, local_size = node_local_rank(comm)
+    return Device("gpu", select_gpu(local_rank, local_size, count, ids, comm.rank))
 
 
 @contextmanager
@@ -133,7 +152,9 @@ class DistributedTraining:
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
-        self.timer = NetTimer(net, self.tracer)
+        # On a GPU, layer times need the device to finish first (kernels are asynchronous).
+        self._sync = None if net.xp is np else net.xp.cuda.get_current_stream().synchronize
+        self.timer = NetTimer(net, self.tracer, synchronize=self._sync)
         if self.tracer is not None or self.profiler is not None:
             self.timer.install()
         self.executor = GradientExecutor.from_net(net, provisional, self.comm,
@@ -165,7 +186,20 @@ class DistributedTraining:
                 yield
 
     def _communicator(self) -> Communicator:
+        """The gradient all-reduce's communicator: NCCL, MPI, or MPI under emulation."""
         o = self.options
+        if self._use_nccl():
+            from .nccl import NcclCommunicator  # noqa: PLC0415 - GPU installs only
+
+            nccl = NcclCommunicator(self.base_comm, timeout=o.timeout)
+            device = self.solver.device
+            if device.index != nccl.device_id:
+                raise CommError(f"rank {self.rank}: the solver runs on GPU {device.index} but "
+                                f"this rank's GPU is {nccl.device_id} (local rank "
+                                f"{nccl.local_rank}): build the solver on rank_device(comm)")
+            if self.rank == 0:
+                log.info("Gradients all-reduced with NCCL on each GPU's own stream")
+            return nccl
         if o.emulate_network is None:
             return self.base_comm
         from .cost import cost_for, load_network  # noqa: PLC0415
@@ -177,6 +211,34 @@ class DistributedTraining:
             log.warning("%s [from %s]", emulated.describe(), o.emulate_network)
         self.emulated_cost = cost
         return emulated
+
+    def _use_nccl(self) -> bool:
+        """--comm-backend nccl, or auto on GPUs when EVERY rank can load NCCL (agreed, so
+        that no rank waits in an NCCL set-up the others skip)."""
+        o = self.options
+        on_gpu = getattr(self.solver.device, "kind", "cpu") == "gpu"
+        if o.backend == "mpi" or (o.backend == "auto" and (not on_gpu or o.emulate_network)):
+            return False
+        if not on_gpu:
+            raise CommError(f"rank {self.rank}: --comm-backend nccl needs the solver on a GPU "
+                            f"(--gpu)")
+        try:
+            from .nccl import _import_nccl  # noqa: PLC0415 - its loader names the remedy
+
+            _import_nccl(self.rank)
+            problem = None
+        except CommError as exc:
+            problem = exc
+        with self._guard("agreement on the NCCL backend"):
+            missing = self.base_comm.any_true([problem is not None])[0]
+        if not missing:
+            return True
+        if o.backend == "nccl":
+            raise problem or CommError(f"rank {self.rank}: another rank cannot load NCCL")
+        if self.rank == 0:
+            log.warning("NCCL is not usable on every rank (%s): GPU gradients go through host "
+                        "buffers over MPI", problem or "see the other ranks' logs")
+        return False
 
     def _cost_model(self):
         """T_ar for this run: --network, else the emulated network, else measured."""
@@ -267,6 +329,8 @@ class DistributedTraining:
     # ------------------------------------------------------------------ gradient_sync
     def on_learnable_done(self, k: int) -> None:
         """Learnable layer k's gradient is ready: note the time, hand k to the thread."""
+        if self._sync is not None and self.profiler is not None:
+            self._sync()  # profiling on a GPU: the time the gradient is computed, not queued
         self._ready[k] = self.clock()
         self.executor.on_learnable_done(k)
 

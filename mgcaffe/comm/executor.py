@@ -9,6 +9,15 @@ by the world size while copying the result back into the diffs, and counts the g
 `wait()` (main thread, before the update) returns when every group of the iteration is done
 and re-raises, with the rank, whatever went wrong on the thread.
 
+Three data paths, chosen from the diffs and the communicator:
+- "host": numpy diffs; pack, all-reduce and unpack on the host (MPI, the local world).
+- "staged": device (CuPy) diffs over a host communicator (MPI): each layer's diffs are copied
+  to the host buffer as they arrive and the averaged result is copied back.
+- "stream": device diffs over a communicator with `device_streams` (nccl.py): the main
+  thread records an event per layer (`mark_ready`), the thread queues wait-for-event, pack,
+  all-reduce and unpack on the communicator's stream without host synchronisation, and
+  synchronises once per iteration, after the last group.
+
 No wait is unbounded: the thread's queue gets have a timeout while an iteration is under way
 (backward stalled: CommError naming the rank and the layer and group awaited), `wait()` gives
 up after `timeout` seconds without progress (naming the group being reduced), and an optional
@@ -27,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import get_array_module
 from ..errors import CommError
 from .communicator import Communicator
 from .trace import COMM, COMPUTE
@@ -93,11 +103,12 @@ class GradientExecutor:
     input side first; `params`: the blobs `param_ids` index (each with a float32 `.diff`);
     `plan`: anything with `.groups` (lists of layer names, communication order); `comm`: a
     Communicator. Optional: `timeout` (seconds without progress before giving up), `tracer`
-    (trace.Tracer), `watchdog` (faults.Watchdog guarding each all-reduce)."""
+    (trace.Tracer), `watchdog` (faults.Watchdog guarding each all-reduce), `data_path`
+    (force "host", "staged" or "stream" instead of choosing from the diffs)."""
 
     def __init__(self, layers: Sequence[Any], params: Sequence[Any], plan: Any,
                  comm: Communicator, *, timeout: float = 120.0, tracer: Any = None,
-                 watchdog: Any = None):
+                 watchdog: Any = None, data_path: str | None = None):
         self.comm = comm
         self.rank = comm.rank
         self.timeout = float(timeout)
@@ -109,10 +120,17 @@ class GradientExecutor:
             raise CommError(f"rank {self.rank}: learnable layer indices must be 1..{len(layers)},"
                             f" got {sorted(self._layers)}")
         self._params = params
-        self._check_params()
-        # Every parameter blob, in backward order, has its fixed place in one buffer.
+        self.mode = self._data_path()
+        if data_path is not None:  # tests drive the stream path with host arrays
+            if data_path not in ("host", "staged", "stream"):
+                raise CommError(f"rank {self.rank}: data_path must be host, staged or stream, "
+                                f"got {data_path!r}")
+            self.mode = data_path
+        # Every parameter blob, in backward order, has its fixed place in one buffer (on the
+        # device for the stream path, on the host otherwise).
         total = sum(params[p].diff.size for layer in layers for p in layer.param_ids)
-        self.buffer = np.zeros(total, dtype=np.float32)
+        xp = get_array_module(params[0].diff) if self.mode == "stream" and params else np
+        self.buffer = xp.zeros(total, dtype=np.float32)
         self._segments: dict[int, list[_Segment]] = {}
         offset = 0
         for k in range(len(layers), 0, -1):
@@ -146,8 +164,11 @@ class GradientExecutor:
         return cls(net.learnable_layers, net.learnable_params, plan, comm, **options)
 
     # ------------------------------------------------------------------ set-up
-    def _check_params(self) -> None:
+    def _data_path(self) -> str:
+        """"host", "staged" or "stream" (module docstring); float32 diffs, each blob owned
+        by one layer."""
         seen: dict[int, str] = {}
+        on_device = False
         for _, layer in sorted(self._layers.items()):
             for p in layer.param_ids:
                 if p in seen:
@@ -155,11 +176,16 @@ class GradientExecutor:
                                     f"{seen[p]!r} and {layer.name!r}")
                 seen[p] = layer.name
                 diff = self._params[p].diff
-                if not isinstance(diff, np.ndarray) or diff.dtype != np.float32:
+                device = not isinstance(diff, np.ndarray)
+                if getattr(diff, "dtype", None) != np.float32 or (
+                        device and not type(diff).__module__.startswith("cupy")):
                     raise CommError(f"rank {self.rank}: layer {layer.name!r} parameter {p}: "
-                                    f"gradient sync needs float32 numpy diffs, got "
-                                    f"{type(diff).__name__} {getattr(diff, 'dtype', '')} "
-                                    f"(train across ranks on the CPU in float32)")
+                                    f"gradient sync needs float32 numpy or CuPy diffs, got "
+                                    f"{type(diff).__name__} {getattr(diff, 'dtype', '')}")
+                on_device |= device
+        if not on_device:
+            return "host"
+        return "stream" if getattr(self.comm, "device_streams", False) else "staged"
 
     def _layer_offsets(self) -> dict[int, tuple[int, int]]:
         out, offset = {}, 0
@@ -198,6 +224,8 @@ class GradientExecutor:
         if self.tracer is not None:
             self.tracer.instant(self._layers[k].name if k in self._layers else str(k), "grad",
                                 COMPUTE, self.tracer.now(), layer=k)
+        if self.mode == "stream":
+            self.comm.mark_ready(k)  # an event on the compute stream: k's diffs are queued
         self._queue.put(k)
 
     def wait(self) -> None:
@@ -304,12 +332,21 @@ class GradientExecutor:
             got = self._layers[k].name if k in self._layers else f"#{k}"
             raise CommError(f"rank {self.rank}: backward reported layer {got!r} but layer "
                             f"{self._layers[expected].name!r} comes next in backward order")
-        for seg in self._segments[k]:
+        segs = self._segments[k]
+        for seg in segs:
             diff = seg.blob.diff
             if diff.shape != seg.view.shape:
                 raise CommError(f"rank {self.rank}: layer {self._layers[k].name!r}: a gradient "
                                 f"changed shape from {seg.view.shape} to {diff.shape}")
-            np.copyto(seg.view, diff)
+        if self.mode == "host":
+            for seg in segs:
+                np.copyto(seg.view, seg.blob.diff)
+        elif self.mode == "staged":
+            for seg in segs:
+                seg.blob.diff.get(out=seg.view)  # device to host, into the buffer
+        else:
+            self.comm.wait_ready(k)
+            self.comm.pack([(seg.view, seg.blob.diff) for seg in segs])
         self._pos += 1
         self._last_progress = time.monotonic()
         group = self._group_of[k]
@@ -322,16 +359,29 @@ class GradientExecutor:
         piece = self.buffer[g.start:g.stop]
         self._reducing = g
         t0 = time.perf_counter()
+        reduce = (self.comm.allreduce_sum_async if self.mode == "stream"
+                  else self.comm.allreduce_sum)
         if self.watchdog is not None:
             with self.watchdog.guard(f"all-reduce of group {g.index} ({g.nbytes} bytes)"):
-                self.comm.allreduce_sum(piece)
+                reduce(piece)
         else:
-            self.comm.allreduce_sum(piece)
+            reduce(piece)
         t1 = time.perf_counter()
         size = self.comm.size
-        for k in g.layers:
-            for seg in self._segments[k]:
+        segs = [seg for k in g.layers for seg in self._segments[k]]
+        if self.mode == "host":
+            for seg in segs:
                 np.divide(seg.view, size, out=seg.blob.diff)
+        elif self.mode == "staged":
+            np.divide(piece, size, out=piece)
+            for seg in segs:
+                seg.blob.diff.set(seg.view)  # host to device
+        else:
+            self.comm.unpack([(seg.view, seg.blob.diff) for seg in segs], size)
+            if g.index == len(self.groups) - 1:
+                # The one host wait of the iteration: everything queued on the stream is done
+                # before wait() lets the update run.
+                self.comm.synchronize(f"the gradients of iteration {self.iterations}")
         t2 = time.perf_counter()
         self.allreduce_seconds += t1 - t0
         if self.tracer is not None:

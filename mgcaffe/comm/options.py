@@ -9,10 +9,12 @@ from typing import Any
 from ..errors import CommError
 from .communicator import Communicator
 
-__all__ = ["COMM_MODES", "MERGES", "Options", "add_arguments", "options_from", "wanted"]
+__all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "options_from",
+           "wanted"]
 
 COMM_MODES = ("wfbp", "synceasgd", "mgwfbp", "threshold")
 MERGES = ("optimal", "paper")
+BACKENDS = ("auto", "mpi", "nccl")
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Options:
     emulate_nodes: int | None = None
     check_sync: int = 0
     test_timeout: float = 3600.0
+    backend: str = "auto"
 
     @property
     def scheme(self) -> str:
@@ -59,6 +62,12 @@ class Options:
             raise CommError(f"--check-sync: must be >= 0, got {self.check_sync}")
         if (self.emulate_network is None) != (self.emulate_nodes is None):
             raise CommError("--emulate-network and --emulate-nodes go together")
+        if self.backend not in BACKENDS:
+            raise CommError(f"--comm-backend: expected one of {', '.join(BACKENDS)}, got "
+                            f"{self.backend!r}")
+        if self.backend == "nccl" and self.emulate_network is not None:
+            raise CommError("--emulate-network works with the MPI backend only "
+                            "(--comm-backend mpi)")
         if self.emulate_nodes is not None and self.emulate_nodes < 1:
             raise CommError(f"--emulate-nodes: must be >= 1, got {self.emulate_nodes}")
         return self
@@ -95,6 +104,10 @@ def add_arguments(parser) -> None:
                    help="number of nodes whose a and b --emulate-network uses")
     g.add_argument("--check-sync", type=int, default=None, metavar="K",
                    help="every K iterations compare weight checksums across ranks")
+    g.add_argument("--comm-backend", choices=BACKENDS, default=None,
+                   help="gradient all-reduce: nccl (GPU arrays on their own stream), mpi (host "
+                        "buffers; GPU gradients staged through them) or auto (default: nccl "
+                        "when training on GPUs and every rank can load NCCL)")
     g.add_argument("--comm-timeout", type=float, default=None, metavar="SECONDS",
                    help="a collective making no progress this long ends every rank "
                         "(default 120)")
@@ -124,7 +137,8 @@ def options_from(args: Any, comm_param: Any = None, solver_path: str | None = No
              "network": "network", "plan": "plan", "save_plan": "save_plan",
              "profile_iters": "profile_iters", "timeline": "timeline",
              "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
-             "check_sync": "check_sync", "comm_timeout": "timeout"}
+             "check_sync": "check_sync", "comm_timeout": "timeout",
+             "comm_backend": "backend"}
     for flag, name in flags.items():
         value = getattr(args, flag, None)
         if value is not None:

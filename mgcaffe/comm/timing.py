@@ -27,10 +27,12 @@ __all__ = ["NetTimer", "OnlineProfile", "slowest"]
 class NetTimer:
     """Times every forward_layer/backward_layer call of `net` (optionally into `tracer`)."""
 
-    def __init__(self, net: Any, tracer: Any = None, clock=time.perf_counter):
+    def __init__(self, net: Any, tracer: Any = None, clock=time.perf_counter,
+                 synchronize=None):
         self.net = net
         self.tracer = tracer
         self.clock = clock
+        self.synchronize = synchronize  # GPU: wait for the layer's kernels before timing
         self.forward_start = 0.0  # of the latest forward pass
         self.forward_end = 0.0
         self._installed = False
@@ -38,9 +40,15 @@ class NetTimer:
     def install(self) -> NetTimer:
         if self._installed:
             return self
-        net, clock, tracer = self.net, self.clock, self.tracer
+        net, tracer = self.net, self.tracer
         forward_layer, backward_layer = net.forward_layer, net.backward_layer
         names = net.layer_names
+        sync = self.synchronize
+
+        def clock():
+            if sync is not None:
+                sync()
+            return self.clock()
 
         def timed_forward(i, *args, **kwargs):
             t0 = clock()

@@ -157,7 +157,10 @@ def run(args) -> int:
     # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"))
     with handler, distributed.failing_together(comm):
-        solver = build_solver(args, rank=rank, world_size=size)
+        # several ranks on GPUs: each takes its own GPU of the node (--gpu lists them)
+        own_gpu = {"device": distributed.rank_device(comm, args.gpu)} \
+            if size > 1 and args.gpu is not None else {}
+        solver = build_solver(args, rank=rank, world_size=size, **own_gpu)
         try:
             if not distributed.wanted(args, comm):
                 return run_training(solver, args, handler=handler)

@@ -114,6 +114,9 @@ def test_defaults_and_merge_to_scheme():
     (dict(emulate_nodes=8), "--emulate-network and --emulate-nodes go together"),
     (dict(comm_timeout=-1.0), "--comm-timeout: must be > 0"),
     (dict(profile_iters=1), "profile_iters: must be >= 2"),
+    (dict(comm_backend="ucx"), "--comm-backend: expected one of auto, mpi, nccl"),
+    (dict(comm_backend="nccl", emulate_network="n.json", emulate_nodes=8),
+     "--emulate-network works with the MPI backend only"),
 ])
 def test_invalid_options(given, message):
     with pytest.raises(CommError, match=message):
@@ -275,3 +278,15 @@ def test_rank_0_testing_longer_than_the_comm_timeout_is_not_a_fault():
                                iters=5, per_rank=per_rank)
     assert errors == [None, None]
     assert tested == [0, 2, 4] and [s.iter for s in solvers] == [5, 5]
+
+
+def test_nccl_backend_needs_a_gpu_solver():
+    _, _, errors = train(1, flags(comm_backend="nccl"), iters=1)
+    assert isinstance(errors[0], CommError)
+    assert "--comm-backend nccl needs the solver on a GPU" in str(errors[0])
+
+
+def test_auto_backend_on_the_cpu_uses_the_host_path():
+    _, handles, errors = train(2, flags(comm="wfbp", profile_iters=2), iters=3)
+    assert errors == [None, None]
+    assert handles[0].executor.mode == "host" and handles[0].comm is not None

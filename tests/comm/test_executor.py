@@ -262,5 +262,65 @@ def test_non_float32_gradients_are_refused():
     blob = net.learnable_params[2]
     blob.diff = blob.diff.astype(np.float64)
     with pytest.raises(CommError, match="layer 'conv2' parameter 2: gradient sync needs "
-                                        "float32 numpy diffs, got ndarray float64"):
+                                        "float32 numpy or CuPy diffs, got ndarray float64"):
         GradientExecutor.from_net(net, PLANS["wfbp"], SingleCommunicator())
+
+
+class StreamComm(SingleCommunicator):
+    """A device-streams communicator (the nccl.py protocol) on the host, recording calls."""
+
+    device_streams = True
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.marked = set()
+
+    def mark_ready(self, k):
+        self.calls.append(("mark", k))
+        self.marked.add(k)
+
+    def wait_ready(self, k):
+        assert k in self.marked, "wait_ready before mark_ready"
+        self.calls.append(("wait", k))
+
+    def pack(self, pairs):
+        self.calls.append(("pack", len(pairs)))
+        for dst, src in pairs:
+            np.copyto(dst, src)
+
+    def allreduce_sum_async(self, buf):
+        self.calls.append(("allreduce", buf.size))
+        buf *= 2  # as if a second rank held the same gradients
+
+    def unpack(self, pairs, divisor=1):
+        self.calls.append(("unpack", len(pairs), divisor))
+        for src, dst in pairs:
+            np.divide(src, divisor, out=dst)
+
+    def synchronize(self, what="", timeout=None):
+        self.calls.append(("sync",))
+
+    size = 1
+
+
+def test_stream_path_follows_the_device_protocol():
+    """mark on the main thread; per layer wait + pack; per group all-reduce + unpack; one
+    synchronize per iteration, after the last group."""
+    net, twin = FakeNet(), FakeNet()  # the twin computes the same local gradients
+    comm = StreamComm()
+    with GradientExecutor.from_net(net, PLANS["merged"], comm, data_path="stream") as ex:
+        for _ in range(2):
+            comm.calls.clear()
+            net.backward(hook=ex.on_learnable_done)
+            twin.backward()
+            ex.wait()
+            kinds = [c[0] for c in comm.calls]
+            assert kinds.count("sync") == 1 and kinds[-1] == "sync"
+            assert [c for c in comm.calls if c[0] == "allreduce"] == \
+                [("allreduce", n) for n in group_sizes(net, PLANS["merged"].groups)]
+            for k in (4, 3, 2, 1):  # each layer: marked, then waited for, then packed
+                assert kinds.index("mark") <= comm.calls.index(("wait", k))
+            assert [c[0] for c in comm.calls if c[0] in ("wait", "pack")] == ["wait", "pack"] * 4
+    for got, local in zip(net.diffs(), twin.diffs()):
+        np.testing.assert_allclose(got, local * 2)  # summed "over two ranks", divided by 1

@@ -115,6 +115,7 @@ class Pooling(Layer):
             return
         self._shape = (shape, kernel)
         self.out_hw = tuple(out)
+        self.kernel_now = kernel  # the kernel in effect (the whole plane for global pooling)
         self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
         if self.whole_plane:
             return
@@ -132,7 +133,9 @@ class Pooling(Layer):
             count = kernel[0] * kernel[1] + 1
             index_dtype = np.int8 if count <= 127 else (np.int16 if count <= 32767
                                                         else np.int32)
-            self._winner = empty(length, dtype=index_dtype)
+            self._winner_grid = empty(length, dtype=index_dtype)
+            # The tags of the real outputs, (N, C, Ph, Pw): what a device twin reproduces.
+            self._winner = self._windows.valid(self._winner_grid)
             self._candidate = empty(length, dtype=index_dtype)
             self._greater = empty(length, dtype=bool)
             self._picked = empty(length, dtype=self.dtype)
@@ -200,7 +203,7 @@ class Pooling(Layer):
         # wins; fmax keeps the old value on NaN, as Caffe's "x > max" does; ties keep the
         # earlier offset (a later one must be strictly greater).
         xp, windows = self.xp, self._windows
-        best, winner, greater, candidate = (self._grid_out, self._winner, self._greater,
+        best, winner, greater, candidate = (self._grid_out, self._winner_grid, self._greater,
                                             self._candidate)
         index_type = winner.dtype.type
         best[...] = _LOWEST
@@ -234,9 +237,9 @@ class Pooling(Layer):
         phase_diff[...] = 0
         if self.method == _P.MAX:
             windows.valid(grid_diff)[...] = top_diff
-            index_type = self._winner.dtype.type
+            index_type = self._winner_grid.dtype.type
             for tag, index, shift in windows.offsets:
-                won = xp.equal(self._winner, index_type(tag + 1), out=self._greater)
+                won = xp.equal(self._winner_grid, index_type(tag + 1), out=self._greater)
                 windows.window(phase_diff, index, shift)[...] += xp.multiply(
                     grid_diff, won, out=self._picked)
         else:

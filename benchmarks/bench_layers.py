@@ -89,21 +89,22 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args(argv)
     peak = matmul_gflops(args.repeats)
-    print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best of {args.repeats})\n")
-    title = f"layer (batch {args.batch})"
-    print(f"{title:<26}{'fwd ms':>9}{'bwd ms':>9}{'GFLOP':>8}"
-          f"{'GFLOP/s':>9}{'/matmul':>9}")
-    total_flops = total_time = 0.0
+    rows = []
     for name, kind, body, shape, down in CASES:
         layer, bottom, top = build(kind, body, shape, args.batch)
         forward, backward = time_layer(layer, bottom, top, down, args.repeats)
-        flops = gemm_flops(layer, bottom, top) * (3 if down else 2)
+        rows.append((name, forward, backward, gemm_flops(layer, bottom, top) * (3 if down else 2)))
+    # The matmul is measured again at the end and the better rate kept: a conservative ratio.
+    peak = max(peak, matmul_gflops(args.repeats))
+    print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best of {args.repeats}, before and "
+          "after)\n")
+    title = f"layer (batch {args.batch})"
+    print(f"{title:<26}{'fwd ms':>9}{'bwd ms':>9}{'GFLOP':>8}{'GFLOP/s':>9}{'/matmul':>9}")
+    for name, forward, backward, flops in rows:
         rate = flops / (forward + backward) / 1e9
-        total_flops += flops
-        total_time += forward + backward
         print(f"{name:<26}{forward * 1e3:9.2f}{backward * 1e3:9.2f}{flops / 1e9:8.2f}"
               f"{rate:9.1f}{rate / peak:9.2f}")
-    overall = total_flops / total_time / 1e9
+    overall = sum(r[3] for r in rows) / sum(r[1] + r[2] for r in rows) / 1e9
     print(f"\nconv+ip overall: {overall:.1f} GFLOP/s = {overall / peak:.2f} of the matmul rate "
           f"(target >= 0.50)")
 

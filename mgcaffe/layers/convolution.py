@@ -202,11 +202,22 @@ class Convolution(_ConvolutionBase):
         self._per_sample = self._spatial >= (self.per_sample_from_pointwise if self._pointwise
                                              else self.per_sample_from)
         rows = self.channels * self.kernel[0] * self.kernel[1]
-        # One column matrix per bottom: backward's weight gradient reads the forward's.
+        # One column matrix per bottom: backward's weight gradient reads the forward's, then
+        # the same buffer takes the column gradient (memory: one column matrix, not two).
         self._cols = [None if self._per_sample and self._pointwise
                       else self.buffer(f"columns{i}", (rows, self.num * self._spatial))
                       for i in range(len(bottom))]
+        self._cols_hold_input = [False] * len(bottom)
         self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def _fill_columns(self, i, b):
+        """im2col of bottom i into its column matrix (unless it already holds it)."""
+        cols = self._cols[i]
+        if cols is not None and not self._cols_hold_input[i]:
+            image = b.data.reshape(self._image_shape)
+            im2col(image, *self.geometry(), out=cols, padded=self.padded_buffer(image.shape))
+            self._cols_hold_input[i] = True
+        return cols
 
     def _weight3(self, array):
         """A weight-shaped array as (group, num_output/group, channels/group*kh*kw)."""
@@ -222,11 +233,9 @@ class Convolution(_ConvolutionBase):
     def forward(self, bottom, top):
         xp, weight = self.xp, self.blobs[0].data
         o, n, p = self.num_output, self.num, self._spatial
-        for b, t, cols in zip(bottom, top, self._cols):
-            if cols is not None:
-                image = b.data.reshape(self._image_shape)
-                im2col(image, *self.geometry(), out=cols,
-                       padded=self.padded_buffer(image.shape))
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            self._cols_hold_input[i] = False  # new data: the columns must be rebuilt
+            cols = self._fill_columns(i, b)
             out = t.data.reshape(n, o, p)
             bias = self.blobs[1].data[None, :, None] if self.bias_term else None
             if self._per_sample:
@@ -248,12 +257,17 @@ class Convolution(_ConvolutionBase):
         o, n, p = self.num_output, self.num, self._spatial
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
-        for t, down, b, cols in zip(top, propagate_down, bottom, self._cols):
+        for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
             top_diff = t.diff.reshape(n, o, p)
             if want_bias:
                 self.blobs[1].diff += top_diff.sum(axis=(0, 2))
             if not (want_weight or down):
                 continue
+            # A second backward after one forward (the columns then hold a gradient) rebuilds
+            # them, as Caffe's backward always does.
+            cols = self._fill_columns(i, b) if want_weight else self._cols[i]
+            if down and cols is not None:
+                self._cols_hold_input[i] = False  # about to take the column gradient
             if self._per_sample:
                 self._backward_per_sample(top_diff, want_weight, down, b, cols)
             else:
@@ -261,13 +275,13 @@ class Convolution(_ConvolutionBase):
 
     def _backward_whole_batch(self, top_diff, want_weight, down, b, cols):
         o, n, p = self.num_output, self.num, self._spatial
-        diff_t = self.buffer("top_diff_t", (o, n * p))
+        diff_t = self.buffer("product", (o, n * p))  # the forward's scratch, free now
         diff_t.reshape(o, n, p)[...] = top_diff.transpose(1, 0, 2)
         diff3 = self.grouped(diff_t)
         if want_weight:
             self.add_weight_diff(diff3, self.grouped(cols).transpose(0, 2, 1))
         if down:
-            col_diff = self.buffer("column_diff", cols.shape)
+            col_diff = cols  # the weight gradient is done with the columns
             self.xp.matmul(self._weight3(self.blobs[0].data).transpose(0, 2, 1), diff3,
                            out=self.grouped(col_diff))
             col2im(col_diff, self._image_shape, *self.geometry(),
@@ -289,7 +303,7 @@ class Convolution(_ConvolutionBase):
             if cols is None:
                 xp.matmul(w_t, diff4, out=b.diff.reshape(columns.shape))
                 return
-            col_diff = self.buffer("column_diff", cols.shape)
+            col_diff = cols  # the weight gradient is done with the columns
             xp.matmul(w_t, diff4, out=self._sample_columns(None, col_diff))
             col2im(col_diff, self._image_shape, *self.geometry(),
                    out=b.diff.reshape(self._image_shape))

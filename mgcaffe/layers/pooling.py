@@ -125,7 +125,7 @@ class Pooling(Layer):
         length, empty = self._windows.length, self.xp.empty
         self._grid_out = empty(length, dtype=self.dtype)
         self._grid_diff = self.xp.zeros(length, dtype=self.dtype)  # junk cells stay 0
-        self._phase_diff = self.xp.zeros_like(self._windows.phases)
+        self._fill = fill
         if self.method == _P.MAX:
             # Per grid cell, 1 + the kernel offset that won (0: none); offsets are scanned in
             # increasing order, so "the latest strictly greater one" is a running maximum of
@@ -138,7 +138,6 @@ class Pooling(Layer):
             self._winner = self._windows.valid(self._winner_grid)
             self._candidate = empty(length, dtype=index_dtype)
             self._greater = empty(length, dtype=bool)
-            self._picked = empty(length, dtype=self.dtype)
             self._mask_delta = self._mask_offsets((h, w), kernel) if len(top) > 1 else None
         else:
             self._inv_area = self._inverse_window_area((h, w), kernel)
@@ -233,20 +232,24 @@ class Pooling(Layer):
             self._backward_whole_plane(top_diff, bottom_diff)
             return
         xp, windows = self.xp, self._windows
-        grid_diff, phase_diff = self._grid_diff, self._phase_diff
+        # The phases holding the forward's input double as the gradient accumulator (memory:
+        # one input-sized buffer per layer, not two); their fill is restored at the end.
+        grid_diff, phase_diff = self._grid_diff, windows.phases
         phase_diff[...] = 0
         if self.method == _P.MAX:
             windows.valid(grid_diff)[...] = top_diff
             index_type = self._winner_grid.dtype.type
             for tag, index, shift in windows.offsets:
                 won = xp.equal(self._winner_grid, index_type(tag + 1), out=self._greater)
+                # The forward's running maximum (already copied to the top) is scratch now.
                 windows.window(phase_diff, index, shift)[...] += xp.multiply(
-                    grid_diff, won, out=self._picked)
+                    grid_diff, won, out=self._grid_out)
         else:
             xp.multiply(top_diff, self._inv_area, out=windows.valid(grid_diff))
             for _, index, shift in windows.offsets:
                 windows.window(phase_diff, index, shift)[...] += grid_diff
         windows.unload(phase_diff, bottom_diff)
+        phase_diff[...] = self._fill
 
     def _backward_whole_plane(self, top_diff, bottom_diff):
         n, c = top_diff.shape[:2]

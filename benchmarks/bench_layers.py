@@ -34,23 +34,19 @@ CASES = [
 ]
 
 
-def best_time(fn, repeats: int) -> float:
-    """The fastest of `repeats` runs after one warm-up (the machine is shared and noisy)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def matmul_gflops(repeats: int, n: int = 2048) -> float:
+    """Best-of GFLOP/s of one n^3 float32 matmul (the machine is shared and noisy)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((n, n), dtype=np.float32)
-    return 2 * n**3 / best_time(lambda: np.matmul(a, b, out=out), repeats) / 1e9
+    np.matmul(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
 
 
 def build(kind: str, body: str, shape, batch: int):
@@ -68,10 +64,18 @@ def build(kind: str, body: str, shape, batch: int):
 
 
 def time_layer(layer, bottom, top, down: bool, repeats: int) -> tuple[float, float]:
-    """Best-of forward and backward seconds of one layer."""
-    forward = best_time(lambda: layer.forward(bottom, top), repeats)
-    backward = best_time(lambda: layer.backward(top, [down], bottom), repeats)
-    return forward, backward
+    """Best-of forward and backward seconds of one layer, each backward after a forward (as
+    in training: a backward may reuse what its forward left behind)."""
+    best_forward = best_backward = float("inf")
+    for _ in range(repeats + 1):  # the first pass allocates buffers: a warm-up
+        start = time.perf_counter()
+        layer.forward(bottom, top)
+        middle = time.perf_counter()
+        layer.backward(top, [down], bottom)
+        end = time.perf_counter()
+        best_forward = min(best_forward, middle - start)
+        best_backward = min(best_backward, end - middle)
+    return best_forward, best_backward
 
 
 def gemm_flops(layer, bottom, top) -> float:

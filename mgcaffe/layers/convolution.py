@@ -161,6 +161,13 @@ class _ConvolutionBase(Layer):
         rows, cols = matrix.shape
         return matrix.reshape(self.group, rows // self.group, cols)
 
+    def add_bias_diff(self, top_diff):
+        """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
+        Caffe does; several times faster than a numpy sum over two axes)."""
+        ones = self.buffer("ones", (top_diff.shape[2],))
+        ones[...] = 1
+        self.blobs[1].diff += (top_diff @ ones).sum(axis=0)
+
     def add_weight_diff(self, a3, b3_transposed):
         """weight.diff += a3 @ b3_transposed, group by group (Caffe accumulates)."""
         weight = self.blobs[0]
@@ -260,7 +267,7 @@ class Convolution(_ConvolutionBase):
         for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
             top_diff = t.diff.reshape(n, o, p)
             if want_bias:
-                self.blobs[1].diff += top_diff.sum(axis=(0, 2))
+                self.add_bias_diff(top_diff)
             if not (want_weight or down):
                 continue
             # A second backward after one forward (the columns then hold a gradient) rebuilds
@@ -356,7 +363,7 @@ class Deconvolution(_ConvolutionBase):
         for t, down, b, input_t in zip(top, propagate_down, bottom, self._inputs_t):
             image_diff = t.diff.reshape(self._image_shape)
             if want_bias:
-                self.blobs[1].diff += image_diff.sum(axis=(0, 2, 3))
+                self.add_bias_diff(image_diff.reshape(self.num, self.num_output, -1))
             if not (want_weight or down):
                 continue
             cols = self.buffer("columns", self._col_shape)

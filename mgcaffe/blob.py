@@ -120,6 +120,18 @@ class Blob:
             )
         self._diff = other._diff.reshape(self.shape)
 
+    def use_diff_storage(self, storage) -> None:
+        """Make `storage` (an array of the blob's shape, dtype and xp: typically a view into a
+        larger buffer, Net.flatten_param_diffs) this blob's diff, keeping the current values.
+
+        Only code that writes into `diff` in place (`+=`, `out=`, `[...] =`) keeps writing
+        into `storage` afterwards; `reshape` to another shape allocates a fresh diff."""
+        if tuple(storage.shape) != self.shape or storage.dtype != self.dtype:
+            raise NetError(f"blob {self.name!r}: diff storage of shape {tuple(storage.shape)} "
+                           f"{storage.dtype} for a blob of shape {self.shape} {self.dtype}")
+        storage[...] = self._diff
+        self._diff = storage
+
     def share(self, other: Blob) -> None:
         """Alias both data and diff (an in-place top, a shared parameter)."""
         self.share_data(other)

@@ -111,6 +111,10 @@ class Net:
         self.params_lr = g.params_lr
         self.params_weight_decay = g.params_weight_decay
         self.param_owners = g.param_owner
+        self._param_blobs = g.params  # every layer's parameter blobs, sharers included
+        self.param_diff_buffer = None  # set by flatten_param_diffs
+        self.flat_param_ids: tuple[int, ...] = ()
+        self._loose_param_ids = tuple(range(len(g.learnable_params)))  # diffs not in it
         self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
         self.learnable_layers = []
         self._learnable_of_layer: list[int | None] = [None] * len(g.layers)
@@ -281,10 +285,52 @@ class Net:
         return loss
 
     # -- parameters
+    def reduced_param_ids(self) -> list[int]:
+        """The `learnable_params` indices gradient sync reduces, in the order it communicates
+        them: learnable layer L's blobs first .. layer 1's last, each layer's in order."""
+        return [p for layer in reversed(self.learnable_layers) for p in layer.param_ids]
+
+    def flatten_param_diffs(self, order=None):
+        """Re-allocate parameter diffs as consecutive views of ONE contiguous buffer (Caffe's
+        multi-GPU layout) and return it; it is also kept as `param_diff_buffer`.
+
+        `order`: `learnable_params` indices in buffer order (default `reduced_param_ids()`,
+        so that every group of consecutive learnable layers the gradient sync reduces is one
+        slice of the buffer, all-reduced in place). Current values are kept, sharers keep
+        aliasing their owner's diff, the other diffs stay as they are. Layers write into
+        parameter diffs in place (`+=`, `out=`), so they write into the buffer; reshaping a
+        flattened blob to another shape would give it a diff of its own again."""
+        ids = self.reduced_param_ids() if order is None else [int(p) for p in order]
+        count = len(self.learnable_params)
+        bad = [p for p in ids if not 0 <= p < count]
+        if bad:
+            raise NetError(f"net {self.name!r}: flatten_param_diffs: parameter ids {bad} are "
+                           f"not in 0..{count - 1}")
+        if len(set(ids)) != len(ids):
+            raise NetError(f"net {self.name!r}: flatten_param_diffs: the order repeats a "
+                           f"parameter id: {ids}")
+        blobs = [self.learnable_params[p] for p in ids]
+        flat = self.xp.zeros(sum(b.count for b in blobs), dtype=self.dtype)
+        offset = 0
+        for blob in blobs:
+            blob.use_diff_storage(flat[offset:offset + blob.count].reshape(blob.shape))
+            offset += blob.count
+        # Sharers aliased the owners' old diffs: point them at the new ones.
+        for i, owner in enumerate(self.param_owners):
+            if owner >= 0:
+                self._param_blobs[i].share_diff(self._param_blobs[owner])
+        self.param_diff_buffer = flat
+        self.flat_param_ids = tuple(ids)
+        self._loose_param_ids = tuple(sorted(set(range(count)) - set(ids)))
+        return flat
+
     def clear_param_diffs(self) -> None:
-        """Zero every owned parameter diff (the solver does this once per iteration)."""
-        for blob in self.learnable_params:
-            blob.diff.fill(0)
+        """Zero every owned parameter diff (the solver does this once per iteration); one
+        fill of the buffer for the diffs flatten_param_diffs gathered."""
+        if self.param_diff_buffer is not None:
+            self.param_diff_buffer.fill(0)
+        for i in self._loose_param_ids:
+            self.learnable_params[i].diff.fill(0)
 
     def update(self) -> None:
         """Caffe's Net::Update: data -= diff for every owned parameter blob."""

@@ -96,6 +96,27 @@ def rank_device(comm: Communicator, gpu_flag: str | None = None) -> Device:
     return Device("gpu", select_gpu(local_rank, local_size, count, ids, comm.rank))
 
 
+def flatten_gradients(net: Any) -> None:
+    """Lay the reduced parameter diffs out as one buffer in the executor's order (unless the
+    net already is), so that every planned group is one slice all-reduced in place."""
+    flatten = getattr(net, "flatten_param_diffs", None)
+    if flatten is None:  # a net without the method: the executor packs
+        return
+    if tuple(net.flat_param_ids) != tuple(net.reduced_param_ids()):
+        flatten()
+
+
+def describe_gradient_buffer(executor: GradientExecutor) -> str:
+    """One log line: whether the gradients are all-reduced in place or packed."""
+    n, in_place = len(executor.groups), executor.in_place_groups
+    if in_place == n:
+        return ("Gradients are all-reduced in place, group by group, in the net's flat "
+                "gradient buffer (no copies)")
+    return (f"Gradients: {n - in_place} of {n} group(s) are packed into a "
+            f"{executor.buffer.nbytes / 1e6:.1f} MB buffer to be all-reduced "
+            f"({executor.mode} path)")
+
+
 @contextmanager
 def failing_together(comm: Communicator):
     """Any exception inside ends every rank: logged with this rank, then MPI_Abort."""
@@ -157,9 +178,14 @@ class DistributedTraining:
         self.timer = NetTimer(net, self.tracer, synchronize=self._sync)
         if self.tracer is not None or self.profiler is not None:
             self.timer.install()
+        if not o.pack_gradients:
+            flatten_gradients(net)
         self.executor = GradientExecutor.from_net(net, provisional, self.comm,
                                                   timeout=o.timeout, tracer=self.tracer,
-                                                  watchdog=self.watchdog)
+                                                  watchdog=self.watchdog,
+                                                  in_place=not o.pack_gradients)
+        if self.rank == 0:
+            log.info("%s", describe_gradient_buffer(self.executor))
         self._ready: dict[int, float] = {}
         self._t_start = 0.0
         self._t_grads = 0.0

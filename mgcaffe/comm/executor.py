@@ -2,21 +2,29 @@
 
 The backward pass (main thread) calls `on_learnable_done(k)` right after learnable layer k's
 backward: a queue put, nothing more. The communication thread takes ids in backward order
-(L, L-1, ..., 1), copies each layer's parameter diffs into its place in one contiguous float32
-buffer (allocated once: the groups are consecutive slices of it, so nothing is allocated per
-iteration), and when a group's last layer has arrived it all-reduces the group's slice, divides
-by the world size while copying the result back into the diffs, and counts the group done.
-`wait()` (main thread, before the update) returns when every group of the iteration is done
-and re-raises, with the rank, whatever went wrong on the thread.
+(L, L-1, ..., 1) and, when a group's last layer has arrived, all-reduces the group and divides
+it by the world size, then counts the group done. `wait()` (main thread, before the update)
+returns when every group of the iteration is done and re-raises, with the rank, whatever went
+wrong on the thread.
+
+Where a group's bytes live, chosen per group when the plan is set:
+- in place (zero copy): the group's diffs are consecutive views of one contiguous buffer, in
+  backward order (what `Net.flatten_param_diffs()` lays out, as Caffe's multi-GPU code
+  does): the all-reduce and the division work on that slice of the net's own buffer;
+- packed: otherwise (a net not flattened, or GPU diffs staged through host memory), each
+  layer's diffs are copied into their fixed place in one contiguous float32 buffer of the
+  executor's (allocated once: the groups are consecutive slices of it, so nothing is
+  allocated per iteration) as they arrive, and the reduced slice, divided, is copied back.
 
 Three data paths, chosen from the diffs and the communicator:
-- "host": numpy diffs; pack, all-reduce and unpack on the host (MPI, the local world).
+- "host": numpy diffs; all-reduce (and pack/unpack when packed) on the host (MPI, the local
+  world).
 - "staged": device (CuPy) diffs over a host communicator (MPI): each layer's diffs are copied
   to the host buffer as they arrive and the averaged result is copied back.
 - "stream": device diffs over a communicator with `device_streams` (nccl.py): the main
   thread records an event per layer (`mark_ready`), the thread queues wait-for-event, pack,
-  all-reduce and unpack on the communicator's stream without host synchronisation, and
-  synchronises once per iteration, after the last group.
+  all-reduce and unpack (in place: the division alone) on the communicator's stream without
+  host synchronisation, and synchronises once per iteration, after the last group.
 
 No wait is unbounded: the thread's queue gets have a timeout while an iteration is under way
 (backward stalled: CommError naming the rank and the layer and group awaited), `wait()` gives
@@ -73,9 +81,36 @@ def check_plan_layers(groups: list[list[str]], names: Sequence[str], rank: int) 
                     f"{longer[min(len(planned), len(expected))]!r})")
 
 
+def _address(array: Any) -> int:
+    """Where an array's first element lives (numpy or CuPy)."""
+    pointer = getattr(array.data, "ptr", None)  # a CuPy MemoryPointer
+    return int(pointer) if pointer is not None else int(array.ctypes.data)
+
+
+def contiguous_span(arrays: Sequence[Any]) -> Any | None:
+    """The 1-D slice of one buffer that `arrays` tile, in this order, without gaps: each is a
+    C-contiguous view of the same 1-D float32 base and starts where the previous one ends
+    (the layout of Net.flatten_param_diffs). None when they do not."""
+    if not arrays:
+        return None
+    base = arrays[0].base
+    if base is None or base.ndim != 1 or base.dtype != np.float32 or \
+            not base.flags.c_contiguous:
+        return None
+    first, item = _address(base), base.itemsize
+    start, gap = divmod(_address(arrays[0]) - first, item)
+    position = start
+    for a in arrays:
+        if a.base is not base or a.dtype != base.dtype or not a.flags.c_contiguous or gap or \
+                _address(a) - first != position * item:
+            return None
+        position += a.size
+    return base[start:position]
+
+
 @dataclass
 class _Segment:
-    """One parameter blob's place in the buffer: `view` has the blob's shape."""
+    """One parameter blob's place in the packing buffer: `view` has the blob's shape."""
 
     blob: Any
     view: np.ndarray
@@ -88,7 +123,8 @@ class _Group:
     layers: list[int]  # learnable indices, backward order
     last: int  # learnable index whose arrival completes the group (the input-most layer)
     start: int
-    stop: int  # the group's slice of the buffer, in elements
+    stop: int  # the group's slice of the packing buffer, in elements
+    flat: Any = None  # the group's diffs as one slice of the net's buffer: reduced in place
 
     @property
     def nbytes(self) -> int:
@@ -104,11 +140,16 @@ class GradientExecutor:
     `plan`: anything with `.groups` (lists of layer names, communication order); `comm`: a
     Communicator. Optional: `timeout` (seconds without progress before giving up), `tracer`
     (trace.Tracer), `watchdog` (faults.Watchdog guarding each all-reduce), `data_path`
-    (force "host", "staged" or "stream" instead of choosing from the diffs)."""
+    (force "host", "staged" or "stream" instead of choosing from the diffs), `in_place`
+    (False: pack every group even where its diffs are one slice of a buffer).
+
+    `packed_bytes` counts the bytes copied into the packing buffer (0 when every group is
+    reduced in place); `in_place_groups` says how many groups of the plan are."""
 
     def __init__(self, layers: Sequence[Any], params: Sequence[Any], plan: Any,
                  comm: Communicator, *, timeout: float = 120.0, tracer: Any = None,
-                 watchdog: Any = None, data_path: str | None = None):
+                 watchdog: Any = None, data_path: str | None = None,
+                 in_place: bool = True):
         self.comm = comm
         self.rank = comm.rank
         self.timeout = float(timeout)
@@ -126,22 +167,15 @@ class GradientExecutor:
                 raise CommError(f"rank {self.rank}: data_path must be host, staged or stream, "
                                 f"got {data_path!r}")
             self.mode = data_path
-        # Every parameter blob, in backward order, has its fixed place in one buffer (on the
-        # device for the stream path, on the host otherwise).
-        total = sum(params[p].diff.size for layer in layers for p in layer.param_ids)
-        xp = get_array_module(params[0].diff) if self.mode == "stream" and params else np
-        self.buffer = xp.zeros(total, dtype=np.float32)
-        self._segments: dict[int, list[_Segment]] = {}
-        offset = 0
-        for k in range(len(layers), 0, -1):
-            segs = []
-            for p in self._layers[k].param_ids:
-                blob = params[p]
-                n = blob.diff.size
-                segs.append(_Segment(blob, self.buffer[offset:offset + n].reshape(blob.diff.shape)))
-                offset += n
-            self._segments[k] = segs
+        # Each layer's diff arrays now: the in-place path reduces exactly these memories.
+        self._diffs = {k: [params[p].diff for p in layer.param_ids]
+                       for k, layer in self._layers.items()}
         self._offsets = self._layer_offsets()
+        # Staged diffs live on the device, the reduction on the host: they are always packed.
+        self._in_place = in_place and self.mode in ("host", "stream")
+        self.buffer: Any = None  # the packing buffer, allocated when a group needs it
+        self._segments: dict[int, list[_Segment]] = {}
+        self.packed_bytes = 0
         self.set_plan(plan)
 
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -188,12 +222,31 @@ class GradientExecutor:
         return "stream" if getattr(self.comm, "device_streams", False) else "staged"
 
     def _layer_offsets(self) -> dict[int, tuple[int, int]]:
+        """Each layer's (start, stop) in the packing buffer, in elements (backward order)."""
         out, offset = {}, 0
         for k in range(len(self._layers), 0, -1):
-            n = sum(s.view.size for s in self._segments[k])
+            n = sum(int(d.size) for d in self._diffs[k])
             out[k] = (offset, offset + n)
             offset += n
         return out
+
+    def _allocate_packing(self) -> None:
+        """The packing buffer (on the device for the stream path, else on the host), and
+        every parameter blob's fixed place in it, in backward order; once."""
+        if self.buffer is not None:
+            return
+        total = self._offsets[1][1] if self._layers else 0
+        xp = (get_array_module(self._params[0].diff) if self.mode == "stream" and self._params
+              else np)
+        self.buffer = xp.zeros(total, dtype=np.float32)
+        for k, (offset, _) in self._offsets.items():
+            segs = []
+            for p in self._layers[k].param_ids:
+                blob = self._params[p]
+                n = blob.diff.size
+                segs.append(_Segment(blob, self.buffer[offset:offset + n].reshape(blob.diff.shape)))
+                offset += n
+            self._segments[k] = segs
 
     def set_plan(self, plan: Any) -> None:
         """Use `plan` from the next iteration on (between iterations only: after wait())."""
@@ -208,11 +261,16 @@ class GradientExecutor:
         for gi, names in enumerate(groups):
             ks = [by_name[n] for n in names]
             # backward order: the group's first name is its output-most layer
+            flat = (contiguous_span([d for k in ks for d in self._diffs[k]])
+                    if self._in_place else None)
             g = _Group(gi, names, ks, last=ks[-1], start=self._offsets[ks[0]][0],
-                       stop=self._offsets[ks[-1]][1])
+                       stop=self._offsets[ks[-1]][1], flat=flat)
             self.groups.append(g)
             for k in ks:
                 self._group_of[k] = g
+        self.in_place_groups = sum(g.flat is not None for g in self.groups)
+        if self.in_place_groups < len(self.groups):
+            self._allocate_packing()
         self._order = list(range(len(self._layers), 0, -1))
         self._pos = 0
 
@@ -332,6 +390,33 @@ class GradientExecutor:
             got = self._layers[k].name if k in self._layers else f"#{k}"
             raise CommError(f"rank {self.rank}: backward reported layer {got!r} but layer "
                             f"{self._layers[expected].name!r} comes next in backward order")
+        group = self._group_of[k]
+        if group.flat is not None:
+            self._check_in_place(k)
+            if self.mode == "stream":
+                self.comm.wait_ready(k)
+        else:
+            self._pack(k)
+        self._pos += 1
+        self._last_progress = time.monotonic()
+        if k == group.last:
+            self._reduce(group)
+        if self._pos == len(self._order):
+            self._pos = 0
+
+    def _check_in_place(self, k: int) -> None:
+        """Layer k's diffs must still be the arrays the group's slice covers: a diff replaced
+        by another array (rather than written in place) would silently not be reduced."""
+        layer = self._layers[k]
+        for p, diff in zip(layer.param_ids, self._diffs[k]):
+            if self._params[p].diff is not diff:
+                raise CommError(f"rank {self.rank}: layer {layer.name!r} parameter {p}: its "
+                                f"diff is no longer the slice of the gradient buffer the "
+                                f"all-reduce works on (replaced instead of written in place, "
+                                f"or the net was flattened again)")
+
+    def _pack(self, k: int) -> None:
+        """Copy layer k's diffs into their place in the packing buffer."""
         segs = self._segments[k]
         for seg in segs:
             diff = seg.blob.diff
@@ -347,16 +432,10 @@ class GradientExecutor:
         else:
             self.comm.wait_ready(k)
             self.comm.pack([(seg.view, seg.blob.diff) for seg in segs])
-        self._pos += 1
-        self._last_progress = time.monotonic()
-        group = self._group_of[k]
-        if k == group.last:
-            self._reduce(group)
-        if self._pos == len(self._order):
-            self._pos = 0
+        self.packed_bytes += sum(seg.view.nbytes for seg in segs)
 
     def _reduce(self, g: _Group) -> None:
-        piece = self.buffer[g.start:g.stop]
+        piece = g.flat if g.flat is not None else self.buffer[g.start:g.stop]
         self._reducing = g
         t0 = time.perf_counter()
         reduce = (self.comm.allreduce_sum_async if self.mode == "stream"
@@ -367,7 +446,34 @@ class GradientExecutor:
         else:
             reduce(piece)
         t1 = time.perf_counter()
+        self._average(g, piece)
+        if self.mode == "stream" and g.index == len(self.groups) - 1:
+            # The one host wait of the iteration: everything queued on the stream is done
+            # before wait() lets the update run.
+            self.comm.synchronize(f"the gradients of iteration {self.iterations}")
+        t2 = time.perf_counter()
+        self.allreduce_seconds += t1 - t0
+        if self.tracer is not None:
+            self.tracer.span(f"allreduce g{g.index}", "allreduce", COMM, t0, t1, group=g.index,
+                             layers=g.names, bytes=g.nbytes)
+            self.tracer.span(f"{'average' if g.flat is not None else 'unpack'} g{g.index}",
+                             "unpack", COMM, t1, t2, group=g.index)
+        with self._cond:
+            self._reducing = None
+            self._done += 1
+            self._last_progress = time.monotonic()
+            self._cond.notify_all()
+
+    def _average(self, g: _Group, piece: Any) -> None:
+        """Divide the reduced group by the world size: in place, or while copying it back
+        from the packing buffer into the diffs."""
         size = self.comm.size
+        if g.flat is not None:
+            if self.mode == "stream":
+                self.comm.unpack([(piece, piece)], size)  # queued on the stream, in place
+            elif size != 1:  # x / 1 == x exactly: nothing to do for one rank
+                np.divide(piece, size, out=piece)
+            return
         segs = [seg for k in g.layers for seg in self._segments[k]]
         if self.mode == "host":
             for seg in segs:
@@ -378,18 +484,3 @@ class GradientExecutor:
                 seg.blob.diff.set(seg.view)  # host to device
         else:
             self.comm.unpack([(seg.view, seg.blob.diff) for seg in segs], size)
-            if g.index == len(self.groups) - 1:
-                # The one host wait of the iteration: everything queued on the stream is done
-                # before wait() lets the update run.
-                self.comm.synchronize(f"the gradients of iteration {self.iterations}")
-        t2 = time.perf_counter()
-        self.allreduce_seconds += t1 - t0
-        if self.tracer is not None:
-            self.tracer.span(f"allreduce g{g.index}", "allreduce", COMM, t0, t1, group=g.index,
-                             layers=g.names, bytes=g.nbytes)
-            self.tracer.span(f"unpack g{g.index}", "unpack", COMM, t1, t2, group=g.index)
-        with self._cond:
-            self._reducing = None
-            self._done += 1
-            self._last_progress = time.monotonic()
-            self._cond.notify_all()

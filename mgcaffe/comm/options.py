@@ -36,6 +36,7 @@ class Options:
     check_sync: int = 0
     test_timeout: float = 3600.0
     backend: str = "auto"
+    pack_gradients: bool = False
 
     @property
     def scheme(self) -> str:
@@ -111,6 +112,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--comm-timeout", type=float, default=None, metavar="SECONDS",
                    help="a collective making no progress this long ends every rank "
                         "(default 120)")
+    g.add_argument("--pack-gradients", action="store_true", default=None,
+                   help="copy each group's gradients into a separate buffer to all-reduce "
+                        "them (default: one flat gradient buffer, reduced in place; the "
+                        "results are bit-identical)")
 
 
 def _resolve_path(value: str, solver_path: str | None) -> str:
@@ -138,7 +143,7 @@ def options_from(args: Any, comm_param: Any = None, solver_path: str | None = No
              "profile_iters": "profile_iters", "timeline": "timeline",
              "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
              "check_sync": "check_sync", "comm_timeout": "timeout",
-             "comm_backend": "backend"}
+             "comm_backend": "backend", "pack_gradients": "pack_gradients"}
     for flag, name in flags.items():
         value = getattr(args, flag, None)
         if value is not None:

@@ -185,3 +185,23 @@ def test_mgcaffe_train_under_mpiexec(digits):
     assert "comm=mgwfbp merge=paper" in log  # the flag beat comm_param's wfbp
     assert json.loads(plan.read_text())["scheme"] == "mgwfbp"
     assert "measured" in log and "predicted" in log and "Optimization Done." in log
+
+
+@pytest.mark.parametrize("mode", ["wfbp", "mgwfbp-optimal"])
+def test_in_place_reduction_is_bit_identical_to_packing(digits, mode):
+    """The flat gradient buffer reduced in place (the default) and every group packed into
+    the executor's buffer (--pack-gradients) train to bit-identical weights."""
+    root, solver = digits
+    weights = {}
+    for how, extra in (("in-place", []), ("packed", ["--pack-gradients"])):
+        out = root / f"w_{how}_{mode}"
+        status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(COMBINED_BATCH // 2),
+                                     *MODES[mode], "--profile-iters", PROFILE_ITERS,
+                                     "--dump-weights", out, *extra], timeout=240)
+        assert status == 0, log
+        said = "all-reduced in place" if how == "in-place" else "packed into"
+        assert said in log, log
+        weights[how] = [load_weights(out, r) for r in range(2)]
+    for r in range(2):
+        for a, b in zip(weights["in-place"][r], weights["packed"][r]):
+            assert np.array_equal(a, b), f"rank {r}"

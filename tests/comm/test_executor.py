@@ -324,3 +324,131 @@ def test_stream_path_follows_the_device_protocol():
             assert [c[0] for c in comm.calls if c[0] in ("wait", "pack")] == ["wait", "pack"] * 4
     for got, local in zip(net.diffs(), twin.diffs()):
         np.testing.assert_allclose(got, local * 2)  # summed "over two ranks", divided by 1
+
+
+# ----------------------------------------------------------------------------- in place
+def flatten(net, order=None):
+    """What Net.flatten_param_diffs does, for a FakeNet: the diffs become consecutive views
+    of one buffer (default order: learnable layers L..1, each layer's blobs in order)."""
+    if order is None:
+        order = [p for layer in reversed(net.learnable_layers) for p in layer.param_ids]
+    blobs = [net.learnable_params[p] for p in order]
+    flat = np.zeros(sum(b.diff.size for b in blobs), np.float32)
+    offset = 0
+    for b in blobs:
+        b.diff = flat[offset:offset + b.diff.size].reshape(b.diff.shape)
+        offset += b.diff.size
+    return flat
+
+
+class Sharing(Recording):
+    """Records, for every all-reduce, whether its buffer is memory of `flat`."""
+
+    def __init__(self, inner, flat):
+        super().__init__(inner)
+        self.flat = flat
+        self.in_flat = []
+
+    def allreduce_sum(self, buf):
+        self.in_flat.append(np.shares_memory(buf, self.flat))
+        super().allreduce_sum(buf)
+
+
+def reduce_on_ranks(n, scheme, prepare, iters=2, **options):
+    """Each of n thread-ranks: a FakeNet, `prepare(net)` (returns a comm wrapper or None),
+    `iters` backward passes reduced by the plan; returns every rank's reduced gradients per
+    iteration, the executors and the wrapped communicators."""
+    world = LocalWorld(n, timeout=10)
+    nets = [FakeNet(rank=r) for r in range(n)]
+    comms = [prepare(net, c) for net, c in zip(nets, world.communicators())]
+    executors = [None] * n
+
+    def rank_main(r):
+        seen = []
+        with GradientExecutor.from_net(nets[r], PLANS[scheme], comms[r], timeout=10,
+                                       **options) as ex:
+            executors[r] = ex
+            for _ in range(iters):
+                nets[r].backward(hook=ex.on_learnable_done)
+                ex.wait()
+                seen.append(nets[r].diffs())
+        return seen
+
+    results, errors = run_ranks(n, rank_main)
+    assert errors == [None] * n
+    return results, executors, comms
+
+
+@pytest.mark.parametrize("scheme", sorted(PLANS))
+def test_flat_diffs_are_reduced_in_place_bit_identical_to_packing(scheme):
+    n = 2
+    packed, pack_ex, _ = reduce_on_ranks(n, scheme, lambda net, c: Recording(c))
+    flat, flat_ex, comms = reduce_on_ranks(n, scheme, lambda net, c: Sharing(c, flatten(net)))
+    groups = len(PLANS[scheme].groups)
+    for ex, comm in zip(flat_ex, comms):
+        assert ex.in_place_groups == groups and ex.packed_bytes == 0 and ex.buffer is None
+        assert comm.in_flat == [True] * (groups * 2)  # every all-reduce on the net's buffer
+    for ex in pack_ex:
+        assert ex.in_place_groups == 0 and ex.packed_bytes > 0
+    assert [c.sizes for c in comms] == [group_sizes(FakeNet(), PLANS[scheme].groups) * 2] * n
+    for r in range(n):
+        for it in range(2):
+            for a, b in zip(flat[r][it], packed[r][it]):
+                assert np.array_equal(a, b)
+
+
+def test_groups_not_one_slice_are_packed():
+    """Flattened in forward order, a layer's own blobs are one slice but two layers in
+    backward order are not: single-layer groups in place, merged groups packed."""
+    n = 2
+    forward = [p for layer in FakeNet().learnable_layers for p in layer.param_ids]
+    packed, _, _ = reduce_on_ranks(n, "uneven", lambda net, c: Recording(c))
+    mixed, executors, comms = reduce_on_ranks(
+        n, "uneven", lambda net, c: Sharing(c, flatten(net, forward)))
+    for ex, comm in zip(executors, comms):
+        assert ex.in_place_groups == 1  # ["fc2"] alone; ["fc1", "conv2", "conv1"] packed
+        assert comm.in_flat == [True, False] * 2
+        assert ex.packed_bytes == 2 * 4 * group_sizes(FakeNet(), [["fc1", "conv2", "conv1"]])[0]
+    for r in range(n):
+        for a, b in zip(mixed[r][-1], packed[r][-1]):
+            assert np.array_equal(a, b)
+
+
+def test_in_place_can_be_turned_off():
+    _, executors, comms = reduce_on_ranks(2, "merged", lambda net, c: Sharing(c, flatten(net)),
+                                          in_place=False)
+    for ex, comm in zip(executors, comms):
+        assert ex.in_place_groups == 0 and ex.packed_bytes > 0 and not any(comm.in_flat)
+
+
+def test_a_replaced_diff_stops_the_in_place_path():
+    """A layer that replaces a flattened diff instead of writing into it would have its
+    gradient silently left out of the all-reduce: the thread refuses, naming the layer."""
+    net = FakeNet()
+    flatten(net)
+    ex = GradientExecutor.from_net(net, PLANS["merged"], SingleCommunicator(), timeout=5)
+    blob = net.learnable_params[net.learnable_layers[2].param_ids[0]]  # fc1's weights
+    blob.diff = blob.diff.copy()
+    net.backward(hook=ex.on_learnable_done)
+    with pytest.raises(CommError, match=r"rank 0: layer 'fc1' parameter 4: its diff is no "
+                                        r"longer the slice of the gradient buffer"):
+        ex.wait()
+    ex.close()
+
+
+def test_stream_path_in_place_skips_pack_and_unpack_copies():
+    """Flattened device diffs on the stream path: each layer is still waited for on the
+    stream, nothing is packed, and the group is divided in place on the stream."""
+    net, twin = FakeNet(), FakeNet()
+    flat = flatten(net)
+    comm = StreamComm()
+    with GradientExecutor.from_net(net, PLANS["merged"], comm, data_path="stream") as ex:
+        net.backward(hook=ex.on_learnable_done)
+        twin.backward()
+        ex.wait()
+    kinds = [c[0] for c in comm.calls]
+    assert "pack" not in kinds and kinds.count("wait") == 4 and kinds[-1] == "sync"
+    assert [c for c in comm.calls if c[0] == "unpack"] == [("unpack", 1, 1)] * 2
+    assert ex.buffer is None and np.shares_memory(ex.groups[0].flat, flat)
+    for got, local in zip(net.diffs(), twin.diffs()):
+        np.testing.assert_allclose(got, local * 2)

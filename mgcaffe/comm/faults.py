@@ -61,6 +61,8 @@ class Watchdog:
         self._cond = threading.Condition()
         self._active: dict[int, tuple[float, str]] = {}
         self._tokens = itertools.count()
+        self._wake_at = float("inf")  # when the watchdog thread next looks (monotonic)
+        self.checks = 0  # times the thread has looked at the guards (a cost per look)
         self._closed = False
         self.expired: str | None = None  # what the watchdog fired on, if it did
         self.error: BaseException | None = None  # raised by on_expire, kept for the caller
@@ -73,9 +75,10 @@ class Watchdog:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         token = next(self._tokens)
         with self._cond:
-            earliest = min((d for d, _ in self._active.values()), default=None)
             self._active[token] = (deadline, what)
-            if earliest is None or deadline < earliest:
+            # Wake the thread only when it would look too late: a guard per all-reduce must
+            # not cost a thread switch per all-reduce.
+            if deadline < self._wake_at:
                 self._cond.notify()
         try:
             yield
@@ -89,10 +92,12 @@ class Watchdog:
                 with self._cond:
                     if self._closed:
                         return
+                    self.checks += 1
                     now = time.monotonic()
                     late = [(d, w) for d, w in self._active.values() if d <= now]
                     if not late:
                         earliest = min((d for d, _ in self._active.values()), default=now + 1.0)
+                        self._wake_at = earliest + 0.001
                         self._cond.wait(max(0.0, earliest - now) + 0.001)
                         continue
                     what = min(late)[1]

@@ -41,6 +41,25 @@ def test_watchdog_quiet_when_operations_finish_in_time():
     assert fired == [] and wd.expired is None
 
 
+def test_watchdog_guards_cost_no_thread_wakeup():
+    """A guard per all-reduce: the watchdog thread must not be woken for each one (a thread
+    switch per message slows backward on busy cores); a short deadline still wakes it."""
+    fired = []
+    wd = Watchdog(SingleCommunicator(), 60.0, on_expire=fired.append)
+    time.sleep(0.05)  # the thread has looked once and sleeps
+    before = wd.checks
+    for _ in range(200):
+        with wd.guard("all-reduce"):
+            pass
+    assert wd.checks - before <= 2  # (its idle look once a second may fall in here)
+    t0 = time.perf_counter()
+    with wd.guard("stuck", timeout=0.1):
+        while not fired and time.perf_counter() - t0 < 3:
+            time.sleep(0.01)
+    assert fired == ["stuck"] and time.perf_counter() - t0 < 0.5
+    wd.close()
+
+
 def test_watchdog_default_aborts_the_world():
     world = LocalWorld(2, timeout=30)
     comms = world.communicators()

@@ -44,6 +44,13 @@ def case_collectives(comm, args):
     comm.allreduce_sum(buf)
     check(np.array_equal(buf, np.arange(1000, dtype=np.float32) * (n * (n + 1) / 2)),
           "allreduce_sum")
+    if hasattr(comm, "chunk_bytes"):  # MPI: a buffer over the chunk size goes in pieces
+        saved, comm.chunk_bytes = comm.chunk_bytes, 4000
+        pieces = np.arange(2501, dtype=np.float32).reshape(41, 61) * (r + 1)  # 3 pieces
+        comm.allreduce_sum(pieces)
+        comm.chunk_bytes = saved
+        check(np.array_equal(pieces, np.arange(2501, dtype=np.float32).reshape(41, 61) *
+                             (n * (n + 1) / 2)), "allreduce_sum in pieces")
     rng = np.random.default_rng(r)
     noisy = rng.standard_normal(100_000).astype(np.float32)
     comm.allreduce_sum(noisy)

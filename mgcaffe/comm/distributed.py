@@ -183,9 +183,15 @@ class DistributedTraining:
         self.executor = GradientExecutor.from_net(net, provisional, self.comm,
                                                   timeout=o.timeout, tracer=self.tracer,
                                                   watchdog=self.watchdog,
-                                                  in_place=not o.pack_gradients)
+                                                  in_place=not o.pack_gradients,
+                                                  thread_nice=o.thread_nice)
         if self.rank == 0:
             log.info("%s", describe_gradient_buffer(self.executor))
+            if o.thread_nice is not None:
+                log.info("Communication thread %s", f"at nice {o.thread_nice}"
+                         if self.executor.favoured else f"left at its priority (nice "
+                         f"{o.thread_nice} needs root or CAP_SYS_NICE): its wake-ups may "
+                         f"wait for backward's time slice on busy cores")
         self._ready: dict[int, float] = {}
         self._t_start = 0.0
         self._t_grads = 0.0

@@ -37,6 +37,7 @@ class Options:
     test_timeout: float = 3600.0
     backend: str = "auto"
     pack_gradients: bool = False
+    thread_nice: int | None = -10
 
     @property
     def scheme(self) -> str:
@@ -112,6 +113,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--comm-timeout", type=float, default=None, metavar="SECONDS",
                    help="a collective making no progress this long ends every rank "
                         "(default 120)")
+    g.add_argument("--comm-thread-nice", type=int, default=None, metavar="N",
+                   help="nice value of the communication thread, so that it runs as soon as "
+                        "it wakes even when backward fills the cores (default -10; lowering "
+                        "it needs root or CAP_SYS_NICE, otherwise it is left as it is)")
     g.add_argument("--pack-gradients", action="store_true", default=None,
                    help="copy each group's gradients into a separate buffer to all-reduce "
                         "them (default: one flat gradient buffer, reduced in place; the "
@@ -143,7 +148,8 @@ def options_from(args: Any, comm_param: Any = None, solver_path: str | None = No
              "profile_iters": "profile_iters", "timeline": "timeline",
              "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
              "check_sync": "check_sync", "comm_timeout": "timeout",
-             "comm_backend": "backend", "pack_gradients": "pack_gradients"}
+             "comm_backend": "backend", "pack_gradients": "pack_gradients",
+             "comm_thread_nice": "thread_nice"}
     for flag, name in flags.items():
         value = getattr(args, flag, None)
         if value is not None:

@@ -12,6 +12,14 @@ rounded up to Hq = ceil(Hn / sh) rows per phase (Wq likewise). Phase (a, b) hold
 grid cell (oh + i // sh, ow + j // sw): the output's own flat grid index plus a shift of
 (i // sh) * Wq + j // sw. Grid cells past (Ph, Pw) are junk outputs, computed and dropped;
 each phase has `max_shift` spare tail cells so every slice stays in bounds.
+
+Ranges. Every method takes a range of samples [start, stop) or of grid cells [lo, hi), so
+that threads can work on disjoint samples (`kernels.parallel`) and a cell range can be cut
+into cache-sized blocks. The windows of a valid output never leave its channel plane; only
+junk outputs read cells of the next sample. A scatter into shifted slices would write into
+a neighbour's range, so gradients are gathered instead: phase cell q receives, at each
+offset, grid cell q - shift, read from a grid array with `margin` (= max_shift) leading
+cells that hold zeros (`margin_slice`).
 """
 
 from __future__ import annotations
@@ -35,10 +43,11 @@ class ShiftedWindows:
         hq = -(-((out_hw[0] - 1) * sh + kh) // sh)
         wq = -(-((out_hw[1] - 1) * sw + kw) // sw)
         self.grid_shape = (n, c, hq, wq)
-        self.length = n * c * hq * wq
+        self.sample_length = c * hq * wq
+        self.length = n * self.sample_length
         self.offsets = [(i * kw + j, (i % sh) * sw + j % sw, (i // sh) * wq + j // sw)
                         for i in range(kh) for j in range(kw)]
-        self.max_shift = max(shift for _, _, shift in self.offsets)
+        self.max_shift = self.margin = max(shift for _, _, shift in self.offsets)
         self.phases = xp.full((sh * sw, self.length + self.max_shift), fill, dtype=dtype)
         # Per phase: the grid block that holds input cells and the input slices they come from.
         rows = [valid_range(height, hq, pad[0], sh, a) for a in range(sh)]
@@ -71,18 +80,38 @@ class ShiftedWindows:
         """The (N, C, Ph, Pw) output part of a grid array (a strided view)."""
         return self.grid(flat)[:, :, :self.out_hw[0], :self.out_hw[1]]
 
-    def load(self, x):
-        """Copy input x (N, C, H, W) into `phases` (padding cells keep their fill)."""
+    def cells(self, start, stop):
+        """The grid cell range [lo, hi) of samples [start, stop)."""
+        return start * self.sample_length, stop * self.sample_length
+
+    def blocks(self, start, stop, size):
+        """Cell ranges of at most `size` cells covering samples [start, stop)."""
+        lo, hi = self.cells(start, stop)
+        return [(b, min(hi, b + size)) for b in range(lo, hi, max(1, size))]
+
+    def load(self, x, start=0, stop=None):
+        """Copy samples [start, stop) of x (N, C, H, W) into `phases` (padding keeps its fill)."""
+        stop = self.grid_shape[0] if stop is None else stop
         for index, grid_block, source in self._copies:
-            self.phase_grid(self.phases, index)[grid_block] = x[source]
+            self.phase_grid(self.phases, index)[start:stop][grid_block] = x[start:stop][source]
 
-    def window(self, phases, index, shift):
-        """The contiguous slice of a phases-shaped array that one kernel offset reads."""
-        return phases[index, shift:shift + self.length]
+    def window(self, phases, index, shift, lo=0, hi=None):
+        """The contiguous slice of a phases-shaped array that one kernel offset reads for grid
+        cells [lo, hi) (all cells by default)."""
+        hi = self.length if hi is None else hi
+        return phases[index, lo + shift:hi + shift]
 
-    def unload(self, phases, out):
-        """Write a phases-shaped array's input cells into out (N, C, H, W); unread cells: 0."""
+    def margin_slice(self, grid, shift, lo, hi):
+        """Cells [lo - shift, hi - shift) of a grid array stored after `margin` leading zero
+        cells: the outputs that phase cells [lo, hi) feed at an offset with this shift."""
+        return grid[self.margin + lo - shift:self.margin + hi - shift]
+
+    def unload(self, phases, out, start=0, stop=None):
+        """Write samples [start, stop) of a phases-shaped array's input cells into out (N, C,
+        H, W); cells no window reads get 0."""
+        stop = self.grid_shape[0] if stop is None else stop
+        out = out[start:stop]
         if not self.covers_input:
             out[...] = 0
         for index, grid_block, source in self._copies:
-            out[source] = self.phase_grid(phases, index)[grid_block]
+            out[source] = self.phase_grid(phases, index)[start:stop][grid_block]

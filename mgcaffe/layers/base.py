@@ -35,6 +35,8 @@ class LayerContext:
     phase: caffe_pb2.TRAIN or TEST. xp: numpy or cupy. dtype: blob dtype (float32; tests use
     float64). seed: base seed of the net (fillers, dropout masks). rank/world_size: this
     process's share of the data in distributed training (record k is read by rank k % size).
+    chunk_runner: the `kernels.parallel.ChunkRunner` that splits a layer's memory-bound CPU
+    work over the cores (None: the process-wide default; unused on the GPU).
     """
 
     phase: int = TRAIN
@@ -44,6 +46,7 @@ class LayerContext:
     rank: int = 0
     world_size: int = 1
     extra: dict = field(default_factory=dict)
+    chunk_runner: Any = None
 
 
 class Layer:

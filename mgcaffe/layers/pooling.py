@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
 from .base import Layer
@@ -120,11 +121,14 @@ class Pooling(Layer):
         if self.whole_plane:
             return
         fill = -np.inf if self.method == _P.MAX else 0
-        self._windows = ShiftedWindows(self.xp, self.dtype, shape, kernel, self.stride,
-                                       self.pad, self.out_hw, fill)
-        length, empty = self._windows.length, self.xp.empty
+        self._windows = windows = ShiftedWindows(self.xp, self.dtype, shape, kernel,
+                                                 self.stride, self.pad, self.out_hw, fill)
+        length, margin, empty = windows.length, windows.margin, self.xp.empty
         self._grid_out = empty(length, dtype=self.dtype)
-        self._grid_diff = self.xp.zeros(length, dtype=self.dtype)  # junk cells stay 0
+        # Backward gathers from these two, so they carry `margin` leading cells; those and the
+        # junk cells stay 0 (never written).
+        self._grid_diff_stored = self.xp.zeros(margin + length, dtype=self.dtype)
+        self._grid_diff = self._grid_diff_stored[margin:]
         self._fill = fill
         if self.method == _P.MAX:
             # Per grid cell, 1 + the kernel offset that won (0: none); offsets are scanned in
@@ -133,9 +137,10 @@ class Pooling(Layer):
             count = kernel[0] * kernel[1] + 1
             index_dtype = np.int8 if count <= 127 else (np.int16 if count <= 32767
                                                         else np.int32)
-            self._winner_grid = empty(length, dtype=index_dtype)
+            self._winner_stored = self.xp.zeros(margin + length, dtype=index_dtype)
+            self._winner_grid = self._winner_stored[margin:]
             # The tags of the real outputs, (N, C, Ph, Pw): what a device twin reproduces.
-            self._winner = self._windows.valid(self._winner_grid)
+            self._winner = windows.valid(self._winner_grid)
             self._candidate = empty(length, dtype=index_dtype)
             self._greater = empty(length, dtype=bool)
             self._mask_delta = self._mask_offsets((h, w), kernel) if len(top) > 1 else None
@@ -169,20 +174,42 @@ class Pooling(Layer):
             self.dtype)
 
     # -- forward ---------------------------------------------------------------------------
+    def _runner(self):
+        return runner_or_default(self.ctx.chunk_runner)
+
+    def _for_each_chunk(self, body):
+        """body(start, stop) over chunks of samples, threaded on the CPU (kernels.parallel)."""
+        windows = self._windows
+        for_each_chunk(self.xp, windows.grid_shape[0], body,
+                       item_elements=windows.sample_length, runner=self._runner())
+
     def forward(self, bottom, top):
         x = bottom[0].data
         if self.whole_plane:
             self._forward_whole_plane(x, top)
             return
-        windows, best = self._windows, self._grid_out
-        windows.load(x)
-        if self.method == _P.MAX:
-            self._forward_max(top)
-        else:
-            best[...] = 0
-            for _, index, shift in windows.offsets:
-                best += windows.window(windows.phases, index, shift)
-            self.xp.multiply(windows.valid(best), self._inv_area, out=top[0].data)
+        self._for_each_chunk(lambda start, stop: self._forward_samples(x, top, start, stop))
+
+    def _forward_samples(self, x, top, start, stop):
+        """Forward of samples [start, stop): load them, reduce block by block (each block's
+        operands stay in the cache across the kernel offsets), write their tops."""
+        xp, windows = self.xp, self._windows
+        windows.load(x, start, stop)
+        for lo, hi in windows.blocks(start, stop, self._runner().chunk_elements):
+            if self.method == _P.MAX:
+                self._max_block(lo, hi)
+            else:
+                best = self._grid_out[lo:hi]
+                best[...] = 0
+                for _, index, shift in windows.offsets:
+                    best += windows.window(windows.phases, index, shift, lo, hi)
+        pooled = windows.valid(self._grid_out)[start:stop]
+        if self.method != _P.MAX:
+            xp.multiply(pooled, self._inv_area, out=top[0].data[start:stop])
+            return
+        top[0].data[start:stop] = pooled
+        if len(top) > 1:
+            self._write_mask(top[1].data[start:stop], windows.valid(self._winner_grid)[start:stop])
 
     def _forward_whole_plane(self, x, top):
         n, c = x.shape[:2]
@@ -197,31 +224,35 @@ class Pooling(Layer):
         else:
             self.xp.mean(flat, axis=2, out=out)
 
-    def _forward_max(self, top):
+    def _max_block(self, lo, hi):
+        """Running maximum and winner tags of grid cells [lo, hi) over the kernel offsets."""
         # Padding holds -inf and the running maximum starts at -FLT_MAX, so a padded cell never
         # wins; fmax keeps the old value on NaN, as Caffe's "x > max" does; ties keep the
         # earlier offset (a later one must be strictly greater).
         xp, windows = self.xp, self._windows
-        best, winner, greater, candidate = (self._grid_out, self._winner_grid, self._greater,
-                                            self._candidate)
+        best, winner = self._grid_out[lo:hi], self._winner_grid[lo:hi]
+        greater, candidate = self._greater[lo:hi], self._candidate[lo:hi]
         index_type = winner.dtype.type
+        # With int8 tags the flags are used as 0/1 int8 (a same-type multiply: measured 3x
+        # faster than bool * int8, which casts).
+        flags = greater.view(winner.dtype) if winner.dtype.itemsize == 1 else greater
         best[...] = _LOWEST
         winner[...] = 0
         for tag, index, shift in windows.offsets:
-            values = windows.window(windows.phases, index, shift)
+            values = windows.window(windows.phases, index, shift, lo, hi)
             xp.greater(values, best, out=greater)
             xp.fmax(best, values, out=best)
-            xp.multiply(greater, index_type(tag + 1), out=candidate)
+            xp.multiply(flags, index_type(tag + 1), out=candidate)
             xp.maximum(winner, candidate, out=winner)
-        top[0].data[...] = windows.valid(best)
-        if len(top) > 1:
-            # Flat index h*W + w of the winner in its plane; -1 where no cell was read.
-            start, table = self._mask_delta
-            mask, won = top[1].data, windows.valid(winner)
-            xp.take(table, won, out=mask)
-            mask += start + 1
-            mask *= won > 0
-            mask -= 1
+
+    def _write_mask(self, mask, won):
+        """Flat index h*W + w of each winner in its plane; -1 where no cell was read."""
+        xp = self.xp
+        start, table = self._mask_delta
+        xp.take(table, won, out=mask)
+        mask += start + 1
+        mask *= won > 0
+        mask -= 1
 
     # -- backward --------------------------------------------------------------------------
     def backward(self, top, propagate_down, bottom):
@@ -231,25 +262,42 @@ class Pooling(Layer):
         if self.whole_plane:
             self._backward_whole_plane(top_diff, bottom_diff)
             return
+        self._for_each_chunk(
+            lambda start, stop: self._backward_samples(top_diff, bottom_diff, start, stop))
+
+    def _backward_samples(self, top_diff, bottom_diff, start, stop):
+        """Backward of samples [start, stop): each input cell gathers, offset by offset, the
+        gradient of the outputs that read it (MAX: of those it won)."""
         xp, windows = self.xp, self._windows
+        outputs = windows.valid(self._grid_diff)[start:stop]
+        if self.method == _P.MAX:
+            outputs[...] = top_diff[start:stop]
+        else:
+            xp.multiply(top_diff[start:stop], self._inv_area, out=outputs)
         # The phases holding the forward's input double as the gradient accumulator (memory:
         # one input-sized buffer per layer, not two); their fill is restored at the end.
-        grid_diff, phase_diff = self._grid_diff, windows.phases
-        phase_diff[...] = 0
-        if self.method == _P.MAX:
-            windows.valid(grid_diff)[...] = top_diff
-            index_type = self._winner_grid.dtype.type
+        phase_diff = windows.phases
+        for lo, hi in windows.blocks(start, stop, self._runner().chunk_elements):
+            written = set()
             for tag, index, shift in windows.offsets:
-                won = xp.equal(self._winner_grid, index_type(tag + 1), out=self._greater)
-                # The forward's running maximum (already copied to the top) is scratch now.
-                windows.window(phase_diff, index, shift)[...] += xp.multiply(
-                    grid_diff, won, out=self._grid_out)
-        else:
-            xp.multiply(top_diff, self._inv_area, out=windows.valid(grid_diff))
-            for _, index, shift in windows.offsets:
-                windows.window(phase_diff, index, shift)[...] += grid_diff
-        windows.unload(phase_diff, bottom_diff)
-        phase_diff[...] = self._fill
+                target = windows.window(phase_diff, index, 0, lo, hi)
+                sent = windows.margin_slice(self._grid_diff_stored, shift, lo, hi)
+                if self.method == _P.MAX:
+                    # The forward's running maximum (already copied to the top) is scratch.
+                    won = self._grid_out[lo:hi]
+                    tags = windows.margin_slice(self._winner_stored, shift, lo, hi)
+                    # bool -> float on output, then a float multiply: measured faster than
+                    # multiplying by the bool flags (a casting loop).
+                    xp.equal(tags, tags.dtype.type(tag + 1), out=won)
+                    sent = xp.multiply(sent, won, out=won)
+                if index in written:
+                    target += sent
+                else:  # the first offset into a phase overwrites: no zeroing pass
+                    target[...] = sent
+                    written.add(index)
+        windows.unload(phase_diff, bottom_diff, start, stop)
+        lo, hi = windows.cells(start, stop)
+        phase_diff[:, lo:hi] = self._fill
 
     def _backward_whole_plane(self, top_diff, bottom_diff):
         n, c = top_diff.shape[:2]

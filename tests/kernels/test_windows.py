@@ -45,3 +45,38 @@ def test_windows_read_the_padded_input(shape, kernel, stride, pad, out_hw):
         read[hh, ww] = True
     np.testing.assert_array_equal(back[:, :, read], x[:, :, read])
     np.testing.assert_array_equal(back[:, :, ~read], 0.0)
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pad,out_hw", CONFIGS)
+def test_sample_ranges_and_blocks(shape, kernel, stride, pad, out_hw):
+    x = np.random.default_rng(1).standard_normal(shape)
+    whole = ShiftedWindows(np, np.float64, shape, kernel, stride, pad, out_hw, -7.0)
+    whole.load(x)
+    split = ShiftedWindows(np, np.float64, shape, kernel, stride, pad, out_hw, -7.0)
+    for start in range(shape[0]):  # one sample at a time: the same phases
+        split.load(x, start, start + 1)
+    np.testing.assert_array_equal(split.phases, whole.phases)
+    # Blocks cover exactly the cells of a sample range, in order.
+    lo, hi = split.cells(1, shape[0]) if shape[0] > 1 else split.cells(0, 1)
+    blocks = split.blocks(1, shape[0], 5) if shape[0] > 1 else split.blocks(0, 1, 5)
+    assert blocks[0][0] == lo and blocks[-1][1] == hi
+    assert all(b - a <= 5 and a == previous for (a, b), previous in
+               zip(blocks, [lo] + [b for _, b in blocks[:-1]]))
+    # unload of a sample range writes only those samples.
+    back = np.full(shape, 99.0)
+    split.unload(split.phases, back, 0, 1)
+    np.testing.assert_array_equal(back[1:], 99.0)
+    reference = np.full(shape, 99.0)
+    whole.unload(whole.phases, reference)
+    np.testing.assert_array_equal(back[:1], reference[:1])
+
+
+def test_margin_slice_reads_the_cells_an_offset_sends_to_a_phase_range():
+    windows = ShiftedWindows(np, np.float64, (2, 1, 5, 5), (3, 3), (1, 1), (1, 1), (5, 5), 0.0)
+    # Grid cell g holds g + 1; the margin before it holds zeros.
+    grid = np.concatenate([np.zeros(windows.margin), np.arange(windows.length) + 1.0])
+    for _, _, shift in windows.offsets:
+        got = windows.margin_slice(grid, shift, 3, 9)
+        # Phase cell q receives grid cell q - shift; none before the first grid cell.
+        expected = [q - shift + 1.0 if q >= shift else 0.0 for q in range(3, 9)]
+        np.testing.assert_array_equal(got, expected)

@@ -1,0 +1,120 @@
+"""kernels.parallel: chunks cover the range once, run on several threads, errors surface."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from mgcaffe.kernels import parallel
+from mgcaffe.kernels.parallel import ChunkRunner, for_each_chunk
+
+
+def record_chunks(runner, count, **options):
+    chunks, lock = [], threading.Lock()
+
+    def body(start, stop):
+        with lock:
+            chunks.append((start, stop))
+
+    for_each_chunk(np, count, body, runner=runner, **options)
+    return sorted(chunks)
+
+
+def covers_once(chunks, count):
+    return [i for start, stop in chunks for i in range(start, stop)] == list(range(count))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("count", [1, 2, 7, 64])
+@pytest.mark.parametrize("item_elements, chunk_elements", [(1, 1), (10, 25), (100, 10)])
+def test_cache_sized_chunks_cover_the_range_once(threads, count, item_elements,
+                                                 chunk_elements):
+    runner = ChunkRunner(threads, chunk_elements=chunk_elements, serial_below=0)
+    chunks = record_chunks(runner, count, item_elements=item_elements)
+    assert covers_once(chunks, count)
+    grain = max(1, chunk_elements // item_elements)
+    assert all(stop - start <= grain for start, stop in chunks)
+
+
+@pytest.mark.parametrize("threads, count, expected", [(2, 8, 2), (3, 8, 3), (4, 2, 2)])
+def test_one_chunk_per_thread_without_cache_sizing(threads, count, expected):
+    runner = ChunkRunner(threads, chunk_elements=1, serial_below=0)
+    chunks = record_chunks(runner, count, cache_sized=False)
+    assert covers_once(chunks, count)
+    assert len(chunks) == expected
+
+
+def test_small_work_and_other_array_modules_get_one_call():
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=100)
+    assert record_chunks(runner, 9, item_elements=11) == [(0, 9)]  # 99 elements < 100
+    assert len(record_chunks(runner, 10, item_elements=10)) > 1
+    calls = []
+    # Any module other than numpy (CuPy) parallelises each call itself: one call.
+    for_each_chunk(object(), 50, lambda a, b: calls.append((a, b)), runner=runner)
+    assert calls == [(0, 50)]
+    for_each_chunk(np, 0, lambda a, b: calls.append((a, b)), runner=runner)
+    assert calls == [(0, 50)]
+
+
+def test_chunks_run_on_two_threads_at_once():
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0)
+    barrier = threading.Barrier(2, timeout=10)
+    names = set()
+
+    def body(start, stop):
+        names.add(threading.current_thread().name)
+        barrier.wait()  # only returns when a second thread is inside a chunk too
+
+    for_each_chunk(np, 2, body, cache_sized=False, runner=runner)
+    assert len(names) == 2
+
+
+def test_an_error_in_a_chunk_is_raised_in_the_caller_and_stops_the_hand_out():
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0)
+    done = []
+
+    def body(start, stop):
+        if start == 3:
+            raise RuntimeError("chunk 3 failed")
+        done.append(start)
+
+    with pytest.raises(RuntimeError, match="chunk 3 failed"):
+        for_each_chunk(np, 100, body, runner=runner)
+    assert len(done) < 99
+    # The runner still works afterwards.
+    assert covers_once(record_chunks(runner, 10), 10)
+
+
+def test_a_nested_call_runs_serially_instead_of_waiting_on_busy_threads():
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0)
+    inner = []
+
+    def body(start, stop):
+        for_each_chunk(np, 4, lambda a, b: inner.append((a, b)), runner=runner)
+
+    for_each_chunk(np, 4, body, runner=runner)
+    assert sorted(inner) == sorted([(i, i + 1) for i in range(4)] * 4)
+
+
+def test_runner_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="threads and chunk_elements must be >= 1"):
+        ChunkRunner(0)
+    with pytest.raises(ValueError, match="threads and chunk_elements must be >= 1"):
+        ChunkRunner(2, chunk_elements=0)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),
+    ({"OMP_NUM_THREADS": "3"}, 3),
+    ({"OMP_NUM_THREADS": "junk"}, None),
+    ({}, None),
+])
+def test_default_threads_follow_the_blas_convention(monkeypatch, env, expected):
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cpus = len(parallel.os.sched_getaffinity(0))
+    assert parallel.default_threads() == (expected or cpus)

@@ -15,6 +15,7 @@ input falls in the padding form a border strip that is skipped). Only slicing an
 from __future__ import annotations
 
 from ..backend import get_array_module
+from .parallel import for_each_chunk
 
 
 def conv_output_size(size: int, kernel: int, pad: int, stride: int, dilation: int) -> int:
@@ -55,13 +56,16 @@ def _pairs(kernel, pad, stride, dilation):
     return tuple((int(v[0]), int(v[1])) for v in (kernel, pad, stride, dilation))
 
 
-def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padded=None):
+def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padded=None,
+           runner=None):
     """Column matrix (C*kh*kw, N*H_out*W_out) of x (N, C, H, W); see the module docstring.
 
     kernel, pad, stride, dilation: (h, w) pairs. `out`, when given, is a C-contiguous array
     of that shape and dtype to write into (every element is written). `padded`, when given
     and pad is non-zero, is a C-contiguous scratch array of shape (N, C, H + 2*ph, W + 2*pw)
     reused between calls (its border is re-zeroed here, its interior overwritten).
+    On the CPU the samples are split over `runner`'s threads (`kernels.parallel`; None: the
+    default runner): a copy that runs on one core otherwise.
     """
     xp = get_array_module(x)
     kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
@@ -73,42 +77,53 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
         out = xp.empty((rows, cols), dtype=x.dtype)
     elif out.shape != (rows, cols):
         raise ValueError(f"im2col: out has shape {out.shape}, expected {(rows, cols)}")
-    source = _padded_copy(x, pad, padded) if pad != (0, 0) else xp.ascontiguousarray(x)
-    # One strided view (C, kh, kw, N, H_out, W_out) of the padded input and one copy: the
-    # copy runs along the destination's layout, so the writes are sequential.
-    s_n, s_c, s_h, s_w = source.strides
-    view = xp.lib.stride_tricks.as_strided(
-        source,
-        shape=(c, kernel[0], kernel[1], n, out_h, out_w),
-        strides=(s_c, s_h * dilation[0], s_w * dilation[1], s_n, s_h * stride[0],
-                 s_w * stride[1]))
-    out.reshape(c, kernel[0], kernel[1], n, out_h, out_w)[...] = view
+    if pad != (0, 0):
+        shape = (n, c, height + 2 * pad[0], width + 2 * pad[1])
+        if padded is None:
+            padded = xp.zeros(shape, dtype=x.dtype)
+        elif padded.shape != shape:
+            raise ValueError(f"im2col: padded has shape {padded.shape}, expected {shape}")
+    else:
+        x = xp.ascontiguousarray(x)
+    out6 = out.reshape(c, kernel[0], kernel[1], n, out_h, out_w)
+
+    def samples(start, stop):
+        source = x[start:stop] if pad == (0, 0) else _padded_copy(x, pad, padded, start, stop)
+        # One strided view (C, kh, kw, N, H_out, W_out) of the padded input and one copy: the
+        # copy runs along the destination's layout, so the writes are sequential.
+        s_n, s_c, s_h, s_w = source.strides
+        view = xp.lib.stride_tricks.as_strided(
+            source,
+            shape=(c, kernel[0], kernel[1], stop - start, out_h, out_w),
+            strides=(s_c, s_h * dilation[0], s_w * dilation[1], s_n, s_h * stride[0],
+                     s_w * stride[1]))
+        out6[:, :, :, start:stop] = view
+
+    for_each_chunk(xp, n, samples, item_elements=rows * out_h * out_w, cache_sized=False,
+                   runner=runner)
     return out
 
 
-def _padded_copy(x, pad, padded):
-    """x zero-padded by pad=(ph, pw) on each side, written into `padded` when given."""
-    xp = get_array_module(x)
-    n, c, height, width = x.shape
-    shape = (n, c, height + 2 * pad[0], width + 2 * pad[1])
-    if padded is None:
-        padded = xp.zeros(shape, dtype=x.dtype)
-    else:
-        if padded.shape != shape:
-            raise ValueError(f"im2col: padded has shape {padded.shape}, expected {shape}")
-        padded[:, :, :pad[0]] = 0
-        padded[:, :, pad[0] + height:] = 0
-        padded[:, :, :, :pad[1]] = 0
-        padded[:, :, :, pad[1] + width:] = 0
-    padded[:, :, pad[0]:pad[0] + height, pad[1]:pad[1] + width] = x
-    return padded
+def _padded_copy(x, pad, padded, start, stop):
+    """Samples [start, stop) of x zero-padded by pad=(ph, pw) on each side, in `padded`."""
+    height, width = x.shape[2:]
+    target = padded[start:stop]
+    target[:, :, :pad[0]] = 0
+    target[:, :, pad[0] + height:] = 0
+    target[:, :, :, :pad[1]] = 0
+    target[:, :, :, pad[1] + width:] = 0
+    target[:, :, pad[0]:pad[0] + height, pad[1]:pad[1] + width] = x[start:stop]
+    return target
 
 
-def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None):
+def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None,
+           runner=None):
     """Sum a column matrix back onto an image of `shape` (N, C, H, W): im2col's adjoint.
 
     Every column entry is added to the input cell it was read from; entries that came from
-    padding are dropped. `out`, when given, is overwritten (not accumulated into).
+    padding are dropped. `out`, when given, is overwritten (not accumulated into). Each
+    cell's sum runs over the kernel offsets in increasing order (the CUDA twin's order). On
+    the CPU the samples are split over `runner`'s threads, as in im2col.
     """
     xp = get_array_module(col)
     kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
@@ -120,14 +135,19 @@ def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=N
         raise ValueError(f"col2im: col has shape {col.shape}, expected {expected} for image "
                          f"shape {tuple(shape)}")
     if out is None:
-        out = xp.zeros((n, c, height, width), dtype=col.dtype)
-    else:
-        out[...] = 0
+        out = xp.empty((n, c, height, width), dtype=col.dtype)
     col6 = col.reshape(c, kernel[0], kernel[1], n, out_h, out_w)
-    out_cn = out.transpose(1, 0, 2, 3)
-    for i, j, out_sl, in_sl in _offset_slices((n, c, height, width), (out_h, out_w), kernel,
-                                              pad, stride, dilation):
-        if out_sl is None:
-            continue
-        out_cn[:, :, in_sl[0], in_sl[1]] += col6[:, i, j, :, out_sl[0], out_sl[1]]
+    offsets = list(_offset_slices((n, c, height, width), (out_h, out_w), kernel, pad, stride,
+                                  dilation))
+
+    def samples(start, stop):
+        out_cn = out[start:stop].transpose(1, 0, 2, 3)
+        out_cn[...] = 0
+        for i, j, out_sl, in_sl in offsets:
+            if out_sl is None:
+                continue
+            out_cn[:, :, in_sl[0], in_sl[1]] += col6[:, i, j, start:stop, out_sl[0], out_sl[1]]
+
+    for_each_chunk(xp, n, samples, item_elements=expected[0] * out_h * out_w,
+                   cache_sized=False, runner=runner)
     return out

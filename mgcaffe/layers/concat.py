@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from math import prod
+
+from ..kernels.parallel import for_each_chunk
 from .base import Layer
 from .layer_util import canonical_axis
 from .registry import register_layer
@@ -57,16 +60,33 @@ class ConcatLayer(Layer):
         if len(bottom) == 1:
             top[0].share_data(bottom[0])
 
+    def _by_sample(self, body, shape):
+        """body(start, stop) over chunks of the first axis on the CPU cores (kernels.parallel);
+        with axis 0 one chunk (each bottom is then one contiguous copy)."""
+        if self.axis == 0 or not shape:
+            body(0, shape[0] if shape else 0)
+            return
+        for_each_chunk(self.xp, shape[0], body, item_elements=prod(shape[1:]),
+                       cache_sized=False, runner=self.ctx.chunk_runner)
+
     def forward(self, bottom, top):
         if len(bottom) == 1:
             top[0].share_data(bottom[0])
             return
         y = top[0].data
-        for b, index in zip(bottom, self._slices):
-            y[index] = b.data
+
+        def samples(start, stop):
+            for b, index in zip(bottom, self._slices):
+                y[start:stop][index] = b.data[start:stop]
+
+        self._by_sample(samples, y.shape)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff
-        for b, index, down in zip(bottom, self._slices, propagate_down):
-            if down:
-                b.diff[...] = dy[index]
+
+        def samples(start, stop):
+            for b, index, down in zip(bottom, self._slices, propagate_down):
+                if down:
+                    b.diff[start:stop] = dy[start:stop][index]
+
+        self._by_sample(samples, dy.shape)

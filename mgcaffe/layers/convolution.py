@@ -22,6 +22,7 @@ from math import prod
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
 from ..kernels import col2im, conv_output_size, im2col
+from ..kernels.parallel import for_each_chunk
 from .base import Layer
 from .registry import register_layer
 
@@ -156,6 +157,32 @@ class _ConvolutionBase(Layer):
         """kernel, pad, stride, dilation as im2col/col2im take them."""
         return self.kernel, self.pad, self.stride, self.dilation
 
+    def im2col(self, image, out):
+        """im2col of an (N, C, H, W) image into `out`, on this layer's chunk runner."""
+        return im2col(image, *self.geometry(), out=out,
+                      padded=self.padded_buffer(image.shape), runner=self.ctx.chunk_runner)
+
+    def col2im(self, columns, image):
+        """col2im of `columns` overwriting `image` (N, C, H, W), on this layer's runner."""
+        return col2im(columns, image.shape, *self.geometry(), out=image,
+                      runner=self.ctx.chunk_runner)
+
+    def copy_by_sample(self, target, source, bias=None):
+        """target[...] = source (+ bias), both (N, ...) arrays, the samples split over the CPU
+        cores (kernels.parallel): the transposing copies between (N, O, P) and (O, N, P) are
+        memory-bound loops that numpy runs on one core. `source` may be `target` (bias add)."""
+        xp = self.xp
+
+        def samples(start, stop):
+            if bias is None:
+                xp.copyto(target[start:stop], source[start:stop])
+            else:
+                xp.add(source[start:stop], bias, out=target[start:stop])
+
+        count = target.shape[0]
+        for_each_chunk(xp, count, samples, item_elements=target.size // max(1, count),
+                       cache_sized=False, runner=self.ctx.chunk_runner)
+
     def grouped(self, matrix):
         """View a (rows, cols) matrix as (group, rows/group, cols) for one batched matmul."""
         rows, cols = matrix.shape
@@ -221,8 +248,7 @@ class Convolution(_ConvolutionBase):
         """im2col of bottom i into its column matrix (unless it already holds it)."""
         cols = self._cols[i]
         if cols is not None and not self._cols_hold_input[i]:
-            image = b.data.reshape(self._image_shape)
-            im2col(image, *self.geometry(), out=cols, padded=self.padded_buffer(image.shape))
+            self.im2col(b.data.reshape(self._image_shape), cols)
             self._cols_hold_input[i] = True
         return cols
 
@@ -249,16 +275,12 @@ class Convolution(_ConvolutionBase):
                 xp.matmul(self._weight3(weight), self._sample_columns(b, cols),
                           out=out.reshape(n, self.group, o // self.group, p))
                 if bias is not None:
-                    out += bias
+                    self.copy_by_sample(out, out, bias)
                 continue
             product = self.buffer("product", (o, n * p))
             xp.matmul(self._weight3(weight), self.grouped(cols), out=self.grouped(product))
             # (O, N, P) -> (N, O, P): the one transposing copy, with the bias added on the way.
-            by_sample = product.reshape(o, n, p).transpose(1, 0, 2)
-            if bias is not None:
-                xp.add(by_sample, bias, out=out)
-            else:
-                out[...] = by_sample
+            self.copy_by_sample(out, product.reshape(o, n, p).transpose(1, 0, 2), bias)
 
     def backward(self, top, propagate_down, bottom):
         o, n, p = self.num_output, self.num, self._spatial
@@ -283,7 +305,7 @@ class Convolution(_ConvolutionBase):
     def _backward_whole_batch(self, top_diff, want_weight, down, b, cols):
         o, n, p = self.num_output, self.num, self._spatial
         diff_t = self.buffer("product", (o, n * p))  # the forward's scratch, free now
-        diff_t.reshape(o, n, p)[...] = top_diff.transpose(1, 0, 2)
+        self.copy_by_sample(diff_t.reshape(o, n, p).transpose(1, 0, 2), top_diff)
         diff3 = self.grouped(diff_t)
         if want_weight:
             self.add_weight_diff(diff3, self.grouped(cols).transpose(0, 2, 1))
@@ -291,8 +313,7 @@ class Convolution(_ConvolutionBase):
             col_diff = cols  # the weight gradient is done with the columns
             self.xp.matmul(self._weight3(self.blobs[0].data).transpose(0, 2, 1), diff3,
                            out=self.grouped(col_diff))
-            col2im(col_diff, self._image_shape, *self.geometry(),
-                   out=b.diff.reshape(self._image_shape))
+            self.col2im(col_diff, b.diff.reshape(self._image_shape))
 
     def _backward_per_sample(self, top_diff, want_weight, down, b, cols):
         xp, weight = self.xp, self.blobs[0]
@@ -312,8 +333,7 @@ class Convolution(_ConvolutionBase):
                 return
             col_diff = cols  # the weight gradient is done with the columns
             xp.matmul(w_t, diff4, out=self._sample_columns(None, col_diff))
-            col2im(col_diff, self._image_shape, *self.geometry(),
-                   out=b.diff.reshape(self._image_shape))
+            self.col2im(col_diff, b.diff.reshape(self._image_shape))
 
 
 @register_layer
@@ -346,11 +366,11 @@ class Deconvolution(_ConvolutionBase):
         cols = self.buffer("columns", self._col_shape)
         w3 = self.grouped(weight.reshape(c, -1))
         for b, t, input_t in zip(bottom, top, self._inputs_t):
-            input_t.reshape(c, n, spatial_in)[...] = b.data.reshape(n, c, spatial_in).transpose(
-                1, 0, 2)
+            self.copy_by_sample(input_t.reshape(c, n, spatial_in).transpose(1, 0, 2),
+                                b.data.reshape(n, c, spatial_in))
             self.xp.matmul(w3.transpose(0, 2, 1), self.grouped(input_t), out=self.grouped(cols))
             image = t.data.reshape(self._image_shape)
-            col2im(cols, self._image_shape, *self.geometry(), out=image)
+            self.col2im(cols, image)
             if self.bias_term:
                 image += self.blobs[1].data[None, :, None, None]
 
@@ -367,8 +387,7 @@ class Deconvolution(_ConvolutionBase):
             if not (want_weight or down):
                 continue
             cols = self.buffer("columns", self._col_shape)
-            im2col(image_diff, *self.geometry(), out=cols,
-                   padded=self.padded_buffer(self._image_shape))
+            self.im2col(image_diff, cols)
             cols3 = self.grouped(cols)
             if want_weight:
                 self.add_weight_diff(self.grouped(input_t), cols3.transpose(0, 2, 1))
@@ -376,5 +395,5 @@ class Deconvolution(_ConvolutionBase):
                 product = self.buffer("product", (c, n * spatial_in))
                 self.xp.matmul(self.grouped(weight.data.reshape(c, -1)), cols3,
                                out=self.grouped(product))
-                b.diff.reshape(n, c, spatial_in)[...] = product.reshape(
-                    c, n, spatial_in).transpose(1, 0, 2)
+                self.copy_by_sample(b.diff.reshape(n, c, spatial_in),
+                                    product.reshape(c, n, spatial_in).transpose(1, 0, 2))

@@ -12,6 +12,9 @@ scale), area n or n^2; the window is symmetric since n must be odd (Caffe requir
 
 from __future__ import annotations
 
+from math import prod
+
+from ..kernels.parallel import for_each_chunk
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register_layer
@@ -71,31 +74,49 @@ class LRN(Layer):
             self._work = empty(shape, dtype=self.dtype)
             self._work2 = empty(shape, dtype=self.dtype) if len(self.axes) == 2 else None
 
-    def _local_sum(self, src, out):
-        """The window sum of src over this layer's region, written into `out`."""
+    def _local_sum(self, src, out, start, stop):
+        """The window sum of samples [start, stop) of src over this layer's region, into out."""
+        src, out = src[start:stop], out[start:stop]
         if len(self.axes) == 1:
             return window_sum(self.xp, src, out, 1, self.half)
-        window_sum(self.xp, src, self._work2, 2, self.half)
-        return window_sum(self.xp, self._work2, out, 3, self.half)
+        work2 = self._work2[start:stop]
+        window_sum(self.xp, src, work2, 2, self.half)
+        return window_sum(self.xp, work2, out, 3, self.half)
+
+    def _by_sample(self, body, shape):
+        """body(start, stop) over chunks of samples on the CPU cores (kernels.parallel): each
+        sample's normalisation is independent, and every pass is a memory-bound loop."""
+        for_each_chunk(self.xp, shape[0], body, item_elements=prod(shape[1:]),
+                       runner=self.ctx.chunk_runner)
 
     def forward(self, bottom, top):
-        xp = self.xp
-        x, scale = bottom[0].data, self._scale
-        squares = xp.multiply(x, x, out=self._work)
-        self._local_sum(squares, scale)
-        scale *= self.alpha / self.area
-        scale += self.k
-        xp.power(scale, -self.beta, out=self._scale_pow)
-        xp.multiply(x, self._scale_pow, out=top[0].data)
+        x, y = bottom[0].data, top[0].data
+
+        def samples(start, stop):
+            xp, chunk = self.xp, slice(start, stop)
+            xp.multiply(x[chunk], x[chunk], out=self._work[chunk])
+            self._local_sum(self._work, self._scale, start, stop)
+            scale = self._scale[chunk]
+            scale *= self.alpha / self.area
+            scale += self.k
+            xp.power(scale, -self.beta, out=self._scale_pow[chunk])
+            xp.multiply(x[chunk], self._scale_pow[chunk], out=y[chunk])
+
+        self._by_sample(samples, x.shape)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        xp = self.xp
-        x, top_diff, diff = bottom[0].data, top[0].diff, bottom[0].diff
-        ratio = xp.multiply(top_diff, top[0].data, out=self._work)
-        ratio /= self._scale
-        self._local_sum(ratio, diff)
-        diff *= x
-        diff *= -2.0 * self.alpha * self.beta / self.area
-        diff += xp.multiply(top_diff, self._scale_pow, out=self._work)
+        x, top_data, top_diff, diff = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+
+        def samples(start, stop):
+            xp, chunk = self.xp, slice(start, stop)
+            ratio = xp.multiply(top_diff[chunk], top_data[chunk], out=self._work[chunk])
+            ratio /= self._scale[chunk]
+            self._local_sum(self._work, diff, start, stop)
+            out = diff[chunk]
+            out *= x[chunk]
+            out *= -2.0 * self.alpha * self.beta / self.area
+            out += xp.multiply(top_diff[chunk], self._scale_pow[chunk], out=ratio)
+
+        self._by_sample(samples, x.shape)

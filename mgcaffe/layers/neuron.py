@@ -7,6 +7,7 @@ TanH), and otherwise a copy of the input kept by the forward (`NeuronLayer.needs
 
 from __future__ import annotations
 
+from ..kernels.parallel import for_each_chunk
 from .base import Layer
 from .layer_util import in_place
 from .registry import register_layer
@@ -41,6 +42,18 @@ class NeuronLayer(Layer):
             self._input_copy = self.xp.empty_like(x)
         self.xp.copyto(self._input_copy, x)
 
+    def by_sample(self, body, like) -> None:
+        """body(part) over parts of arrays shaped like `like` (an index: a slice of the first
+        axis, or `...`), split over the CPU cores (kernels.parallel): an element-wise pass is
+        a memory-bound loop that numpy runs on one core."""
+        if like.ndim == 0 or like.shape[0] == 0:
+            body(...)
+            return
+        count = like.shape[0]
+        for_each_chunk(self.xp, count, lambda start, stop: body(slice(start, stop)),
+                       item_elements=like.size // count, cache_sized=False,
+                       runner=self.ctx.chunk_runner)
+
     def input_data(self, bottom, top):
         """The forward's input x, for backward."""
         if self.needs_input and in_place(bottom, top):
@@ -63,7 +76,7 @@ class ReLULayer(NeuronLayer):
         self.keep_input(bottom, top)
         xp, x, y = self.xp, bottom[0].data, top[0].data
         if self.negative_slope == 0:
-            xp.maximum(x, 0, out=y)
+            self.by_sample(lambda part: xp.maximum(x[part], 0, out=y[part]), x)
             return
         negative = xp.minimum(x, 0)
         xp.maximum(x, 0, out=y)
@@ -76,10 +89,10 @@ class ReLULayer(NeuronLayer):
         xp = self.xp
         x = self.input_data(bottom, top) if self.needs_input else top[0].data
         dy, dx = top[0].diff, bottom[0].diff
-        positive = x > 0
         if self.negative_slope == 0:
-            xp.multiply(dy, positive, out=dx)
+            self.by_sample(lambda part: xp.multiply(dy[part], x[part] > 0, out=dx[part]), x)
             return
+        positive = x > 0
         slope = positive.astype(self.dtype)
         slope += (~positive) * self.dtype.type(self.negative_slope)
         xp.multiply(dy, slope, out=dx)

@@ -8,6 +8,10 @@ import numpy as np
 import pytest
 
 from mgcaffe.kernels import col2im, conv_output_size, im2col, valid_range
+from mgcaffe.kernels.parallel import ChunkRunner
+
+#: Splits every minibatch into one-sample chunks run on three threads.
+THREADED = ChunkRunner(3, chunk_elements=1, serial_below=0)
 
 GEOMETRIES = [
     # kernel, pad, stride, dilation
@@ -81,6 +85,28 @@ def test_reused_buffers_are_fully_rewritten(geometry):
     image = rng.standard_normal(x.shape)
     col2im(col, x.shape, *geometry, out=image)
     np.testing.assert_allclose(image, col2im(col, x.shape, *geometry))
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_threaded_chunks_give_the_same_bits(geometry):
+    """Samples split over threads: every column and image cell as in one call (same sums in
+    the same order), reused buffers included."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 3, 7, 6)).astype(np.float32)
+    (ph, pw) = geometry[1]
+    padded = None if (ph, pw) == (0, 0) else np.full((5, 3, 7 + 2 * ph, 6 + 2 * pw), np.nan,
+                                                     dtype=np.float32)
+    expected = naive_im2col(x, *geometry)
+    out = np.full(expected.shape, np.nan, dtype=np.float32)
+    assert im2col(x, *geometry, out=out, padded=padded, runner=THREADED) is out
+    np.testing.assert_array_equal(out, expected)
+    col = rng.standard_normal(expected.shape).astype(np.float32)
+    image = np.full(x.shape, np.nan, dtype=np.float32)
+    col2im(col, x.shape, *geometry, out=image, runner=THREADED)
+    np.testing.assert_array_equal(image, col2im(col, x.shape, *geometry,
+                                                runner=ChunkRunner(1)))
+    np.testing.assert_allclose(image, naive_col2im(col.astype(np.float64), x.shape, *geometry),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_col2im_is_the_adjoint_of_im2col():

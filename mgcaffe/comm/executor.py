@@ -40,6 +40,7 @@ import queue
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -203,6 +204,12 @@ class GradientExecutor:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._done = 0  # groups reduced in the current iteration
+        self._averaged = 0  # groups of the current iteration reduced and divided by N
+        # Host groups reduced but not yet divided: wait() divides them on the main thread,
+        # idle there, rather than the communication thread taking the CPU from backward;
+        # after the iteration's last group both threads share what is left.
+        self._pending: deque[tuple[_Group, Any]] = deque()
+        self._defer = self.mode == "host"
         self._reducing: _Group | None = None
         self._last_progress = time.monotonic()
         self._error: BaseException | None = None
@@ -311,28 +318,36 @@ class GradientExecutor:
         self._queue.put(k)
 
     def wait(self) -> None:
-        """Block until every group of this iteration is reduced; re-raise thread failures."""
-        t0 = time.perf_counter()
-        # No progress for `timeout` seconds counts from the last progress or from now,
-        # whichever is later (between iterations the thread is idle for as long as it takes).
-        since = time.monotonic()
+        """Block until every group of this iteration is reduced and averaged (dividing the
+        reduced host groups meanwhile); re-raise thread failures."""
+        t0, since = time.perf_counter(), time.monotonic()
+        while not self._wait_for_work(since):
+            self._average_pending(COMPUTE)
+        if self._error is not None:
+            self._raise()
+        self.iterations += 1
+        if self.tracer is not None:
+            self.tracer.span("wait for gradients", "wait", COMPUTE, t0, time.perf_counter())
+
+    def _wait_for_work(self, since: float) -> bool:
+        """Wait until a reduced group waits to be divided (False) or every group of the
+        iteration is done, or the thread failed (True). No progress for `timeout` seconds
+        counts from the last progress or from `since`, whichever is later (between
+        iterations the thread is idle for as long as it takes)."""
         with self._cond:
-            while self._done < len(self.groups):
+            while not self._pending and self._averaged < len(self.groups):
                 if self._error is not None:
-                    break
+                    return True
                 if self._closed:
                     raise CommError(f"rank {self.rank}: gradient sync used after close()")
                 left = max(self._last_progress, since) + self.timeout - time.monotonic()
                 if left <= 0:
                     raise CommError(self._stall_message())
                 self._cond.wait(min(left, _POLL_S))
-            if self._error is None:
-                self._done = 0
-        if self._error is not None:
-            self._raise()
-        self.iterations += 1
-        if self.tracer is not None:
-            self.tracer.span("wait for gradients", "wait", COMPUTE, t0, time.perf_counter())
+            if self._pending:
+                return False
+            self._done = self._averaged = 0
+            return True
 
     def _stall_message(self) -> str:
         g = self._reducing
@@ -470,6 +485,9 @@ class GradientExecutor:
         else:
             reduce(piece)
         t1 = time.perf_counter()
+        if self._defer:
+            self._hand_over(g, piece, t0, t1)
+            return
         self._average(g, piece)
         if self.mode == "stream" and g.index == len(self.groups) - 1:
             # The one host wait of the iteration: everything queued on the stream is done
@@ -485,8 +503,42 @@ class GradientExecutor:
         with self._cond:
             self._reducing = None
             self._done += 1
+            self._averaged += 1
             self._last_progress = time.monotonic()
             self._cond.notify_all()
+
+    def _hand_over(self, g: _Group, piece: Any, t0: float, t1: float) -> None:
+        """Group g is reduced: queue its division for wait(); after the iteration's last
+        group, divide what is still queued alongside the main thread."""
+        self.allreduce_seconds += t1 - t0
+        if self.tracer is not None:
+            self.tracer.span(f"allreduce g{g.index}", "allreduce", COMM, t0, t1, group=g.index,
+                             layers=g.names, bytes=g.nbytes)
+        with self._cond:
+            self._reducing = None
+            self._pending.append((g, piece))
+            self._done += 1
+            self._last_progress = time.monotonic()
+            self._cond.notify_all()
+        if g.index == len(self.groups) - 1:
+            self._average_pending(COMM)
+
+    def _average_pending(self, row: str) -> None:
+        """Divide queued reduced groups until none is left (either thread; each group once)."""
+        while True:
+            with self._cond:
+                if not self._pending:
+                    return
+                g, piece = self._pending.popleft()
+            t0 = time.perf_counter()
+            self._average(g, piece)
+            if self.tracer is not None:
+                self.tracer.span(f"{'average' if g.flat is not None else 'unpack'} "
+                                 f"g{g.index}", "unpack", row, t0, time.perf_counter(),
+                                 group=g.index)
+            with self._cond:
+                self._averaged += 1
+                self._cond.notify_all()
 
     def _average(self, g: _Group, piece: Any) -> None:
         """Divide the reduced group by the world size: in place, or while copying it back

@@ -471,3 +471,38 @@ def test_thread_nice_is_the_communication_thread_s_only():
     with GradientExecutor.from_net(FakeNet(), PLANS["wfbp"], SingleCommunicator()) as ex:
         assert not ex.favoured  # no nice asked for: left alone
         assert os.getpriority(os.PRIO_PROCESS, ex._thread.native_id) == mine
+
+
+class Gated(SingleCommunicator):
+    """A 'two-rank' world whose second all-reduce waits for `release` (the first returns at
+    once); every sum doubles the buffer, as if the other rank held the same gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.size = 2
+        self.release = threading.Event()
+        self.calls = 0
+
+    def allreduce_sum(self, buf):
+        self.calls += 1
+        if self.calls == 2:
+            assert self.release.wait(5)
+        buf *= 2
+
+
+def test_host_groups_are_divided_by_the_waiting_main_thread():
+    """While the communication thread still reduces the last group, wait() divides the
+    groups already reduced (on the main thread, idle there), not the thread during backward."""
+    net, twin = FakeNet(), FakeNet()
+    flatten(net)
+    comm, tracer = Gated(), Tracer(rank=0)
+    with GradientExecutor.from_net(net, PLANS["merged"], comm, tracer=tracer) as ex:
+        net.backward(hook=ex.on_learnable_done)
+        twin.backward()
+        threading.Timer(0.3, comm.release.set).start()
+        ex.wait()
+    averages = {e["name"]: e["tid"] for e in tracer.events if e["cat"] == "unpack"}
+    assert averages["average g0"] == 0  # the compute row: the main thread divided it
+    assert set(averages) == {"average g0", "average g1"}
+    for got, local in zip(net.diffs(), twin.diffs()):
+        assert np.array_equal(got, local)  # (2 * g) / 2

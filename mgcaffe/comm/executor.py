@@ -2,10 +2,13 @@
 
 The backward pass (main thread) calls `on_learnable_done(k)` right after learnable layer k's
 backward: a queue put, nothing more. The communication thread takes ids in backward order
-(L, L-1, ..., 1) and, when a group's last layer has arrived, all-reduces the group and divides
-it by the world size, then counts the group done. `wait()` (main thread, before the update)
-returns when every group of the iteration is done and re-raises, with the rank, whatever went
-wrong on the thread.
+(L, L-1, ..., 1) and, when a group's last layer has arrived, all-reduces the group; the group
+is then divided by the world size. `wait()` (main thread, before the update) returns when
+every group of the iteration is done and re-raises, with the rank, whatever went wrong on the
+thread. On the host path the divisions are wait()'s work: the main thread is idle there, while
+during backward the communication thread's CPU is taken from backward on busy cores (both
+threads share the divisions left after the iteration's last all-reduce). On the device paths
+the thread queues the division right after the all-reduce.
 
 Where a group's bytes live, chosen per group when the plan is set:
 - in place (zero copy): the group's diffs are consecutive views of one contiguous buffer, in

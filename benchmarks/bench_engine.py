@@ -11,15 +11,23 @@ the iteration taken by the slowest layer that is not conv/ip (target <= 25%). Us
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+# Idle OpenBLAS threads spin on a core for ~0.1 s after each GEMM (2^28 cycles by default),
+# which starves the threads mgcaffe splits copies and element-wise loops over
+# (mgcaffe/kernels/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
+# before numpy loads OpenBLAS.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mgcaffe.kernels.parallel import default_runner  # noqa: E402
 from mgcaffe.layers.base import TRAIN  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
 from mgcaffe.profiling import profile_net, timing_propagate_down  # noqa: E402
@@ -119,7 +127,9 @@ def main(argv=None) -> None:
                for name in args.models.split(",")]
     # The matmul is measured again at the end and the better rate kept: a conservative ratio.
     peak = max(peak, matmul_gflops())
-    print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best, before and after the runs)\n")
+    print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best, before and after the runs); "
+          f"{default_runner().threads} chunk threads, OPENBLAS_THREAD_TIMEOUT="
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}\n")
     print(f"{'model':<15}{'batch':>6}{'mean ms':>9}{'best ms':>9}{'layers ms':>10}"
           f"{'conv+ip GF/s':>13}{'/matmul':>8}{'conv+ip':>8}  slowest other layer (share)")
     for r in results:

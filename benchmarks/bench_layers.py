@@ -9,12 +9,20 @@ at >= 0.5 of the matmul rate. Usage: python benchmarks/bench_layers.py [--repeat
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
-import numpy as np
+# Idle OpenBLAS threads spin on a core for ~0.1 s after each GEMM (2^28 cycles by default),
+# which starves the threads mgcaffe splits copies and element-wise loops over
+# (mgcaffe/kernels/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
+# before numpy loads OpenBLAS.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
+
+import numpy as np  # noqa: E402
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
+from mgcaffe.kernels.parallel import default_runner
 from mgcaffe.layers import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 
@@ -101,7 +109,8 @@ def main(argv=None) -> None:
     # The matmul is measured again at the end and the better rate kept: a conservative ratio.
     peak = max(peak, matmul_gflops(args.repeats))
     print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best of {args.repeats}, before and "
-          "after)\n")
+          f"after); {default_runner().threads} chunk threads, OPENBLAS_THREAD_TIMEOUT="
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}\n")
     title = f"layer (batch {args.batch})"
     print(f"{title:<26}{'fwd ms':>9}{'bwd ms':>9}{'GFLOP':>8}{'GFLOP/s':>9}{'/matmul':>9}")
     for name, forward, backward, flops in rows:

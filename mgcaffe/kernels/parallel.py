@@ -18,6 +18,15 @@ both backends. A body may only write the part of the outputs that belongs to its
 The default runner has as many threads as the first of OPENBLAS_NUM_THREADS or
 OMP_NUM_THREADS says (the convention the BLAS follows; distributed runs with one rank per core
 set them to 1), else one per CPU this process may run on.
+
+Two limits, measured on the 2-core reference machine. (1) The GIL: a thread holds it between
+numpy calls, so calls shorter than ~20 us (32K-element passes) do not overlap at all; only
+long passes (copies of whole samples) scale, 1.6-2x. Bodies that loop over cache-sized blocks
+therefore gain from the blocking, not from the threads. (2) OpenBLAS: after each GEMM its idle
+threads busy-wait for ~0.1 s (2^28 cycles) on the other cores, so a chunk thread gets no core
+and the split gains nothing (GoogleNet: 785 ms on one chunk thread, 796 on two).
+OPENBLAS_THREAD_TIMEOUT=18 (2^18 cycles, ~0.1 ms), set before numpy is imported, parks them
+in time: 661 ms. benchmarks/bench_engine.py sets it; so should a launcher.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mgcaffe.kernels import col2im, conv_output_size, im2col, valid_range
+from mgcaffe.kernels.im2col import col2im_batch_last, im2col_batch_last
 from mgcaffe.kernels.parallel import ChunkRunner
 
 #: Splits every minibatch into one-sample chunks run on three threads.
@@ -107,6 +108,48 @@ def test_threaded_chunks_give_the_same_bits(geometry):
                                                 runner=ChunkRunner(1)))
     np.testing.assert_allclose(image, naive_col2im(col.astype(np.float64), x.shape, *geometry),
                                rtol=1e-5, atol=1e-5)
+
+
+def batch_last_columns(col, n):
+    """NCHW-ordered columns (rows, N*P) reordered to (rows, P*N)."""
+    rows = col.shape[0]
+    return np.ascontiguousarray(col.reshape(rows, n, -1).transpose(0, 2, 1)).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("runner", [None, THREADED])
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_batch_last_layout_matches_naive(geometry, runner):
+    """Batch-last columns hold the naive columns in (H_out, W_out, N) order; col2im from them
+    gives col2im's bits (same sums, same order); stale scratch never leaks through."""
+    rng = np.random.default_rng(5)
+    shape = (3, 2, 7, 6)
+    x = rng.standard_normal(shape).astype(np.float32)
+    (ph, pw) = geometry[1]
+    image = np.full((2, 7 + 2 * ph, 6 + 2 * pw, 3), np.nan, dtype=np.float32)
+    expected = batch_last_columns(naive_im2col(x, *geometry), 3)
+    out = np.full(expected.shape, np.nan, dtype=np.float32)
+    assert im2col_batch_last(x, *geometry, out=out, image=image, runner=runner) is out
+    np.testing.assert_array_equal(out, expected)
+    col = rng.standard_normal(expected.shape).astype(np.float32)
+    # The same columns in NCHW order: (rows, P, N) -> (rows, N, P).
+    nchw_col = np.ascontiguousarray(col.reshape(col.shape[0], -1, 3).transpose(0, 2, 1))
+    nchw_col = nchw_col.reshape(col.shape)
+    back = np.full(shape, np.nan, dtype=np.float32)
+    image[...] = np.nan
+    col2im_batch_last(col, shape, *geometry, out=back, image=image, runner=runner)
+    np.testing.assert_array_equal(back, col2im(nchw_col, shape, *geometry))
+    np.testing.assert_allclose(back, naive_col2im(nchw_col.astype(np.float64), shape,
+                                                  *geometry), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_last_shape_errors():
+    x = np.zeros((2, 1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="im2col_batch_last: out has shape"):
+        im2col_batch_last(x, (3, 3), out=np.zeros((9, 5), np.float32))
+    with pytest.raises(ValueError, match="im2col_batch_last: image has shape"):
+        im2col_batch_last(x, (3, 3), image=np.zeros((1, 4, 4, 1), np.float32))
+    with pytest.raises(ValueError, match="col2im_batch_last: col has shape"):
+        col2im_batch_last(np.zeros((9, 5), np.float32), x.shape, (3, 3))
 
 
 def test_col2im_is_the_adjoint_of_im2col():

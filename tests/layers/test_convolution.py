@@ -56,15 +56,17 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["whole batch", "per sample"])
+@pytest.fixture(params=["whole batch", "per sample", "batch last"])
 def gemm_layout(request, monkeypatch):
-    """Run a test with each of Convolution's two GEMM layouts (picked by output size)."""
+    """Run a test with each of Convolution's three GEMM layouts (picked by output size)."""
     if request.param == "per sample":
         monkeypatch.setattr(Convolution, "per_sample_from", 1)
         monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 1)
     else:
         monkeypatch.setattr(Convolution, "per_sample_from", 10**9)
         monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 10**9)
+    batch_last = request.param == "batch last"
+    monkeypatch.setattr(Convolution, "batch_last_upto", 10**9 if batch_last else 0)
     return request.param
 
 
@@ -72,6 +74,7 @@ def gemm_layout(request, monkeypatch):
 def test_forward_matches_naive(body, shape, geometry, group, gemm_layout):
     layer, bottom, top = make_layer(conv_param(body), [shape])
     assert layer._per_sample == (gemm_layout == "per sample")
+    assert layer._batch_last == (gemm_layout == "batch last")
     kernel, stride, pad, dilation = geometry
     w = layer.blobs[0].data
     b = layer.blobs[1].data if len(layer.blobs) > 1 else None
@@ -102,6 +105,15 @@ def test_layout_follows_output_size():
         expected = naive_conv(bottom[0].data, layer.blobs[0].data, layer.blobs[1].data,
                               layer.stride, layer.pad, (1, 1), 1)
         np.testing.assert_allclose(top[0].data, expected, rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape, layout", [((2, 1, 16, 16), "batch last"),
+                                           ((2, 1, 17, 17), "whole batch"),
+                                           ((2, 1, 46, 46), "per sample")])
+def test_small_planes_use_the_batch_last_layout(shape, layout):
+    layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 3 pad: 1"), [shape])
+    assert (layer._per_sample, layer._batch_last) == (layout == "per sample",
+                                                      layout == "batch last")
 
 
 def test_float32_forward():

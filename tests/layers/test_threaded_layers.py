@@ -86,7 +86,7 @@ def test_concat(axis):
     assert_same(f'name: "c" type: "Concat" concat_param {{ axis: {axis} }}', shapes)
 
 
-@pytest.mark.parametrize("layout", ["whole batch", "per sample"])
+@pytest.mark.parametrize("layout", ["whole batch", "per sample", "batch last"])
 @pytest.mark.parametrize("body", ["kernel_size: 3 pad: 1 stride: 2", "kernel_size: 1",
                                   "kernel_size: 2 group: 2"])
 @pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
@@ -94,6 +94,7 @@ def test_convolution(monkeypatch, layout, body, kind):
     threshold = 1 if layout == "per sample" else 10**9
     monkeypatch.setattr(Convolution, "per_sample_from", threshold)
     monkeypatch.setattr(Convolution, "per_sample_from_pointwise", threshold)
+    monkeypatch.setattr(Convolution, "batch_last_upto", 10**9 if layout == "batch last" else 0)
     text = (f'name: "c" type: "{kind}" convolution_param {{ num_output: 4 {body} '
             'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" } }')
     assert_same(text, [(5, 4, 6, 5)])

@@ -70,13 +70,17 @@ class ChunkRunner:
         #: Work of fewer elements than this runs on the calling thread alone.
         self.serial_below = int(serial_below)
         self._executor = None
+        self._pid = None
         self._start_lock = threading.Lock()
 
     def _helpers(self) -> ThreadPoolExecutor:
+        """The helper threads, started on first use, and again in a forked child (which
+        inherits the executor but not its threads)."""
         with self._start_lock:
-            if self._executor is None:
+            if self._executor is None or self._pid != os.getpid():
                 self._executor = ThreadPoolExecutor(self.threads - 1,
                                                     thread_name_prefix="mgcaffe-chunks")
+                self._pid = os.getpid()
             return self._executor
 
     def run(self, count: int, body: Callable[[int, int], None], grain: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import numpy as np
@@ -118,3 +119,16 @@ def test_default_threads_follow_the_blas_convention(monkeypatch, env, expected):
         monkeypatch.setenv(name, value)
     cpus = len(parallel.os.sched_getaffinity(0))
     assert parallel.default_threads() == (expected or cpus)
+
+
+@pytest.mark.skipif(not hasattr(parallel.os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_helper_threads():
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0)
+    assert covers_once(record_chunks(runner, 4), 4)  # helpers started in the parent
+    pid = parallel.os.fork()
+    if pid == 0:  # the child: the inherited executor has no threads; a run must not hang
+        signal.alarm(20)  # a hang kills the child: the test fails instead of waiting
+        ok = covers_once(record_chunks(runner, 4), 4)
+        parallel.os._exit(0 if ok else 1)
+    _, status = parallel.os.waitpid(pid, 0)
+    assert parallel.os.waitstatus_to_exitcode(status) == 0

@@ -30,10 +30,11 @@ from .im2col import valid_range
 class ShiftedWindows:
     """The phase layout of one input shape, kernel, stride, pad and output size.
 
-    `phases` (S = sh*sw rows of length L + max_shift, L = N*C*Hq*Wq) holds the padded input;
-    cells that are not input cells keep `fill`. `offsets` lists (tag, phase, shift) per kernel
-    offset in scan order, tag = i*kw + j. Arrays of length L are "grid" arrays: `valid(a)`
-    views their (N, C, Ph, Pw) output part.
+    A phases array (`phases_shape`: S = sh*sw rows of length L + max_shift, L = N*C*Hq*Wq,
+    supplied by the caller) holds the padded input after `load`; cells that are not input
+    cells hold `fill`. `offsets` lists (tag, phase, shift) per kernel offset in scan order,
+    tag = i*kw + j. Arrays of length L are "grid" arrays: `valid(a)` views their (N, C, Ph,
+    Pw) output part.
     """
 
     def __init__(self, xp, dtype, shape, kernel, stride, pad, out_hw, fill):
@@ -48,21 +49,34 @@ class ShiftedWindows:
         self.offsets = [(i * kw + j, (i % sh) * sw + j % sw, (i // sh) * wq + j // sw)
                         for i in range(kh) for j in range(kw)]
         self.max_shift = self.margin = max(shift for _, _, shift in self.offsets)
-        self.phases = xp.full((sh * sw, self.length + self.max_shift), fill, dtype=dtype)
+        self.phases_shape = (sh * sw, self.length + self.max_shift)
+        self.fill, self.dtype = fill, dtype
         # Per phase: the grid block that holds input cells and the input slices they come from.
         rows = [valid_range(height, hq, pad[0], sh, a) for a in range(sh)]
         cols = [valid_range(width, wq, pad[1], sw, b) for b in range(sw)]
         used = {index for _, index, _ in self.offsets}  # stride > kernel leaves phases unread
         self._copies = []
+        # Per read phase: the grid cells outside its input block (the padding): `fill`.
+        self._frames = []
+        everything = (slice(None),) * 4
         for a, (u0, u1, h_first) in enumerate(rows):
             for b, (v0, v1, w_first) in enumerate(cols):
-                if u1 <= u0 or v1 <= v0 or a * sw + b not in used:
+                if a * sw + b not in used:
+                    continue
+                if u1 <= u0 or v1 <= v0:
+                    self._frames.append((a * sw + b, [everything]))
                     continue
                 grid_block = (slice(None), slice(None), slice(u0, u1), slice(v0, v1))
                 source = (slice(None), slice(None),
                           slice(h_first, h_first + (u1 - u0 - 1) * sh + 1, sh),
                           slice(w_first, w_first + (v1 - v0 - 1) * sw + 1, sw))
                 self._copies.append((a * sw + b, grid_block, source))
+                inside = slice(u0, u1)
+                self._frames.append((a * sw + b, [
+                    everything[:2] + (slice(0, u0), slice(None)),
+                    everything[:2] + (slice(u1, None), slice(None)),
+                    everything[:2] + (inside, slice(0, v0)),
+                    everything[:2] + (inside, slice(v1, None))]))
         # Input cells past the last window, or in an unread phase, get a zero gradient.
         self.covers_input = (len(used) == sh * sw
                              and sum(max(0, u1 - u0) for u0, u1, _ in rows) == height
@@ -89,11 +103,23 @@ class ShiftedWindows:
         lo, hi = self.cells(start, stop)
         return [(b, min(hi, b + size)) for b in range(lo, hi, max(1, size))]
 
-    def load(self, x, start=0, stop=None):
-        """Copy samples [start, stop) of x (N, C, H, W) into `phases` (padding keeps its fill)."""
+    def new_phases(self):
+        """A phases array of this layout (uninitialised: `load` writes it)."""
+        return self.xp.empty(self.phases_shape, dtype=self.dtype)
+
+    def load(self, x, phases, start=0, stop=None):
+        """Write the cells of samples [start, stop) that the windows read: x's (N, C, H, W)
+        cells, and `fill` in the padding around them (and in the spare tail, with the last
+        sample). Phases no window reads are left alone."""
         stop = self.grid_shape[0] if stop is None else stop
+        for index, frame in self._frames:
+            grid = self.phase_grid(phases, index)[start:stop]
+            for cells in frame:
+                grid[cells] = self.fill
+        if stop == self.grid_shape[0]:
+            phases[:, self.length:] = self.fill
         for index, grid_block, source in self._copies:
-            self.phase_grid(self.phases, index)[start:stop][grid_block] = x[start:stop][source]
+            self.phase_grid(phases, index)[start:stop][grid_block] = x[start:stop][source]
 
     def window(self, phases, index, shift, lo=0, hi=None):
         """The contiguous slice of a phases-shaped array that one kernel offset reads for grid

@@ -28,6 +28,36 @@ TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 
 
+class Workspace:
+    """Scratch memory the layers of one net share: temporaries that live for one layer call.
+
+    A layer asks for each temporary of a call by slot number (0, 1, 2, ...; two temporaries
+    alive at once need two slots). Slot k is one buffer for the whole net, grown to the
+    largest request, so a net holds per slot its largest layer's temporary instead of every
+    layer's (layers run one at a time; the chunk threads of one call share its arrays).
+    An array is valid until the next request of its slot: never keep one across calls.
+    """
+
+    def __init__(self, xp=np):
+        self.xp = xp
+        self._slots: dict[int, Any] = {}
+
+    def array(self, slot: int, shape, dtype):
+        """An uninitialised C-contiguous array of `shape` and `dtype` in slot `slot`."""
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        memory = self._slots.get(slot)
+        if memory is None or memory.size < nbytes:
+            memory = self._slots[slot] = self.xp.empty(max(nbytes, 1), dtype=np.uint8)
+        return memory[:nbytes].view(dtype).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all slots."""
+        return sum(int(m.size) for m in self._slots.values())
+
+
 @dataclass
 class LayerContext:
     """What a layer needs to know about the net it lives in; passed explicitly, never global.
@@ -37,6 +67,8 @@ class LayerContext:
     process's share of the data in distributed training (record k is read by rank k % size).
     chunk_runner: the `kernels.parallel.ChunkRunner` that splits a layer's memory-bound CPU
     work over the cores (None: the process-wide default; unused on the GPU).
+    workspace: a `Workspace` shared by the layers of one net for their per-call temporaries
+    (None: each layer keeps its own; see `Layer.scratch`).
     """
 
     phase: int = TRAIN
@@ -47,6 +79,7 @@ class LayerContext:
     world_size: int = 1
     extra: dict = field(default_factory=dict)
     chunk_runner: Any = None
+    workspace: Workspace | None = None
 
 
 class Layer:
@@ -157,6 +190,20 @@ class Layer:
                 seed = (int(self.ctx.seed) * 1000003 + _stable_hash(self.name)) % (2**63)
             self._rng = self.xp.random.default_rng(seed)
         return self._rng
+
+    def scratch(self, slot: int, shape, dtype=None):
+        """A temporary array for this call only (contents undefined, valid until this layer
+        asks for the slot again): from the net's `ctx.workspace` when there is one, else a
+        buffer this layer keeps per slot (reallocated when the shape or dtype changes)."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if self.ctx.workspace is not None:
+            return self.ctx.workspace.array(slot, shape, dtype)
+        shape = tuple(int(d) for d in shape)
+        own = self.__dict__.setdefault("_scratch", {})
+        array = own.get(slot)
+        if array is None or array.shape != shape or array.dtype != dtype:
+            array = own[slot] = self.xp.empty(shape, dtype=dtype)
+        return array
 
     def new_blob(self, shape, name: str = "") -> Blob:
         """A zeroed blob of this layer's dtype on its device."""

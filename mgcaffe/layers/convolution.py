@@ -137,22 +137,25 @@ class _ConvolutionBase(Layer):
         """Spatial output size for a spatial input size."""
         raise NotImplementedError
 
-    def buffer(self, role: str, shape, zero: bool = False):
-        """A scratch array named by its role, reallocated only when its shape changes."""
+    def buffer(self, role: str, shape):
+        """An array this layer keeps (from forward to backward), named by its role and
+        reallocated only when its shape changes."""
         shape = tuple(int(d) for d in shape)
         array = self._buffers.get(role)
         if array is None or array.shape != shape:
-            maker = self.xp.zeros if zero else self.xp.empty
-            array = self._buffers[role] = maker(shape, dtype=self.dtype)
+            array = self._buffers[role] = self.xp.empty(shape, dtype=self.dtype)
         return array
 
+    # Per-call temporaries (Layer.scratch) by slot: 0 the GEMM product / transposed top
+    # diff, 1 the padded image im2col reads or col2im sums into, 2 the weight gradient
+    # before it is added, 3 Deconvolution's columns.
     def padded_buffer(self, image_shape):
-        """The zero-bordered scratch image im2col pads into (None when pad is 0)."""
+        """The scratch image im2col pads into (None when pad is 0; im2col zeroes its
+        border)."""
         if self.pad == (0, 0):
             return None
         n, c, h, w = image_shape
-        return self.buffer("padded", (n, c, h + 2 * self.pad[0], w + 2 * self.pad[1]),
-                           zero=True)
+        return self.scratch(1, (n, c, h + 2 * self.pad[0], w + 2 * self.pad[1]))
 
     def geometry(self):
         """kernel, pad, stride, dilation as im2col/col2im take them."""
@@ -205,7 +208,7 @@ class _ConvolutionBase(Layer):
         weight = self.blobs[0]
         g = self.group
         rows, cols = weight.shape[0] // g, weight.count // weight.shape[0]
-        grad_t = self.buffer("weight_grad_t", (g, cols, rows))
+        grad_t = self.scratch(2, (g, cols, rows))
         self.xp.matmul(b3_transposed.transpose(0, 2, 1), a3.transpose(0, 2, 1), out=grad_t)
         weight.diff.reshape(g, rows, cols)[...] += grad_t.transpose(0, 2, 1)
 
@@ -273,8 +276,7 @@ class Convolution(_ConvolutionBase):
 
     def _batch_last_image(self):
         """The (C, H + 2*ph, W + 2*pw, N) scratch of the batch-last layout."""
-        return self.buffer("image_batch_last", batch_last_image_shape(self._image_shape,
-                                                                      self.pad))
+        return self.scratch(1, batch_last_image_shape(self._image_shape, self.pad))
 
     def _by_sample(self, matrix):
         """A (rows, N*P) GEMM operand or result, in this layout's column order, as an
@@ -309,7 +311,7 @@ class Convolution(_ConvolutionBase):
                 if bias is not None:
                     self.copy_by_sample(out, out, bias)
                 continue
-            product = self.buffer("product", (o, n * p))
+            product = self.scratch(0, (o, n * p))
             xp.matmul(self._weight3(weight), self.grouped(cols), out=self.grouped(product))
             # The one transposing copy to (N, O, P), with the bias added on the way.
             self.copy_by_sample(out, self._by_sample(product), bias)
@@ -336,7 +338,7 @@ class Convolution(_ConvolutionBase):
 
     def _backward_whole_batch(self, top_diff, want_weight, down, b, cols):
         o, n, p = self.num_output, self.num, self._spatial
-        diff_t = self.buffer("product", (o, n * p))  # the forward's scratch, free now
+        diff_t = self.scratch(0, (o, n * p))
         self.copy_by_sample(self._by_sample(diff_t), top_diff)
         diff3 = self.grouped(diff_t)
         if want_weight:
@@ -360,7 +362,7 @@ class Convolution(_ConvolutionBase):
         if want_weight:
             # Per-sample weight gradients, then their sum: Caffe accumulates the same way.
             # Formed transposed, as in add_weight_diff (the faster GEMM orientation).
-            per_sample = self.buffer("weight_grad_per_sample_t", (n, g, columns.shape[2], o // g))
+            per_sample = self.scratch(2, (n, g, columns.shape[2], o // g))
             xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
             weight.diff.reshape(g, o // g, -1)[...] += per_sample.sum(axis=0).transpose(0, 2, 1)
         if down:
@@ -400,7 +402,7 @@ class Deconvolution(_ConvolutionBase):
         weight = self.blobs[0].data
         c, n = self.channels, self.num
         spatial_in = self.in_hw[0] * self.in_hw[1]
-        cols = self.buffer("columns", self._col_shape)
+        cols = self.scratch(3, self._col_shape)
         w3 = self.grouped(weight.reshape(c, -1))
         for b, t, input_t in zip(bottom, top, self._inputs_t):
             self.copy_by_sample(input_t.reshape(c, n, spatial_in).transpose(1, 0, 2),
@@ -423,13 +425,13 @@ class Deconvolution(_ConvolutionBase):
                 self.add_bias_diff(image_diff.reshape(self.num, self.num_output, -1))
             if not (want_weight or down):
                 continue
-            cols = self.buffer("columns", self._col_shape)
+            cols = self.scratch(3, self._col_shape)
             self.im2col(image_diff, cols)
             cols3 = self.grouped(cols)
             if want_weight:
                 self.add_weight_diff(self.grouped(input_t), cols3.transpose(0, 2, 1))
             if down:
-                product = self.buffer("product", (c, n * spatial_in))
+                product = self.scratch(0, (c, n * spatial_in))
                 self.xp.matmul(self.grouped(weight.data.reshape(c, -1)), cols3,
                                out=self.grouped(product))
                 self.copy_by_sample(b.diff.reshape(n, c, spatial_in),

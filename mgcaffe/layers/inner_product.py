@@ -35,7 +35,6 @@ class InnerProduct(Layer):
         self.transpose = bool(p.transpose)
         self.bias_term = bool(p.bias_term)
         self.k = prod(shape[self.axis:])
-        self._weight_grad = None  # scratch for dW before it is added into the diff
         weight_shape = ((self.k, self.num_output) if self.transpose
                         else (self.num_output, self.k))
         shapes = [weight_shape] + ([(self.num_output,)] if self.bias_term else [])
@@ -76,14 +75,13 @@ class InnerProduct(Layer):
         weight = self.blobs[0]
         if self.param_propagate_down[0]:
             x = bottom[0].data.reshape(self.m, self.k)
-            if self._weight_grad is None:
-                self._weight_grad = self.xp.empty(weight.shape, dtype=self.dtype)
+            grad = self.scratch(0, weight.shape)  # dW, before it is added into the diff
             # dW (as K x N) = x.T @ dtop; written in the weight's own layout, then added.
             if self.transpose:
-                self.xp.matmul(x.T, top_diff, out=self._weight_grad)
+                self.xp.matmul(x.T, top_diff, out=grad)
             else:
-                self.xp.matmul(top_diff.T, x, out=self._weight_grad)
-            weight.diff += self._weight_grad
+                self.xp.matmul(top_diff.T, x, out=grad)
+            weight.diff += grad
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff += top_diff.sum(axis=0)
         if propagate_down[0]:

@@ -71,17 +71,20 @@ class LRN(Layer):
             self._scale = empty(shape, dtype=self.dtype)
             # scale^-beta, kept from forward for backward (pow is the costly elementwise op)
             self._scale_pow = empty(shape, dtype=self.dtype)
-            self._work = empty(shape, dtype=self.dtype)
-            self._work2 = empty(shape, dtype=self.dtype) if len(self.axes) == 2 else None
 
-    def _local_sum(self, src, out, start, stop):
-        """The window sum of samples [start, stop) of src over this layer's region, into out."""
+    def _local_sum(self, src, out, start, stop, rows):
+        """The window sum of samples [start, stop) of src over this layer's region, into out
+        (WITHIN_CHANNEL sums along rows first, into `rows`)."""
         src, out = src[start:stop], out[start:stop]
         if len(self.axes) == 1:
             return window_sum(self.xp, src, out, 1, self.half)
-        work2 = self._work2[start:stop]
-        window_sum(self.xp, src, work2, 2, self.half)
-        return window_sum(self.xp, work2, out, 3, self.half)
+        window_sum(self.xp, src, rows[start:stop], 2, self.half)
+        return window_sum(self.xp, rows[start:stop], out, 3, self.half)
+
+    def _temporaries(self, shape):
+        """This call's work array, and the row sums' array for WITHIN_CHANNEL (else None)."""
+        rows = self.scratch(1, shape) if len(self.axes) == 2 else None
+        return self.scratch(0, shape), rows
 
     def _by_sample(self, body, shape):
         """body(start, stop) over chunks of samples on the CPU cores (kernels.parallel): each
@@ -91,11 +94,12 @@ class LRN(Layer):
 
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data
+        work, rows = self._temporaries(x.shape)
 
         def samples(start, stop):
             xp, chunk = self.xp, slice(start, stop)
-            xp.multiply(x[chunk], x[chunk], out=self._work[chunk])
-            self._local_sum(self._work, self._scale, start, stop)
+            xp.multiply(x[chunk], x[chunk], out=work[chunk])
+            self._local_sum(work, self._scale, start, stop, rows)
             scale = self._scale[chunk]
             scale *= self.alpha / self.area
             scale += self.k
@@ -108,12 +112,13 @@ class LRN(Layer):
         if not propagate_down[0]:
             return
         x, top_data, top_diff, diff = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+        work, rows = self._temporaries(x.shape)
 
         def samples(start, stop):
             xp, chunk = self.xp, slice(start, stop)
-            ratio = xp.multiply(top_diff[chunk], top_data[chunk], out=self._work[chunk])
+            ratio = xp.multiply(top_diff[chunk], top_data[chunk], out=work[chunk])
             ratio /= self._scale[chunk]
-            self._local_sum(self._work, diff, start, stop)
+            self._local_sum(work, diff, start, stop, rows)
             out = diff[chunk]
             out *= x[chunk]
             out *= -2.0 * self.alpha * self.beta / self.area

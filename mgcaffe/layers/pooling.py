@@ -123,13 +123,12 @@ class Pooling(Layer):
         fill = -np.inf if self.method == _P.MAX else 0
         self._windows = windows = ShiftedWindows(self.xp, self.dtype, shape, kernel,
                                                  self.stride, self.pad, self.out_hw, fill)
-        length, margin, empty = windows.length, windows.margin, self.xp.empty
-        self._grid_out = empty(length, dtype=self.dtype)
+        length, margin = windows.length, windows.margin
+        # Kept from forward to backward (the per-call temporaries come from `scratch`).
         # Backward gathers from these two, so they carry `margin` leading cells; those and the
         # junk cells stay 0 (never written).
         self._grid_diff_stored = self.xp.zeros(margin + length, dtype=self.dtype)
         self._grid_diff = self._grid_diff_stored[margin:]
-        self._fill = fill
         if self.method == _P.MAX:
             # Per grid cell, 1 + the kernel offset that won (0: none); offsets are scanned in
             # increasing order, so "the latest strictly greater one" is a running maximum of
@@ -141,8 +140,6 @@ class Pooling(Layer):
             self._winner_grid = self._winner_stored[margin:]
             # The tags of the real outputs, (N, C, Ph, Pw): what a device twin reproduces.
             self._winner = windows.valid(self._winner_grid)
-            self._candidate = empty(length, dtype=index_dtype)
-            self._greater = empty(length, dtype=bool)
             self._mask_delta = self._mask_offsets((h, w), kernel) if len(top) > 1 else None
         else:
             self._inv_area = self._inverse_window_area((h, w), kernel)
@@ -188,22 +185,31 @@ class Pooling(Layer):
         if self.whole_plane:
             self._forward_whole_plane(x, top)
             return
-        self._for_each_chunk(lambda start, stop: self._forward_samples(x, top, start, stop))
+        windows = self._windows
+        # Per-call temporaries: the padded input in phases, the running result, and for MAX
+        # the comparison flags and the candidate tags.
+        scratch = [self.scratch(0, windows.phases_shape), self.scratch(1, (windows.length,))]
+        if self.method == _P.MAX:
+            scratch += [self.scratch(2, (windows.length,), bool),
+                        self.scratch(3, (windows.length,), self._winner_grid.dtype)]
+        self._for_each_chunk(
+            lambda start, stop: self._forward_samples(x, top, scratch, start, stop))
 
-    def _forward_samples(self, x, top, start, stop):
+    def _forward_samples(self, x, top, scratch, start, stop):
         """Forward of samples [start, stop): load them, reduce block by block (each block's
         operands stay in the cache across the kernel offsets), write their tops."""
         xp, windows = self.xp, self._windows
-        windows.load(x, start, stop)
+        phases, best = scratch[:2]
+        windows.load(x, phases, start, stop)
         for lo, hi in windows.blocks(start, stop, self._runner().chunk_elements):
             if self.method == _P.MAX:
-                self._max_block(lo, hi)
+                self._max_block(scratch, lo, hi)
             else:
-                best = self._grid_out[lo:hi]
-                best[...] = 0
+                total = best[lo:hi]
+                total[...] = 0
                 for _, index, shift in windows.offsets:
-                    best += windows.window(windows.phases, index, shift, lo, hi)
-        pooled = windows.valid(self._grid_out)[start:stop]
+                    total += windows.window(phases, index, shift, lo, hi)
+        pooled = windows.valid(best)[start:stop]
         if self.method != _P.MAX:
             xp.multiply(pooled, self._inv_area, out=top[0].data[start:stop])
             return
@@ -224,14 +230,15 @@ class Pooling(Layer):
         else:
             self.xp.mean(flat, axis=2, out=out)
 
-    def _max_block(self, lo, hi):
+    def _max_block(self, scratch, lo, hi):
         """Running maximum and winner tags of grid cells [lo, hi) over the kernel offsets."""
         # Padding holds -inf and the running maximum starts at -FLT_MAX, so a padded cell never
         # wins; fmax keeps the old value on NaN, as Caffe's "x > max" does; ties keep the
         # earlier offset (a later one must be strictly greater).
         xp, windows = self.xp, self._windows
-        best, winner = self._grid_out[lo:hi], self._winner_grid[lo:hi]
-        greater, candidate = self._greater[lo:hi], self._candidate[lo:hi]
+        phases, best, greater, candidate = scratch
+        best, greater, candidate = best[lo:hi], greater[lo:hi], candidate[lo:hi]
+        winner = self._winner_grid[lo:hi]
         index_type = winner.dtype.type
         # With int8 tags the flags are used as 0/1 int8 (a same-type multiply: measured 3x
         # faster than bool * int8, which casts).
@@ -239,7 +246,7 @@ class Pooling(Layer):
         best[...] = _LOWEST
         winner[...] = 0
         for tag, index, shift in windows.offsets:
-            values = windows.window(windows.phases, index, shift, lo, hi)
+            values = windows.window(phases, index, shift, lo, hi)
             xp.greater(values, best, out=greater)
             xp.fmax(best, values, out=best)
             xp.multiply(flags, index_type(tag + 1), out=candidate)
@@ -262,10 +269,13 @@ class Pooling(Layer):
         if self.whole_plane:
             self._backward_whole_plane(top_diff, bottom_diff)
             return
-        self._for_each_chunk(
-            lambda start, stop: self._backward_samples(top_diff, bottom_diff, start, stop))
+        # Per-call temporaries: the gradient per phase cell, and for MAX the won flags.
+        scratch = (self.scratch(0, self._windows.phases_shape),
+                   self.scratch(1, (self._windows.length,)))
+        self._for_each_chunk(lambda start, stop: self._backward_samples(
+            top_diff, bottom_diff, scratch, start, stop))
 
-    def _backward_samples(self, top_diff, bottom_diff, start, stop):
+    def _backward_samples(self, top_diff, bottom_diff, scratch, start, stop):
         """Backward of samples [start, stop): each input cell gathers, offset by offset, the
         gradient of the outputs that read it (MAX: of those it won)."""
         xp, windows = self.xp, self._windows
@@ -274,17 +284,14 @@ class Pooling(Layer):
             outputs[...] = top_diff[start:stop]
         else:
             xp.multiply(top_diff[start:stop], self._inv_area, out=outputs)
-        # The phases holding the forward's input double as the gradient accumulator (memory:
-        # one input-sized buffer per layer, not two); their fill is restored at the end.
-        phase_diff = windows.phases
+        phase_diff, won_flags = scratch
         for lo, hi in windows.blocks(start, stop, self._runner().chunk_elements):
             written = set()
             for tag, index, shift in windows.offsets:
                 target = windows.window(phase_diff, index, 0, lo, hi)
                 sent = windows.margin_slice(self._grid_diff_stored, shift, lo, hi)
                 if self.method == _P.MAX:
-                    # The forward's running maximum (already copied to the top) is scratch.
-                    won = self._grid_out[lo:hi]
+                    won = won_flags[lo:hi]
                     tags = windows.margin_slice(self._winner_stored, shift, lo, hi)
                     # bool -> float on output, then a float multiply: measured faster than
                     # multiplying by the bool flags (a casting loop).
@@ -296,8 +303,6 @@ class Pooling(Layer):
                     target[...] = sent
                     written.add(index)
         windows.unload(phase_diff, bottom_diff, start, stop)
-        lo, hi = windows.cells(start, stop)
-        phase_diff[:, lo:hi] = self._fill
 
     def _backward_whole_plane(self, top_diff, bottom_diff):
         n, c = top_diff.shape[:2]

@@ -48,6 +48,10 @@ def _import_mpi():
     return MPI
 
 
+# Seconds between flushing the log and MPI_Abort (see MpiCommunicator.abort).
+ABORT_DRAIN_SECONDS = 0.3
+
+
 class MpiCommunicator(Communicator):
     """A rank of an MPI communicator (default: MPI_COMM_WORLD).
 
@@ -150,6 +154,10 @@ class MpiCommunicator(Communicator):
         # Flush first: MPI_Abort kills the process without running Python's exit handlers.
         sys.stdout.flush()
         sys.stderr.flush()
+        # The launcher kills every process, its own output forwarders included, as soon as
+        # it hears of the abort; lines still in its pipes were seen lost under load. A moment's
+        # pause lets the message that says which rank failed and why reach the user.
+        time.sleep(ABORT_DRAIN_SECONDS)
         self._comm.Abort(code)
         # MPICH's MPI_Abort can return in a process with other threads (it has told the
         # launcher to kill the job); this process must not run on meanwhile.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .blob import Blob
 from .errors import MgcaffeError, NetError
-from .layers.base import Layer, LayerContext
+from .layers.base import Layer, LayerContext, Workspace
 from .layers.registry import create_layer
 from .proto import caffe_pb2
 from .protoio import blobproto_to_array
@@ -146,7 +146,9 @@ class _Builder:
         self.phase = phase
         self.xp = xp
         self.dtype = dtype
-        self.ctx_args = dict(xp=xp, dtype=dtype, seed=seed, rank=rank, world_size=world_size)
+        # One scratch workspace per net: the layers' per-call temporaries share its buffers.
+        self.ctx_args = dict(xp=xp, dtype=dtype, seed=seed, rank=rank, world_size=world_size,
+                             workspace=Workspace(xp))
         self.g = Graph()
         self.blob_index: dict[str, int] = {}
         self.available: set[str] = set()

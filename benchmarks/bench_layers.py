@@ -19,6 +19,7 @@ import time
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 import numpy as np  # noqa: E402
+from bench_engine import matmul_gflops  # noqa: E402 - same folder: one matmul reference
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
@@ -40,21 +41,6 @@ CASES = [
     ("1x1 832->384 @7", "Convolution", "num_output: 384 kernel_size: 1", (832, 7, 7), True),
     ("fc 1024->1000", "InnerProduct", "num_output: 1000", (1024,), True),
 ]
-
-
-def matmul_gflops(repeats: int, n: int = 2048) -> float:
-    """Best-of GFLOP/s of one n^3 float32 matmul (the machine is shared and noisy)."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    out = np.empty((n, n), dtype=np.float32)
-    np.matmul(a, b, out=out)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.matmul(a, b, out=out)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
 
 
 def build(kind: str, body: str, shape, batch: int):

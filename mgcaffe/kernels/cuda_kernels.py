@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
-from .im2col import conv_output_size
+from .im2col import _pairs, col_geometry, conv_output_size
 
 __all__ = ["col2im", "im2col", "kernel_source", "max_pool_backward", "max_pool_forward",
            "use_cuda_kernels"]
@@ -266,10 +266,6 @@ def _cupy_of(array, what: str):
     return xp
 
 
-def _pairs(kernel, pad, stride, dilation):
-    return tuple((int(v[0]), int(v[1])) for v in (kernel, pad, stride, dilation))
-
-
 def _i32(*values):
     return tuple(np.int32(v) for v in values)
 
@@ -307,14 +303,8 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
 def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None):
     """CUDA twin of `mgcaffe.kernels.im2col.col2im`: `out` (N, C, H, W) is overwritten."""
     xp = _cupy_of(col, "col2im")
-    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
-    n, c, height, width = (int(d) for d in shape)
-    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
-    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
-    expected = (c * kernel[0] * kernel[1], n * out_h * out_w)
-    if col.shape != expected:
-        raise ValueError(f"col2im: col has shape {col.shape}, expected {expected} for image "
-                         f"shape {tuple(shape)}")
+    (kernel, pad, stride, dilation), (n, c, height, width), (out_h, out_w) = col_geometry(
+        "col2im", col, shape, kernel, pad, stride, dilation)
     image_shape = (n, c, height, width)
     if out is None:
         out = xp.empty(image_shape, dtype=col.dtype)

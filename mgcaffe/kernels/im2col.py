@@ -56,6 +56,25 @@ def _pairs(kernel, pad, stride, dilation):
     return tuple((int(v[0]), int(v[1])) for v in (kernel, pad, stride, dilation))
 
 
+def col_geometry(what, col, shape, kernel, pad, stride, dilation, batch_last=False):
+    """Check a column matrix against an (N, C, H, W) image shape; shared by the col2im forms.
+
+    Returns ((kernel, pad, stride, dilation) as int pairs, (n, c, height, width),
+    (out_h, out_w)). The columns are (C*kh*kw, N*H_out*W_out), or (C*kh*kw, H_out*W_out*N)
+    when `batch_last`; any other shape is a ValueError naming `what`.
+    """
+    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
+    n, c, height, width = (int(d) for d in shape)
+    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
+    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
+    expected = (c * kernel[0] * kernel[1], n * out_h * out_w)
+    if tuple(col.shape) != expected:
+        layout = " (batch-last)" if batch_last else ""
+        raise ValueError(f"{what}: col has shape {tuple(col.shape)}, expected {expected}"
+                         f"{layout} for image shape {tuple(shape)}")
+    return (kernel, pad, stride, dilation), (n, c, height, width), (out_h, out_w)
+
+
 def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padded=None,
            runner=None):
     """Column matrix (C*kh*kw, N*H_out*W_out) of x (N, C, H, W); see the module docstring.
@@ -126,14 +145,8 @@ def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=N
     the CPU the samples are split over `runner`'s threads, as in im2col.
     """
     xp = get_array_module(col)
-    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
-    n, c, height, width = (int(d) for d in shape)
-    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
-    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
-    expected = (c * kernel[0] * kernel[1], n * out_h * out_w)
-    if col.shape != expected:
-        raise ValueError(f"col2im: col has shape {col.shape}, expected {expected} for image "
-                         f"shape {tuple(shape)}")
+    (kernel, pad, stride, dilation), (n, c, height, width), (out_h, out_w) = col_geometry(
+        "col2im", col, shape, kernel, pad, stride, dilation)
     if out is None:
         out = xp.empty((n, c, height, width), dtype=col.dtype)
     col6 = col.reshape(c, kernel[0], kernel[1], n, out_h, out_w)
@@ -148,7 +161,7 @@ def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=N
                 continue
             out_cn[:, :, in_sl[0], in_sl[1]] += col6[:, i, j, start:stop, out_sl[0], out_sl[1]]
 
-    for_each_chunk(xp, n, samples, item_elements=expected[0] * out_h * out_w,
+    for_each_chunk(xp, n, samples, item_elements=col.shape[0] * out_h * out_w,
                    cache_sized=False, runner=runner)
     return out
 
@@ -227,14 +240,8 @@ def col2im_batch_last(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1
     (overwritten). Channels are split over `runner`.
     """
     xp = get_array_module(col)
-    kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
-    n, c, height, width = (int(d) for d in shape)
-    out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
-    out_w = conv_output_size(width, kernel[1], pad[1], stride[1], dilation[1])
-    expected = (c * kernel[0] * kernel[1], out_h * out_w * n)
-    if col.shape != expected:
-        raise ValueError(f"col2im_batch_last: col has shape {col.shape}, expected {expected} "
-                         f"for image shape {tuple(shape)}")
+    (kernel, pad, stride, dilation), (n, c, height, width), (out_h, out_w) = col_geometry(
+        "col2im_batch_last", col, shape, kernel, pad, stride, dilation, batch_last=True)
     if out is None:
         out = xp.empty((n, c, height, width), dtype=col.dtype)
     image_shape = batch_last_image_shape(shape, pad)
@@ -258,6 +265,6 @@ def col2im_batch_last(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1
         out[:, start:stop] = part[:, pad[0]:pad[0] + height,
                                   pad[1]:pad[1] + width].transpose(3, 0, 1, 2)
 
-    for_each_chunk(xp, c, channels, item_elements=expected[0] // c * expected[1],
+    for_each_chunk(xp, c, channels, item_elements=col.shape[0] // c * col.shape[1],
                    cache_sized=False, runner=runner)
     return out

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mgcaffe.kernels.parallel import default_runner  # noqa: E402
-from mgcaffe.layers.base import TRAIN  # noqa: E402
+from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
 from mgcaffe.profiling import profile_net, timing_propagate_down  # noqa: E402
 from mgcaffe.protoio import read_net_param  # noqa: E402

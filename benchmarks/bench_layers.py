@@ -24,7 +24,7 @@ from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
 from mgcaffe.kernels.parallel import default_runner
-from mgcaffe.layers import LayerContext, create_layer
+from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 
 # name, layer type, parameter body, bottom shape (without batch), backprop into the bottom

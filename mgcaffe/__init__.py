@@ -28,7 +28,7 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 import importlib
 
 from .backend import CPU, Device
-from .layers.base import TEST, TRAIN
+from .layer_types.base import TEST, TRAIN
 from .proto import caffe_pb2
 
 __version__ = "0.1.0"

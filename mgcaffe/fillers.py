@@ -86,6 +86,6 @@ def filler_rng(seed: int | None, layer_name: str) -> np.random.Generator:
     """The host generator a layer's fillers draw from: seeded from the net seed and its name."""
     if seed is None:
         return np.random.default_rng()
-    from .layers.base import _stable_hash  # noqa: PLC0415 - avoids an import cycle
+    from .layer_types.base import _stable_hash  # noqa: PLC0415 - avoids an import cycle
 
     return np.random.default_rng((int(seed), _stable_hash(layer_name)))

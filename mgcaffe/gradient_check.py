@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .blob import Blob
-from .layers.base import TRAIN, LayerContext
-from .layers.registry import create_layer
+from .layer_types.base import TRAIN, LayerContext
+from .layer_types.registry import create_layer
 
 
 def make_layer(param, bottom_shapes_or_arrays, phase=TRAIN, seed=0, dtype=np.float64,

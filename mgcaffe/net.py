@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import CPU, Device
 from .errors import NetError
-from .layers.base import TEST, TRAIN
+from .layer_types.base import TEST, TRAIN
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .net_weights import copy_trained_layers, net_to_proto, share_trained_layers
 from .proto import caffe_pb2

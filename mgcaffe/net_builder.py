@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from .blob import Blob
 from .errors import MgcaffeError, NetError
-from .layers.base import Layer, LayerContext, Workspace
-from .layers.registry import create_layer
+from .layer_types.base import Layer, LayerContext, Workspace
+from .layer_types.registry import create_layer
 from .proto import caffe_pb2
 from .protoio import blobproto_to_array
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgcaffe.layers.base import TEST
+from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
 from mgcaffe.profiling import timing_propagate_down
 

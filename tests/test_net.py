@@ -12,8 +12,8 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import NetError
-from mgcaffe.layers.base import TEST, TRAIN, Layer
-from mgcaffe.layers.registry import register_layer
+from mgcaffe.layer_types.base import TEST, TRAIN, Layer
+from mgcaffe.layer_types.registry import register_layer
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import NetError
-from mgcaffe.layers.base import TRAIN
+from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.protoio import read_net_param

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from mgcaffe.cli import main
 from mgcaffe.comm.profile import load_profile
 from mgcaffe.errors import NetError
-from mgcaffe.layers.base import TEST
+from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.synthetic_data import (

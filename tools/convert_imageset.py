@@ -22,7 +22,7 @@ from mgcaffe.data.convert import write_records
 from mgcaffe.data.datum import array_to_datum, encoded_datum
 from mgcaffe.data.image import decode_image, encode_image
 from mgcaffe.errors import DataError, MgcaffeError
-from mgcaffe.layers.image_data import read_image_list
+from mgcaffe.layer_types.image_data import read_image_list
 
 
 def _flag(parser, name, **kw):

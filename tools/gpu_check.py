@@ -285,7 +285,7 @@ def missing_layer_cases() -> list[str]:
 
     Types registered from elsewhere (tests register throw-away layers) are not counted.
     """
-    from mgcaffe.layers import layer_class, layer_types
+    from mgcaffe.layer_types import layer_class, layer_types
 
     shipped = {t for t in layer_types() if layer_class(t).__module__.startswith("mgcaffe.")}
     return sorted(shipped - {c.type for c in LAYER_CASES})
@@ -308,7 +308,7 @@ def build_layer(case: LayerCase, xp, folder: Path):
 
     from mgcaffe.backend import to_device
     from mgcaffe.blob import Blob
-    from mgcaffe.layers import TEST, TRAIN, LayerContext, create_layer
+    from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
     from mgcaffe.proto import caffe_pb2
 
     text = case.text.replace("$TMP", str(folder))
@@ -515,7 +515,7 @@ def _pool_rows(check: Check, ck, name, shape, text, rng) -> list[dict]:
 
     from mgcaffe.backend import to_host
     from mgcaffe.blob import Blob
-    from mgcaffe.layers import LayerContext, create_layer
+    from mgcaffe.layer_types import LayerContext, create_layer
     from mgcaffe.proto import caffe_pb2
 
     xp = check.xp
@@ -634,7 +634,7 @@ def section_gemm(check: Check) -> dict:
 # ============================================================================ model timing
 def build_model_net(check: Check, model: str):
     """The train_val net of `model` with synthetic data at its batch size, on the device."""
-    from mgcaffe.layers.base import TRAIN
+    from mgcaffe.layer_types.base import TRAIN
     from mgcaffe.net import Net
     from mgcaffe.protoio import read_net_param
     from mgcaffe.synthetic_data import fill_labels, synthesize_data_layers
@@ -1024,7 +1024,7 @@ def parse_args(argv=None):
 def preflight() -> str | None:
     """Why mgcaffe cannot run with this interpreter (None when it can)."""
     try:
-        import mgcaffe.layers  # noqa: F401 - pulls in every dependency the layers need
+        import mgcaffe.layer_types  # noqa: F401 - pulls in every dependency the layers need
         import mgcaffe.solvers  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - reported, with the interpreter's path
         return (f"gpu-check: mgcaffe does not import with {sys.executable}: "

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backend import CPU, to_host
 from ..errors import NetError
-from ..layers.base import TEST
+from ..layer_types.base import TEST
 from ..proto import caffe_pb2
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights

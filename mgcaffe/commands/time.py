@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..backend import CPU, Device
 from ..errors import NetError
-from ..layers.base import TEST, TRAIN
+from ..layer_types.base import TEST, TRAIN
 
 NAME = "time"
 HELP = "benchmark a model's forward and backward passes, layer by layer (Caffe's `caffe time`)"

@@ -1,7 +1,7 @@
 """Caffe's data formats and pipeline on the host: Datum records, LMDB, transforms, prefetch.
 
 Everything here runs on numpy (and Pillow for images) in the data layers' prefetch threads;
-the data layers in `mgcaffe.layers` copy each finished batch to the device once.
+the data layers in `mgcaffe.layer_types` copy each finished batch to the device once.
 """
 
 from .datum import array_to_datum, datum_to_array, parse_datum

@@ -4,7 +4,7 @@ Each function takes and returns CuPy arrays and computes exactly what its generi
 - `im2col`, `col2im`: the functions of `mgcaffe.kernels.im2col` (same signatures, layout and
   summation order, so the results are bit-identical);
 - `max_pool_forward`, `max_pool_backward`: the strided-slice loops of
-  `mgcaffe.layers.pooling.Pooling` (`_forward_max`, the MAX branch of `backward`): the same
+  `mgcaffe.layer_types.pooling.Pooling` (`_forward_max`, the MAX branch of `backward`): the same
   winner (first maximum in window scan order, never a padded cell), the same winner tag
   (1 + the kernel offset i*kw + j; 0 when the window reads no input), the same mask values
   (the flat index h*W + w of the winner, as a float; -1 for none) and the same order of

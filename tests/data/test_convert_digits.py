@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mgcaffe.layers  # noqa: F401 - registers the layers
+import mgcaffe.layer_types  # noqa: F401 - registers the layers
 from mgcaffe.blob import Blob
 from mgcaffe.data.datum import datum_to_array, parse_datum
 from mgcaffe.data.db import LMDBReader
-from mgcaffe.layers.base import TEST, TRAIN, LayerContext
-from mgcaffe.layers.registry import create_layer
+from mgcaffe.layer_types.base import TEST, TRAIN, LayerContext
+from mgcaffe.layer_types.registry import create_layer
 from mgcaffe.protoio import read_binaryproto, read_net_param, read_solver_param
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")

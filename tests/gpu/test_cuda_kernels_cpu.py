@@ -20,7 +20,7 @@ from google.protobuf import text_format
 from mgcaffe.blob import Blob
 from mgcaffe.kernels import col2im, conv_output_size, im2col
 from mgcaffe.kernels import cuda_kernels as ck
-from mgcaffe.layers import LayerContext, create_layer
+from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 
 HOST_PRELUDE = r"""

@@ -65,7 +65,7 @@ def test_error_of_a_shape_mismatch_is_infinite():
 
 
 def test_conv_ip_flops_of_the_digits_net():
-    from mgcaffe.layers.base import TRAIN
+    from mgcaffe.layer_types.base import TRAIN
     from mgcaffe.net import Net
     from mgcaffe.protoio import read_net_param
     from mgcaffe.synthetic_data import synthesize_data_layers

@@ -8,14 +8,14 @@ import pytest
 from google.protobuf import text_format
 from PIL import Image
 
-import mgcaffe.layers  # noqa: F401 - registers the layers
+import mgcaffe.layer_types  # noqa: F401 - registers the layers
 from mgcaffe.blob import Blob
 from mgcaffe.data.convert import write_lmdb
 from mgcaffe.data.datum import array_to_datum, encoded_datum
 from mgcaffe.data.image import encode_image
 from mgcaffe.errors import DataError, LayerError
-from mgcaffe.layers.base import TEST, TRAIN, LayerContext
-from mgcaffe.layers.registry import create_layer
+from mgcaffe.layer_types.base import TEST, TRAIN, LayerContext
+from mgcaffe.layer_types.registry import create_layer
 from mgcaffe.proto import caffe_pb2
 
 

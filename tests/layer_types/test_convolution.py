@@ -10,7 +10,7 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
-from mgcaffe.layers.convolution import Convolution
+from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 
@@ -231,7 +231,7 @@ def test_errors_name_the_layer(body, shape, message):
 
 def test_loaded_blobs_are_kept_and_checked():
     from mgcaffe.blob import Blob
-    from mgcaffe.layers import LayerContext, create_layer
+    from mgcaffe.layer_types import LayerContext, create_layer
 
     param = conv_param("num_output: 2 kernel_size: 3")
     layer = create_layer(param, LayerContext(dtype=np.float64))

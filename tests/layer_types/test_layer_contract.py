@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.layers import TRAIN, LayerContext, create_layer, layer_class, layer_types
+from mgcaffe.layer_types import TRAIN, LayerContext, create_layer, layer_class, layer_types
 from mgcaffe.proto import caffe_pb2
 
 #: The modules whose layers this table must cover.
-MODULES = {f"mgcaffe.layers.{m}" for m in (
+MODULES = {f"mgcaffe.layer_types.{m}" for m in (
     "neuron", "power_exp_log", "prelu", "dropout", "batch_norm", "scale_bias", "eltwise",
     "concat", "slice", "shape", "crop", "tile", "reduction", "softmax", "loss", "loss_extra",
     "accuracy", "input")}

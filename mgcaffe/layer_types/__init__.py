@@ -1,4 +1,4 @@
-"""Layers: one module per family, each registering its classes by Caffe type string.
+"""Layer types: the implementations behind each Caffe type string, one module per family.
 
 Every module in this package is imported here so that the registry is complete.
 """

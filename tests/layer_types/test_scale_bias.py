@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from mgcaffe.blob import Blob
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
-from mgcaffe.layers import LayerContext, create_layer
+from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 
 X_SHAPE = (2, 3, 4, 5)

@@ -14,8 +14,8 @@ from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
 from mgcaffe.kernels.parallel import ChunkRunner
-from mgcaffe.layers import LayerContext, create_layer
-from mgcaffe.layers.convolution import Convolution
+from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 WHOLE = ChunkRunner(1, chunk_elements=10**9, serial_below=0)

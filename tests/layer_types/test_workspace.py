@@ -13,9 +13,9 @@ from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
 from mgcaffe.kernels.parallel import ChunkRunner
-from mgcaffe.layers import LayerContext, create_layer
-from mgcaffe.layers.base import Workspace
-from mgcaffe.layers.convolution import Convolution
+from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.layer_types.base import Workspace
+from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 SLOTS = 4

@@ -66,7 +66,8 @@ def _read_text(path: PathLike) -> str:
 
 
 def _v1_hint(text: str, line: int, col: int) -> str:
-    """A hint when the error sits inside a legacy `layers {}` block (V1 field names only)."""
+    """A hint when the error sits inside a legacy `layers {}` block: V1 field names only, or
+    V0 ones in its nested `layer {}`."""
     # Walk the text up to the error, tracking the names of the open blocks.
     stack: list[str] = []
     lines = text.splitlines()[:line]
@@ -80,6 +81,9 @@ def _v1_hint(text: str, line: int, col: int) -> str:
                     stack.pop()
             else:
                 stack.append(match.group(1))
+    if stack[:2] == ["layers", "layer"]:
+        return (" (inside a V0 `layers { layer {} }` block, which takes V0 fields only, e.g. "
+                "type: \"conv\", kernelsize, num_output, blobs_lr)")
     if stack and stack[0] == "layers":
         return (" (inside a legacy V1 `layers {}` block, which takes V1 fields only, e.g. "
                 "blobs_lr/weight_decay and enum types; write current fields in `layer {}`)")

@@ -1,7 +1,8 @@
 """Upgrade deprecated Caffe definitions to the current format, as Caffe does when it loads them.
 
-Nets: legacy V1 `layers { type: CONVOLUTION ... }` become `layer { type: "Convolution" ... }`
-(with the V1 data-transformation fields moved to `transform_param` first), net-level
+Nets: V0 `layers { layer { type: "conv" ... } }` become V1 first (see `upgrade_v0`); legacy
+V1 `layers { type: CONVOLUTION ... }` become `layer { type: "Convolution" ... }` (with the V1
+data-transformation fields moved to `transform_param` first), net-level
 `input`/`input_shape`/`input_dim` become one Input layer named "input", and the old
 three-ParamSpec BatchNorm form gets lr_mult/decay_mult 0. Solvers: the `solver_type` enum
 becomes the `type` string. Every function edits its message in place and names `source`
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from .errors import ParseError
 from .proto import caffe_pb2
+from .upgrade_v0 import is_v0_net, upgrade_v0_net
 
 V1 = caffe_pb2.V1LayerParameter
 
@@ -81,6 +83,8 @@ _TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
 def upgrade_net(net: caffe_pb2.NetParameter, source: str = "<net>") -> caffe_pb2.NetParameter:
     """Bring `net` to the current format in place (see the module docstring); returns it."""
+    if is_v0_net(net):
+        upgrade_v0_net(net, source)
     if net.layers and net.layer:
         raise ParseError(f"{source}: the net has both `layer` and legacy `layers` entries; "
                          "use only `layer { type: \"...\" }` (the current format)")

@@ -93,6 +93,10 @@ def insert_splits(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
 
 
 # ----------------------------------------------------------------------------- graph
+#: The name Caffe gives the anonymous tops of AutoTopBlobs layers.
+AUTO_TOP_NAME = "(automatic)"
+
+
 @dataclass
 class Graph:
     """Everything `build_graph` works out; the Net keeps these as its attributes.
@@ -218,6 +222,10 @@ class _Builder:
             self.available.add(name)
             if lp.type == "Input":
                 g.input_ids.append(tops[-1])
+        if layer.auto_top_blobs:
+            needed = max(layer.min_top or 0, layer.exact_num_top or 0)
+            tops.extend(self.new_blob(AUTO_TOP_NAME, anonymous=True)
+                        for _ in range(len(tops), needed))
         g.top_ids.append(tops)
 
         bottom_blobs = [g.blobs[i] for i in bottoms]
@@ -250,14 +258,17 @@ class _Builder:
                 g.blob_need_backward[blob_id] = True
         g.bottom_need_backward_unpruned.append(list(bottom_need))
 
-    def new_blob(self, name: str) -> int:
+    def new_blob(self, name: str, anonymous: bool = False) -> int:
+        """A new blob; an anonymous one (an automatic top) is not reachable by name, so no
+        later layer can take it as a bottom and it is not a net output (Caffe's rule)."""
         g = self.g
         blob_id = len(g.blobs)
         g.blobs.append(Blob((), xp=self.xp, dtype=self.dtype, name=name))
         g.blob_names.append(name)
         g.blob_need_backward.append(False)
         g.blob_loss_weights.append(0.0)
-        self.blob_index[name] = blob_id
+        if not anonymous:
+            self.blob_index[name] = blob_id
         return blob_id
 
     def blob_from_proto(self, lp, index, blob_proto) -> Blob:

@@ -94,6 +94,9 @@ class Layer:
     max_top: ClassVar[int | None] = None
     #: Loss layers: tops get a default loss_weight of 1 on the first top.
     is_loss: ClassVar[bool] = False
+    #: Caffe's AutoTopBlobs: the net adds anonymous tops up to max(min_top, exact_num_top)
+    #: when the definition names fewer (a loss layer written without a `top`).
+    auto_top_blobs: ClassVar[bool] = False
     #: Layers that may not be forced to backprop into a given bottom (labels, Accuracy).
     equal_num_bottom_top: ClassVar[bool] = False
 

@@ -14,6 +14,7 @@ class LossLayer(Layer):
     """
 
     is_loss = True
+    auto_top_blobs = True
     exact_num_bottom = 2
     exact_num_top = 1
 

@@ -49,8 +49,10 @@ class CropLayer(Layer):
         top[0].data[...] = bottom[0].data[self._index]
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[1]:
-            raise self.error("cannot propagate down to bottom[1], which only gives the shape")
+        # bottom[1] only gives the shape: Caffe never writes its diff (which stays at its zero
+        # initialisation), so propagate_down[1] is accepted and yields a zero gradient.
+        if len(propagate_down) > 1 and propagate_down[1]:
+            bottom[1].diff[...] = 0
         if propagate_down[0]:
             dx = bottom[0].diff
             dx[...] = 0

@@ -51,8 +51,32 @@ def _source_param(source) -> caffe_pb2.NetParameter:
                    f"{type(source).__name__}")
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5_file(path) -> bool:
+    """Whether `path` is an HDF5 file (H5Fis_hdf5's test: the signature at byte 0, 512,
+    1024, 2048, ...), which is how Caffe tells .caffemodel.h5 weights from binary ones."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            offset = 0
+            while offset + len(_HDF5_SIGNATURE) <= size:
+                handle.seek(offset)
+                if handle.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE:
+                    return True
+                offset = 512 if offset == 0 else offset * 2
+    except OSError:
+        return False
+    return False
+
+
 def copy_trained_layers(net, source) -> None:
-    """Copy the parameter blobs of `source` (path or NetParameter) into `net` by layer name."""
+    """Copy the parameter blobs of `source` (a .caffemodel or .caffemodel.h5 path, or a
+    NetParameter) into `net` by layer name."""
+    if isinstance(source, (str, os.PathLike)) and is_hdf5_file(source):
+        copy_trained_layers_hdf5(net, source)
+        return
     param = _source_param(source)
     for src in param.layer:
         if src.name not in net._layer_index:
@@ -69,6 +93,54 @@ def copy_trained_layers(net, source) -> None:
                                f"rename the layer to learn it from scratch")
             values = blobproto_to_array(bp, blob.dtype, where=f"layer {src.name!r} blob {j}")
             blob.data[...] = net.xp.asarray(values.reshape(blob.shape))
+
+
+def copy_trained_layers_hdf5(net, path) -> None:
+    """Caffe's CopyTrainedLayersFromHDF5: group `data/<layer>/<j>` holds blob j of a layer.
+
+    A layer the net lacks is ignored; a layer may omit a blob only where the net shares it
+    from another layer; shapes must be equal.
+    """
+    import h5py  # noqa: PLC0415 - only HDF5 weights need it
+
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise NetError(f"{path}: not a readable HDF5 file ({exc})") from None
+    with handle:
+        if "data" not in handle:
+            raise NetError(f"{path}: no 'data' group; expected Caffe's HDF5 weights layout "
+                           "(data/<layer name>/<blob index>)")
+        first_param = _first_param_ids(net)
+        for name, group in handle["data"].items():
+            if name not in net._layer_index:
+                log.info("Ignoring source layer %s", name)
+                continue
+            layer_id = net._layer_index[name]
+            target = net.layers[layer_id].blobs
+            if len(group) > len(target):
+                raise NetError(f"{path}: layer {name!r} has {len(group)} parameter blobs in "
+                               f"the weights but {len(target)} in the net")
+            for j, blob in enumerate(target):
+                if str(j) not in group:
+                    if net.param_owners[first_param[layer_id] + j] >= 0:
+                        continue  # shared from another layer: loaded there
+                    raise NetError(f"{path}: layer {name!r} has no blob {j} in the weights; "
+                                   f"the net's layer has {len(target)}")
+                values = group[str(j)][()]
+                if tuple(values.shape) != tuple(blob.shape):
+                    raise NetError(f"{path}: layer {name!r} blob {j}: the weights have shape "
+                                   f"{tuple(values.shape)}, the net expects {blob.shape}")
+                blob.data[...] = net.xp.asarray(values, dtype=blob.dtype)
+
+
+def _first_param_ids(net) -> list[int]:
+    # Parameters are numbered layer by layer, in order (Caffe's param_id_vecs_).
+    ids, count = [], 0
+    for layer in net.layers:
+        ids.append(count)
+        count += len(layer.blobs)
+    return ids
 
 
 def net_to_proto(net, write_diff: bool = False) -> caffe_pb2.NetParameter:

@@ -65,40 +65,10 @@ def _write_weights_hdf5(f, net, write_diff: bool) -> None:
 
 
 def load_weights(net, path: str) -> None:
-    """Copy trained layers from a .caffemodel (through the Net) or a .caffemodel.h5 file."""
+    """Copy trained layers from a .caffemodel or a .caffemodel.h5 file (through the Net)."""
     if not os.path.isfile(path):
         raise SolverError(f"{path}: weights file not found")
-    if path.endswith(".h5"):
-        _load_weights_hdf5(net, path)
-    else:
-        net.copy_from(path)
-
-
-def _load_weights_hdf5(net, path: str) -> None:
-    import h5py  # noqa: PLC0415 - only HDF5 snapshots need it
-
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise ParseError(f"{path}: not a readable HDF5 file ({exc})") from None
-    with f:
-        if "data" not in f:
-            raise ParseError(f"{path}: no 'data' group (expected Caffe's HDF5 weights layout)")
-        for name, group in f["data"].items():
-            if name not in net.params:
-                continue  # a layer the net does not have (or has no parameters): skipped
-            blobs = net.params[name]
-            if len(group) > len(blobs):
-                raise ParseError(f"{path}: layer {name!r} has {len(group)} parameter blobs, "
-                                 f"the net's layer has {len(blobs)}")
-            for i, blob in enumerate(blobs):
-                if str(i) not in group:
-                    continue
-                arr = np.asarray(group[str(i)])
-                if arr.shape != blob.shape:
-                    raise ParseError(f"{path}: layer {name!r} blob {i} has shape "
-                                     f"{arr.shape}, the net expects {blob.shape}")
-                blob.data[...] = blob.xp.asarray(arr, dtype=blob.dtype)
+    net.copy_from(path)
 
 
 # -- solver state -------------------------------------------------------------------------

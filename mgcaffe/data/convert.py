@@ -41,36 +41,70 @@ def write_records(path, records: Iterable[tuple], chunk: int = 1000,
                   overwrite: bool = False) -> int:
     """Write (key, Datum or bytes) pairs to a new LMDB directory; returns the count.
 
-    Transactions are committed every `chunk` records (as Caffe does). The database is built
-    beside `path` and renamed into place at the end, so an interrupted run never leaves a
-    partial database at `path`.
+    See `LMDBWriter` for the transactions and the all-or-nothing rename.
     """
-    path = os.fspath(path)
-    if os.path.exists(path) and not overwrite:
-        raise DataError(f"LMDB {path!r} already exists (pass overwrite=True to replace it)")
-    partial = f"{path}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    count = 0
-    env = lmdb.open(partial, map_size=_FIRST_MAP_SIZE, subdir=True)
-    try:
-        pending: list[tuple[bytes, bytes]] = []
+    with LMDBWriter(path, chunk=chunk, overwrite=overwrite) as writer:
         for key, datum in records:
-            key = key.encode() if isinstance(key, str) else bytes(key)
-            value = datum if isinstance(datum, bytes) else datum.SerializeToString()
-            pending.append((key, value))
-            count += 1
-            if len(pending) >= chunk:
-                _put_chunk(env, pending)
-                pending = []
-        if pending:
-            _put_chunk(env, pending)
-    except BaseException:
-        env.close()
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    env.close()
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(partial, path)
-    return count
+            writer.put(key, datum)
+    return writer.count
+
+
+class LMDBWriter:
+    """A new LMDB directory written record by record (as Caffe's db::NEW transactions).
+
+    Transactions are committed every `chunk` records (as Caffe does). The database is built
+    beside `path` and renamed into place by `close()`, so an interrupted run never leaves a
+    partial database at `path`; used as a context manager, an exception discards it.
+    """
+
+    def __init__(self, path, chunk: int = 1000, overwrite: bool = False):
+        self.path = os.fspath(path)
+        if os.path.exists(self.path) and not overwrite:
+            raise DataError(f"LMDB {self.path!r} already exists (pass overwrite=True to "
+                            "replace it)")
+        self.chunk = chunk
+        self.count = 0
+        self._partial = f"{self.path}.partial-{os.getpid()}"
+        shutil.rmtree(self._partial, ignore_errors=True)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._env = lmdb.open(self._partial, map_size=_FIRST_MAP_SIZE, subdir=True)
+        self._pending: list[tuple[bytes, bytes]] = []
+
+    def put(self, key, datum) -> None:
+        """Add one record: `key` str or bytes, `datum` a message or its serialized bytes."""
+        key = key.encode() if isinstance(key, str) else bytes(key)
+        value = datum if isinstance(datum, bytes) else datum.SerializeToString()
+        self._pending.append((key, value))
+        self.count += 1
+        if len(self._pending) >= self.chunk:
+            _put_chunk(self._env, self._pending)
+            self._pending = []
+
+    def close(self) -> None:
+        """Commit what is pending and move the finished database to `path`."""
+        if self._env is None:
+            return
+        if self._pending:
+            _put_chunk(self._env, self._pending)
+            self._pending = []
+        self._env.close()
+        self._env = None
+        if os.path.exists(self.path):
+            shutil.rmtree(self.path)
+        os.replace(self._partial, self.path)
+
+    def abort(self) -> None:
+        """Discard the partial database."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        shutil.rmtree(self._partial, ignore_errors=True)
+
+    def __enter__(self) -> LMDBWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

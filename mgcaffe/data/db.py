@@ -142,6 +142,19 @@ class LMDBReader:
             self._env = None
 
 
+def iter_records(path):
+    """Every (key, value) of an LMDB once, in key order (what Caffe's tools read)."""
+    path = os.fspath(path)
+    _check_lmdb_path(path)
+    env, key = _acquire_env(path)
+    try:
+        with env.begin(buffers=False) as txn:
+            for record_key, value in txn.cursor():
+                yield bytes(record_key), bytes(value)
+    finally:
+        _release_env(key)
+
+
 def open_db(path, backend: int = caffe_pb2.DataParameter.LMDB, rank: int = 0,
             world_size: int = 1, skip: int = 0) -> LMDBReader:
     """Open a Data layer's source; LEVELDB is refused with a message saying to convert."""

@@ -1,0 +1,27 @@
+"""`mgcaffe upgrade_net_proto_binary IN OUT`: rewrite a binary net (a .caffemodel) in the
+current format, weights kept (Caffe's tool; the same upgrades as on load)."""
+
+from __future__ import annotations
+
+import logging
+
+NAME = "upgrade_net_proto_binary"
+HELP = "upgrade a binary net / .caffemodel to the current format (Caffe's tool)"
+
+log = logging.getLogger("mgcaffe.commands.upgrade")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("input", metavar="IN", help="the binary NetParameter to read")
+    parser.add_argument("output", metavar="OUT", help="the upgraded binary file to write")
+
+
+def run(args) -> int:
+    from ..proto import caffe_pb2  # noqa: PLC0415
+    from ..protoio import read_message, write_message  # noqa: PLC0415
+    from .upgrade_net_proto_text import upgrade_and_log  # noqa: PLC0415
+
+    net = read_message(args.input, caffe_pb2.NetParameter())
+    write_message(upgrade_and_log(net, args.input), args.output)
+    log.info("Wrote upgraded NetParameter binary proto to %s", args.output)
+    return 0

@@ -155,3 +155,28 @@ def test_extract_features_bad_input(tmp_path, images, cli):
     rc, err = cli(*base, "ip,pool", tmp_path / "f", "1", "lmdb")
     assert rc == 1 and "2 blob name(s) but 1 database name(s)" in err
     assert not (tmp_path / "f").exists()
+
+
+def test_compute_image_mean_reads_databases_written_as_caffe_writes_them(tmp_path, images, cli):
+    # Written with the lmdb library directly: encoded PNG Datums (sizes unset, as Caffe's
+    # -encoded leaves them) in one database, float_data Datums in another.
+    encoded, floats = tmp_path / "enc", tmp_path / "flt"
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((2, 3, 2)).astype(np.float32) for _ in range(3)]
+    for path, datums in (
+        (encoded, [caffe_pb2.Datum(data=(tmp_path / "img" / f"a{i}.png").read_bytes(),
+                                   encoded=True, label=i) for i in range(4)]),
+        (floats, [caffe_pb2.Datum(channels=2, height=3, width=2, float_data=a.ravel())
+                  for a in arrays])):
+        env = lmdb.open(str(path), map_size=1 << 24)
+        with env.begin(write=True) as txn:
+            for i, datum in enumerate(datums):
+                txn.put(f"{i:08d}".encode(), datum.SerializeToString())
+        env.close()
+    for path, expected in (
+            (encoded, np.mean([chw_bgr(im).astype(np.float64) for im in images], axis=0)),
+            (floats, np.mean(arrays, axis=0, dtype=np.float64))):
+        assert cli("compute_image_mean", path, tmp_path / "m.binaryproto")[0] == 0
+        blob = caffe_pb2.BlobProto.FromString((tmp_path / "m.binaryproto").read_bytes())
+        np.testing.assert_allclose(np.asarray(blob.data).reshape(expected.shape), expected,
+                                   rtol=1e-6)

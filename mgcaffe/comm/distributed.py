@@ -448,6 +448,11 @@ class DistributedTraining:
     def should_stop(self) -> bool:
         return self._stop
 
+    def allgather_state(self, obj: Any) -> list:
+        """Every rank's `obj` (the solver's data positions at a snapshot; a collective)."""
+        with self._guard("gathering the data positions for the snapshot"):
+            return self.base_comm.allgather(obj)
+
     # ------------------------------------------------------------------ the end
     def summary(self) -> str | None:
         """Measured forward-to-reduced-gradients time beside the plan's prediction."""

@@ -111,9 +111,32 @@ class LMDBReader:
     def _open_cursor(self) -> None:
         self._txn = self._env.begin(buffers=False)
         self._cursor = self._txn.cursor()
+        key = getattr(self, "_seek_key", None)
+        self._seek_key = None
+        if key is not None and self._cursor.set_key(key):
+            return  # a restored position whose record is still there: O(log n)
         self._cursor.first()
-        for _ in range(self._skip):
-            self._advance()
+        for _ in range((self._skip + self.offset) % self._entries):
+            if not self._cursor.next():
+                self._cursor.first()
+
+    def state(self) -> dict:
+        """Where the stream stands: k of the next record and that record's key (hex)."""
+        if self._cursor is not None:
+            key = bytes(self._cursor.key()).hex()
+        else:
+            pending = getattr(self, "_seek_key", None)
+            key = pending.hex() if pending is not None else None
+        return {"offset": self.offset, "key": key}
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a `state()`: the cursor reopens at that record on the next read."""
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = self._cursor = None
+        self.offset = int(state["offset"])
+        key = state.get("key")
+        self._seek_key = bytes.fromhex(key) if key else None
 
     def _advance(self) -> None:
         if not self._cursor.next():

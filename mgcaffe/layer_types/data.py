@@ -65,14 +65,45 @@ class BasePrefetchingDataLayer(Layer):
         if self._closed:
             raise self.error("is closed")
         if self._prefetcher is None:
-            self._prefetcher = Prefetcher(self.load_batch, depth=max(self.prefetch_depth, 1),
+            self._prefetcher = Prefetcher(self._load_batch_and_state,
+                                          depth=max(self.prefetch_depth, 1),
                                           name=f"layer {self.name!r} ({self.type})")
-        batch = self._prefetcher.get()
+        batch, self._position = self._prefetcher.get()
         for blob, array in zip(top, batch):
             blob.data[...] = to_device(array, self.xp)
 
     def backward(self, top, propagate_down, bottom):
         """Data layers have nothing to back-propagate into."""
+
+    # -- data position (exact resume) -----------------------------------------------------
+    def source_state(self) -> dict | None:
+        """JSON-able state of the source and the prefetch RNG, from which the next batch
+        follows; None (the default) when the layer cannot say (it then restarts on resume,
+        as in Caffe). Called on the thread that loads batches."""
+        return None
+
+    def set_source_state(self, state: dict) -> None:
+        """Continue from a `source_state()` (the prefetch thread is stopped)."""
+        raise self.error("cannot restore a data position")
+
+    def _load_batch_and_state(self):
+        batch = self.load_batch()
+        return batch, self.source_state()  # taken before the next batch moves anything
+
+    def data_position(self) -> dict | None:
+        """The source state after the last batch the net consumed (prefetched batches not
+        counted); None if the layer has no position to save."""
+        if getattr(self, "_position", None) is not None:
+            return self._position
+        return self.source_state() if self._prefetcher is None else None
+
+    def set_data_position(self, state: dict) -> None:
+        """Make the next forward return the batch that followed `state` when it was saved."""
+        if self._prefetcher is not None:  # drop the batches read ahead from the old place
+            self._prefetcher.close()
+            self._prefetcher = None
+        self.set_source_state(state)
+        self._position = state
 
     def close(self) -> None:
         """Stop the prefetch thread and release the source; the layer cannot forward after."""
@@ -152,6 +183,17 @@ class Data(BasePrefetchingDataLayer):
 
     def release(self) -> None:
         self.reader.close()
+
+    def source_state(self):
+        return {"reader": self.reader.state(),
+                "transform_rng": self.transformer.rng.bit_generator.state}
+
+    def set_source_state(self, state):
+        try:
+            self.reader.set_state(state["reader"])
+            self.transformer.rng.bit_generator.state = state["transform_rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.error(f"saved data position is not usable ({exc})") from None
 
     def load_batch(self):
         data = np.empty(self.top_shapes[0], dtype=self.dtype)

@@ -33,6 +33,7 @@ from google.protobuf import text_format
 from ..backend import CPU, Device, gpu_available, to_host
 from ..errors import SolverError
 from ..proto import caffe_pb2
+from . import data_position
 from . import snapshot as snap
 from .actions import SolverAction
 from .lr_policy import learning_rate
@@ -433,7 +434,11 @@ class Solver:
     def snapshot(self) -> tuple[str, str] | None:
         """Write `<prefix>_iter_N.caffemodel[.h5]` and `.solverstate[.h5]` (rank 0 only).
 
-        Returns (weights path, state path), or None on other ranks."""
+        Returns (weights path, state path), or None on other ranks. In distributed training
+        every rank calls it (their data positions are gathered into rank 0's state)."""
+        positions = data_position.local_positions(self)
+        gather = getattr(self.gradient_sync, "allgather_state", None)
+        ranks = gather(positions) if gather is not None else [positions]
         if self.rank != 0:
             return None
         p = self.param
@@ -447,7 +452,8 @@ class Solver:
         log.info("Snapshotting solver state to %s file %s", "HDF5" if hdf5 else "binary proto",
                  state_path)
         state = snap.SolverStateData(iter=self.iter, learned_net=model,
-                                     current_step=self.current_step, history=self.history)
+                                     current_step=self.current_step, history=self.history,
+                                     data_position=data_position.encode(ranks))
         snap.write_state(state_path, state, p.snapshot_format)
         self.last_snapshot = (model, state_path)
         return self.last_snapshot
@@ -468,5 +474,6 @@ class Solver:
             target[...] = self.net.xp.asarray(values.reshape(target.shape), dtype=target.dtype)
         self.iter = state.iter
         self.current_step = state.current_step
+        data_position.apply(self, state.data_position, path)
         for net in self.test_nets:
             net.share_weights(self.net)

@@ -31,6 +31,7 @@ class SolverStateData:
     learned_net: str = ""
     current_step: int = 0
     history: list[np.ndarray] = field(default_factory=list)
+    data_position: bytes = b""  # mgcaffe's extension (solvers/data_position.py)
 
 
 def snapshot_filename(prefix: str, iteration: int, extension: str) -> str:
@@ -79,6 +80,8 @@ def write_state(path: str, state: SolverStateData, fmt: int = BINARYPROTO) -> No
     else:
         msg = caffe_pb2.SolverState(iter=state.iter, learned_net=state.learned_net,
                                     current_step=state.current_step)
+        if state.data_position:
+            msg.mgcaffe_data_position = state.data_position
         to_blobproto = _protoio().array_to_blobproto
         for arr in state.history:
             msg.history.append(to_blobproto(to_host(arr)))
@@ -93,6 +96,8 @@ def _write_state_hdf5(f, state: SolverStateData) -> None:
     history = f.create_group("history")
     for i, arr in enumerate(state.history):
         history.create_dataset(str(i), data=to_host(arr))
+    if state.data_position:  # a dataset Caffe's reader never asks for
+        f.create_dataset("mgcaffe_data_position", data=np.bytes_(state.data_position))
 
 
 def read_state(path: str) -> SolverStateData:
@@ -110,7 +115,8 @@ def read_state(path: str) -> SolverStateData:
     to_array = _protoio().blobproto_to_array
     return SolverStateData(iter=msg.iter, learned_net=msg.learned_net,
                            current_step=msg.current_step,
-                           history=[np.asarray(to_array(b)) for b in msg.history])
+                           history=[np.asarray(to_array(b)) for b in msg.history],
+                           data_position=msg.mgcaffe_data_position)
 
 
 def _read_state_hdf5(path: str) -> SolverStateData:
@@ -129,6 +135,8 @@ def _read_state_hdf5(path: str) -> SolverStateData:
                 learned_net=learned.decode() if isinstance(learned, bytes) else str(learned),
                 current_step=int(f["current_step"][()]) if "current_step" in f else 0,
                 history=[np.asarray(history[str(i)]) for i in range(len(history))],
+                data_position=(bytes(f["mgcaffe_data_position"][()])
+                               if "mgcaffe_data_position" in f else b""),
             )
         except KeyError as exc:
             raise ParseError(f"{path}: missing {exc} (expected Caffe's HDF5 solver state "

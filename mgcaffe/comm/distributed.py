@@ -41,6 +41,7 @@ from ..log import configure
 from .communicator import Communicator
 from .executor import GradientExecutor
 from .faults import ABORT_EXCEPTION, Watchdog, check_in_sync, fail_all
+from .launcher import check_world, launcher_size
 from .local import SingleCommunicator
 from .mpi import MpiCommunicator, launched_by_mpi
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
@@ -72,8 +73,11 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll"
     world of one rank without touching MPI. With `log_level`, logging is configured so that
     only rank 0 logs below WARNING and every other rank's lines carry its rank. `mpi_wait`:
     how MPI all-reduces wait ("poll" or "block", see MpiCommunicator)."""
-    comm: Communicator = (MpiCommunicator(wait=mpi_wait) if launched_by_mpi()
+    comm: Communicator = (MpiCommunicator(wait=mpi_wait)
+                          if launched_by_mpi() or launcher_size() is not None
                           else SingleCommunicator())
+    if isinstance(comm, MpiCommunicator):
+        check_world(comm.size, comm.library)  # a launcher of another MPI: N lone trainings
     if log_level is not None and comm.size > 1:
         configure(log_level, rank=comm.rank, world_size=comm.size)
     return comm, comm.rank, comm.size

@@ -14,13 +14,16 @@ this backward pass (every sharer's backward ran earlier, since sharers come afte
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf import text_format
 
+from . import net_debug
 from .backend import CPU, Device
 from .errors import NetError
 from .layer_types.base import TEST, TRAIN
@@ -30,6 +33,8 @@ from .proto import caffe_pb2
 from .protoio import filter_net, read_net_param, write_caffemodel
 
 __all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
+
+log = logging.getLogger("mgcaffe.net")
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,13 @@ class Net:
             stages = tuple(param.state.stage)
         if not level and param.HasField("state"):
             level = param.state.level
-        self.net_param = insert_splits(filter_net(param, phase, level, tuple(stages)))
+        filtered = filter_net(param, phase, level, tuple(stages))
+        if log.isEnabledFor(logging.INFO):
+            log.info("Initializing net from parameters: \n%s",
+                     text_format.MessageToString(filtered))
+        self.net_param = insert_splits(filtered)
         self.name = self.net_param.name
+        self.debug_info = bool(param.debug_info)  # Caffe's per-layer lines (net_debug.py)
         g = build_graph(self.net_param, phase, xp=self.xp, dtype=self.dtype, seed=seed,
                         rank=rank, world_size=world_size)
         self._adopt(g)
@@ -192,6 +202,8 @@ class Net:
         loss = 0.0
         for i in range(start, end + 1):
             loss += self.forward_layer(i)
+            if self.debug_info:
+                net_debug.forward(self, i)
         self.loss = loss
         return loss
 
@@ -254,6 +266,8 @@ class Net:
         for i in range(start, end - 1, -1):
             if need[i]:
                 self.backward_layer(i)
+                if self.debug_info:
+                    net_debug.backward(self, i)
             if on_learnable_done is not None and learnable[i] is not None:
                 on_learnable_done(learnable[i])
 
@@ -282,6 +296,8 @@ class Net:
         returns the loss. Parameter diffs accumulate: call clear_param_diffs() first."""
         loss = self._forward_range(0, len(self.layers) - 1)
         self._backward_range(len(self.layers) - 1, 0, on_learnable_done)
+        if self.debug_info:
+            net_debug.all_params(self)
         return loss
 
     # -- parameters

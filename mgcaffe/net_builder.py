@@ -11,6 +11,7 @@ Two steps, as in Caffe's net.cpp and insert_splits.cpp:
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from .layer_types.registry import create_layer
 from .proto import caffe_pb2
 from .protoio import blobproto_to_array
 
+log = logging.getLogger("mgcaffe.net")
 
 # ----------------------------------------------------------------------------- splits
 def split_layer_name(layer_name: str, blob_name: str, top_index: int) -> str:
@@ -159,17 +161,24 @@ class _Builder:
         self.has_lr: list[bool] = []
         self.has_decay: list[bool] = []
         self.param_name_index: dict[str, int] = {}
+        self.memory_used = 0  # Caffe's "Memory required for data": top elements so far
 
     def build(self) -> Graph:
         for lp in self.param.layer:
             self.append_layer(lp)
         self.prune_backward()
+        for layer_id in range(len(self.g.layers) - 1, -1, -1):
+            log.info("%s %s backward computation.", self.g.layer_names[layer_id],
+                     "needs" if self.g.layer_need_backward[layer_id] else "does not need")
         if self.param.force_backward:
             self.force_backward()
         g = self.g
         # Caffe keeps the remaining blobs in a std::set: outputs come out sorted by name.
         g.output_ids = [self.blob_index[name] for name in sorted(self.available)]
         self.share_params()
+        for blob_id in g.output_ids:
+            log.info("This network produces output %s", g.blob_names[blob_id])
+        log.info("Network initialization done.")
         return g
 
     # -- one layer
@@ -184,6 +193,7 @@ class _Builder:
             raise NetError(f"layer {lp.name!r}: propagate_down has {len(lp.propagate_down)} "
                            f"values for {len(lp.bottom)} bottoms; give none or one per bottom")
         ctx = LayerContext(phase=lp.phase, **self.ctx_args)
+        log.info("Creating Layer %s", lp.name)
         layer = create_layer(lp, ctx)
         if lp.blobs:
             layer.blobs = [self.blob_from_proto(lp, i, bp) for i, bp in enumerate(lp.blobs)]
@@ -201,6 +211,7 @@ class _Builder:
             blob_id = self.blob_index[name]
             self.available.discard(name)
             bottoms.append(blob_id)
+            log.info("%s <- %s", lp.name, name)
             need = g.blob_need_backward[blob_id]
             if lp.propagate_down:
                 need = bool(lp.propagate_down[j])
@@ -213,19 +224,22 @@ class _Builder:
         for j, name in enumerate(lp.top):
             if j < len(lp.bottom) and name == lp.bottom[j]:
                 tops.append(self.blob_index[name])  # in-place: the same Blob object
+                log.info("%s -> %s (in-place)", lp.name, name)
             elif name in self.blob_index:
                 raise NetError(f"layer {lp.name!r}: top blob {name!r} is produced by an "
                                f"earlier layer too (only in-place reuse, top {j} == bottom "
                                f"{j}, is allowed)")
             else:
                 tops.append(self.new_blob(name))
+                log.info("%s -> %s", lp.name, name)
             self.available.add(name)
             if lp.type == "Input":
                 g.input_ids.append(tops[-1])
         if layer.auto_top_blobs:
             needed = max(layer.min_top or 0, layer.exact_num_top or 0)
-            tops.extend(self.new_blob(AUTO_TOP_NAME, anonymous=True)
-                        for _ in range(len(tops), needed))
+            for _ in range(len(tops), needed):
+                tops.append(self.new_blob(AUTO_TOP_NAME, anonymous=True))
+                log.info("%s -> %s", lp.name, AUTO_TOP_NAME)
         g.top_ids.append(tops)
 
         bottom_blobs = [g.blobs[i] for i in bottoms]
@@ -239,6 +253,7 @@ class _Builder:
             raise err from exc
         for blob_id, weight in zip(tops, layer.loss_weights):
             g.blob_loss_weights[blob_id] = float(weight)
+        self.log_setup(lp.name, top_blobs, layer.loss_weights)
 
         specs = list(layer.param.param)
         if len(specs) > len(layer.blobs):
@@ -257,6 +272,18 @@ class _Builder:
             for blob_id in tops:
                 g.blob_need_backward[blob_id] = True
         g.bottom_need_backward_unpruned.append(list(bottom_need))
+
+    def log_setup(self, name: str, tops, loss_weights) -> None:
+        """Caffe's set-up lines: each top's shape, its loss weight, the data memory so far."""
+        log.info("Setting up %s", name)
+        for j, blob in enumerate(tops):
+            shape = tuple(blob.data.shape)
+            count = blob.data.size
+            log.info("Top shape: %s(%d)", "".join(f"{d} " for d in shape), count)
+            if j < len(loss_weights) and loss_weights[j]:
+                log.info("    with loss weight %s", f"{float(loss_weights[j]):.6g}")
+            self.memory_used += count
+        log.info("Memory required for data: %d", self.memory_used * self.dtype.itemsize)
 
     def new_blob(self, name: str, anonymous: bool = False) -> int:
         """A new blob; an anonymous one (an automatic top) is not reachable by name, so no

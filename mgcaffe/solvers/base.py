@@ -33,7 +33,7 @@ from google.protobuf import text_format
 from ..backend import CPU, Device, gpu_available, to_host
 from ..errors import SolverError
 from ..proto import caffe_pb2
-from . import data_position
+from . import data_position, progress
 from . import snapshot as snap
 from .actions import SolverAction
 from .lr_policy import learning_rate
@@ -258,6 +258,7 @@ class Solver:
                 if hasattr(hook, "before_iteration"):
                     hook.before_iteration(self)
             display = bool(p.display) and self.iter % p.display == 0
+            self.net.debug_info = display and p.debug_info  # as Caffe: display steps only
             loss = self._forward_backward()
             self._update_smoothed_loss(loss, start_iter)
             if display:
@@ -265,6 +266,8 @@ class Solver:
                 per_s = (self.iter - iterations_last) / (lapse or 1.0)
                 log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
                          _g(per_s), _g(lapse), p.display, _g(self._smoothed_loss))
+                if self.iter > iterations_last:  # own line: Caffe's parsers skip it
+                    log.info("%s", progress.time_left(stop_iter - self.iter, per_s))
                 timer, iterations_last = time.perf_counter(), self.iter
                 self._log_outputs(self.net, "Train", self._output_values(self.net), 1)
             self._check_gradients()
@@ -391,9 +394,12 @@ class Solver:
         net = self.test_nets[k]
         net.share_weights(self.net)
         n = self.param.test_iter[k]
+        net.debug_info = bool(self.param.debug_info)
         scores = None
         loss = 0.0
-        for _ in range(n):
+        ticker = progress.Ticker(f"Test pass (#{k})", n)
+        for i in range(n):
+            ticker.tick(i)
             request = self._requested_action()
             while request != SolverAction.NONE:
                 if request == SolverAction.SNAPSHOT:

@@ -8,15 +8,35 @@ program. Any MgcaffeError ends the program with a one-line message and exit stat
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import pkgutil
 import re
 import sys
 
-from . import commands
+from . import __version__, commands
 from .errors import MgcaffeError
 
 _SINGLE_DASH_LONG = re.compile(r"^-([a-z][a-z0-9_]+)(=.*)?$")
+_INVALID_CHOICE = re.compile(r"invalid choice: '?([^']*?)'? \(choose from (.*)\)$")
+
+
+def did_you_mean(message: str) -> str:
+    """argparse's invalid-choice message with the closest valid choice suggested."""
+    m = _INVALID_CHOICE.search(message)
+    if not m:
+        return message
+    choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+    return message + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a short usage line (not the whole help) and "did you mean" on errors."""
+
+    def error(self, message: str):
+        self.exit(2, f"usage: {self.prog} ... (see `{self.prog} --help`)\n"
+                     f"{self.prog}: error: {did_you_mean(message)}\n")
 
 
 def _command_modules():
@@ -36,26 +56,37 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mgcaffe",
         description="Caffe-style training with merged-gradient communication (MG-WFBP).",
     )
-    parser.add_argument("--log-level", default="INFO",
-                        help="logging level (DEBUG, INFO, WARNING, ERROR)")
-    sub = parser.add_subparsers(dest="command", metavar="command")
+    parser.add_argument("--version", action="version", version=f"mgcaffe {__version__}")
+    _add_log_arguments(parser, "INFO", None)
+    # The same flags after the sub-command; SUPPRESS keeps the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_log_arguments(common, argparse.SUPPRESS, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
     runners = {}
     for mod in _command_modules():
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP, parents=[common])
         mod.add_arguments(p)
         runners[mod.NAME] = mod.run
     return parser, runners
 
 
-def setup_logging(level: str) -> None:
+def _add_log_arguments(parser: argparse.ArgumentParser, level_default, dir_default) -> None:
+    parser.add_argument("--log-level", "--log_level", dest="log_level", default=level_default,
+                        help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    parser.add_argument("--log_dir", "--log-dir", dest="log_dir", default=dir_default,
+                        metavar="DIR", help="also write glog-named log files here "
+                                            "(default: $GLOG_log_dir, else none)")
+
+
+def setup_logging(level: str, log_dir: str | None = None) -> None:
     """glog-like lines, as Caffe prints: `I1129 13:03:19.123456 12345 file.py:12] message`."""
     from .log import configure  # noqa: PLC0415 - keeps `mgcaffe --help` light
 
-    configure(level)
+    configure(level, log_dir=log_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_dir)
     try:
         return int(runners[args.command](args) or 0)
     except MgcaffeError as exc:

@@ -49,6 +49,7 @@ from .startup import (
     agree_on_layers_and_plan,
     benchmark_sizes,
     broadcast_parameters,
+    check_plan_sizes,
     describe_plan,
     describe_profile,
     learnable_summary,
@@ -314,6 +315,7 @@ class DistributedTraining:
             from .planner import load_plan  # noqa: PLC0415
 
             plan = load_plan(o.plan)
+            check_plan_sizes(plan, self.names, self.counts, self.net.dtype.itemsize, o.plan)
             self._adopt(plan, f"read from {o.plan}")
             return plan
         if o.profile:

@@ -81,6 +81,18 @@ def agree_on_layers_and_plan(comm: Communicator, names: list[str], counts: list[
         raise CommError(f"rank {comm.rank}: ranks disagree: {'; '.join(problems)}")
 
 
+def check_plan_sizes(plan: Any, names: list[str], counts: list[int], itemsize: int,
+                     source: str) -> None:
+    """A saved plan's layers must hold as many parameters as the net's layers of the same
+    name (a plan made for another variant of the net would group the wrong bytes)."""
+    planned = dict(zip(plan.layers, plan.layer_bytes))
+    for name, count in zip(names, counts):
+        if name in planned and planned[name] != count * itemsize:
+            raise CommError(f"{source}: layer {name!r} has {planned[name]} bytes of parameters "
+                            f"in the plan but {count * itemsize} in the net ({count} x "
+                            f"{itemsize} B): the plan was made for another net; plan again")
+
+
 def synceasgd_groups(names: list[str]) -> SimpleNamespace:
     """A stand-in plan (one message after backward) used while the profile is measured."""
     return SimpleNamespace(groups=[list(reversed(names))])

@@ -43,6 +43,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default=None, help="write the network JSON here (rank 0)")
 
 
+def fit_warning(a: float, rms: float) -> str | None:
+    """The warning for a fit whose start-up cost a is smaller than its rms residual: a is
+    then noise, and plans made with it are not to be trusted."""
+    if rms > abs(a):
+        return (f"the fit's rms residual ({rms * 1e6:.3f} us) is larger than its intercept a "
+                f"({a * 1e6:.3f} us): a is not measured reliably (a busy machine, or too few "
+                "sizes or --iterations); plans made from this file may be off")
+    return None
+
+
 def run(args) -> int:
     from ..comm.benchmark import DEFAULT_SIZES, measure_allreduce  # noqa: PLC0415
     from ..comm.distributed import world  # noqa: PLC0415 - MPI only when the command runs
@@ -60,6 +70,9 @@ def run(args) -> int:
                  "%.3f us", result.fit.a * 1e6, result.fit.b * 1e9,
                  (1 / result.fit.b / 1e9) if result.fit.b > 0 else float("inf"),
                  result.rms * 1e6)
+        warning = fit_warning(result.fit.a, result.rms)
+        if warning:
+            log.warning("%s", warning)
         if args.out:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")

@@ -1,6 +1,6 @@
 """`mgcaffe time`: benchmark a model layer by layer, as Caffe's `caffe time` does.
 
-    mgcaffe time --model M.prototxt [--iterations 50] [--phase TRAIN|TEST] [--gpu ID]
+    mgcaffe time --model M.prototxt [--iterations 50] [--phase TRAIN|TEST] [--gpu ID|all]
                  [--synthetic-data [--synthetic-shape NAME=N,C,H,W ...] [--num-classes 10]]
                  [--batch-size N] [--profile-out P.json]
 
@@ -17,9 +17,10 @@ import json
 import logging
 from pathlib import Path
 
-from ..backend import CPU, Device
+from ..backend import CPU
 from ..errors import NetError
 from ..layer_types.base import TEST, TRAIN
+from .train import add_device_argument, device_from_flag, stages
 
 NAME = "time"
 HELP = "benchmark a model's forward and backward passes, layer by layer (Caffe's `caffe time`)"
@@ -36,9 +37,8 @@ def add_arguments(parser) -> None:
                         help="net phase (default TRAIN, as caffe time)")
     parser.add_argument("--level", type=int, default=0, help="net state level (default 0)")
     parser.add_argument("--stage", action="append", default=[], metavar="STAGE",
-                        help="net state stage (repeat for several)")
-    parser.add_argument("--gpu", type=int, default=None, metavar="ID",
-                        help="run on this GPU (default: the CPU)")
+                        help="net state stage (repeat or comma-separate for several)")
+    add_device_argument(parser)
     parser.add_argument("--synthetic-data", action="store_true",
                         help="replace Data/ImageData/HDF5Data/MemoryData/WindowData layers "
                              "by random data of the declared shape")
@@ -74,9 +74,9 @@ def build_net(args):
         # Without --synthetic-data only Input layers take the shapes and batch size.
         param, labels = synthesize_data_layers(param, shapes, args.batch_size,
                                                replace_data=args.synthetic_data)
-    device = CPU if args.gpu is None else Device("gpu", args.gpu)
+    device = device_from_flag(args.gpu) or CPU
     phase = TRAIN if args.phase == "TRAIN" else TEST
-    net = Net(param, phase, level=args.level, stages=tuple(args.stage), device=device,
+    net = Net(param, phase, level=args.level, stages=tuple(stages(args)), device=device,
               seed=args.seed)
     fill_labels(net, labels, args.num_classes, args.seed)
     return net

@@ -61,17 +61,15 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a NetState stage (repeat or comma-separate for several)")
 
 
+NO_GPU = "no GPU is usable (CuPy missing or no CUDA device); leave out --gpu to use the CPU"
+
+
 def device_from_flag(flag: str | None) -> Device | None:
-    """The Device `--gpu` asks for: None when absent (the solver file decides)."""
+    """The Device `--gpu` asks for: None when absent (the solver file decides). Shared by
+    train, test and time, so that each says the same when there is no GPU."""
     if flag is None or flag == "":
         return None
-    if flag == "all":
-        from ..backend import gpu_available  # noqa: PLC0415
-
-        if not gpu_available():
-            raise SolverError("--gpu all: no GPU is usable (CuPy missing or no CUDA device)")
-        ids = [0]
-    else:
+    if flag != "all":
         try:
             ids = [int(s) for s in flag.split(",") if s.strip()]
         except ValueError:
@@ -79,9 +77,14 @@ def device_from_flag(flag: str | None) -> Device | None:
                               f"`all`, found {flag!r}") from None
         if not ids or min(ids) < 0:
             raise SolverError(f"--gpu: expected device ids >= 0, found {flag!r}")
+    from ..backend import gpu_available  # noqa: PLC0415
+
+    if not gpu_available():
+        raise SolverError(f"--gpu {flag}: {NO_GPU}")
+    ids = [0] if flag == "all" else ids
     if len(ids) > 1 or flag == "all":
-        log.warning("--gpu %s: one process trains on one GPU (%d); for several use the "
-                    "distributed trainer", flag, ids[0])
+        log.warning("--gpu %s: one process uses one GPU (%d); for several, train under "
+                    "mpiexec (one rank per GPU)", flag, ids[0])
     return Device("gpu", ids[0])
 
 

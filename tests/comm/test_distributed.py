@@ -290,3 +290,20 @@ def test_auto_backend_on_the_cpu_uses_the_host_path():
     _, handles, errors = train(2, flags(comm="wfbp", profile_iters=2), iters=3)
     assert errors == [None, None]
     assert handles[0].executor.mode == "host" and handles[0].comm is not None
+
+
+def test_a_plan_whose_layer_sizes_differ_from_the_net_is_refused(tmp_path):
+    # same layer names as the net (fc1 has 5x7 weights + 5... = 35 parameters), other sizes
+    wrong = {"model": "tiny", "forward_time": 0.01, "layers": [
+        {"name": n, "params": p, "backward_time": 0.001}
+        for n, p in (("fc1", 99), ("fc2", 24), ("fc3", 15))]}
+    (tmp_path / "p.json").write_text(json.dumps(wrong))
+    (tmp_path / "n.json").write_text(json.dumps({"fits": {"1": {"a": 1e-3, "b": 1e-9}}}))
+    _, _, errors = train(1, flags(profile=str(tmp_path / "p.json"),
+                                  network=str(tmp_path / "n.json"),
+                                  save_plan=str(tmp_path / "plan.json")), iters=1)
+    assert errors == [None]
+    _, _, errors = train(1, flags(plan=str(tmp_path / "plan.json")), iters=1)
+    assert isinstance(errors[0], CommError)
+    assert "layer 'fc1' has 396 bytes of parameters in the plan but 140 in the net" \
+        in str(errors[0])

@@ -44,7 +44,8 @@ def _import_mpi():
         mpi4py.rc.thread_level = "multiple"
         from mpi4py import MPI  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - mpi4py is a dependency
-        raise CommError(f"MPI needs mpi4py: pip install mpi4py mpich ({exc})") from exc
+        raise CommError(f"MPI needs mpi4py: pip install 'mgcaffe[mpich]', or mpi4py built "
+                        f"for the site's MPI (docs/cluster.md) ({exc})") from exc
     return MPI
 
 

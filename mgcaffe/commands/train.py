@@ -116,7 +116,8 @@ def build_solver(args, **solver_options) -> Solver:
     if cls is None:
         raise SolverError(f"{path}: type: expected one of {', '.join(SOLVER_CLASSES)}, "
                           f"found {param.type!r}")
-    solver_options.setdefault("device", device_from_flag(args.gpu))
+    if "device" not in solver_options:  # a rank's own GPU (distributed) was chosen already
+        solver_options["device"] = device_from_flag(args.gpu)
     solver = cls(param, solver_path=path, **solver_options)
     log.info("Use CPU." if solver.device.kind == "cpu" else f"Using GPUs {solver.device.index}")
     return solver

@@ -112,6 +112,7 @@ def test_resume_continues_the_data_exactly_under_mpiexec(tmp_path):
     cmd = ["-m", "mgcaffe", "train", "--solver", solver, "--comm", "wfbp"]
     status, log, _ = run_mpi(2, cmd, timeout=200)
     assert status == 0, log
+    assert "[rank 0]" not in log and "] Optimization Done." in log  # rank 0: no prefix
     resumed = tmp_path / "resumed.prototxt"
     resumed.write_text(solver.read_text().replace("/s10", "/r10"))
     status, log, _ = run_mpi(2, ["-m", "mgcaffe", "train", "--solver", resumed, "--comm",

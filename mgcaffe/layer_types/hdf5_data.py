@@ -65,6 +65,8 @@ class HDF5Data(BasePrefetchingDataLayer):
         self.rows = np.arange(0)
         self.row = 0
         self.offset = 0  # k of the next row in the stream
+        self._shuffles: list[dict] = []  # RNG states before each shuffle of `rows` since
+        # it was last arange (one file: each pass shuffles the last order, as Caffe)
         return [(self.batch_size, *shape) for shape in self.row_shapes]
 
     def _open(self, path: str) -> h5py.File:
@@ -94,6 +96,18 @@ class HDF5Data(BasePrefetchingDataLayer):
             return [tuple(d.shape[1:]) for d in self._datasets(f, path)]
 
     def _load(self, path: str) -> None:
+        self._read_arrays(path)
+        self.rows = np.arange(self.arrays[0].shape[0])
+        self._shuffles = []
+        self._shuffle_rows()
+        self.row = 0
+
+    def _shuffle_rows(self) -> None:
+        if self.shuffle:
+            self._shuffles.append(self._stream_rng.bit_generator.state)
+            self._stream_rng.shuffle(self.rows)
+
+    def _read_arrays(self, path: str) -> None:
         with self._open(path) as f:
             datasets = self._datasets(f, path)
             for d, expected in zip(datasets, self.row_shapes):
@@ -102,10 +116,6 @@ class HDF5Data(BasePrefetchingDataLayer):
                                     f"of shape {tuple(d.shape[1:])}, expected {expected} "
                                     f"(as in {self.files[0]!r})")
             self.arrays = [np.asarray(d[...], dtype=self.dtype) for d in datasets]
-        self.rows = np.arange(self.arrays[0].shape[0])
-        if self.shuffle:
-            self._stream_rng.shuffle(self.rows)
-        self.row = 0
 
     def _next_row(self) -> int:
         """Advance to the next row this rank reads; returns its index in self.arrays."""
@@ -122,8 +132,7 @@ class HDF5Data(BasePrefetchingDataLayer):
                     self._load(self.files[self.file_order[self.file_pos]])
                 else:
                     self.row = 0
-                    if self.shuffle:
-                        self._stream_rng.shuffle(self.rows)
+                    self._shuffle_rows()
             rank, world_size = self.shard
             keep = self.offset % world_size == rank
             self.offset += 1
@@ -131,6 +140,33 @@ class HDF5Data(BasePrefetchingDataLayer):
             self.row += 1
             if keep:
                 return row
+
+    def source_state(self):
+        # Row orders are kept as the RNG states that shuffled them, not as permutations.
+        return {"files": len(self.files), "file_order": [int(i) for i in self.file_order],
+                "file_pos": self.file_pos, "row": self.row, "offset": self.offset,
+                "loaded": self.arrays is not None, "shuffles": list(self._shuffles),
+                "stream_rng": self._stream_rng.bit_generator.state}
+
+    def set_source_state(self, state):
+        try:
+            if int(state["files"]) != len(self.files):
+                raise ValueError(f"saved for {state['files']} files, the list has "
+                                 f"{len(self.files)}")
+            self.file_order = np.asarray(state["file_order"], dtype=np.int64)
+            self.file_pos, self.offset = int(state["file_pos"]), int(state["offset"])
+            self.arrays, self.rows, self.row = None, np.arange(0), 0
+            if state["loaded"]:
+                self._read_arrays(self.files[self.file_order[self.file_pos]])
+                self.rows = np.arange(self.arrays[0].shape[0])
+                for rng_state in state["shuffles"]:
+                    self._stream_rng.bit_generator.state = rng_state
+                    self._stream_rng.shuffle(self.rows)
+                self.row = int(state["row"])
+            self._shuffles = list(state["shuffles"])
+            self._stream_rng.bit_generator.state = state["stream_rng"]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise self.error(f"saved data position is not usable ({exc})") from None
 
     def load_batch(self):
         batch = [np.empty(shape, dtype=self.dtype) for shape in self.top_shapes]

@@ -71,8 +71,11 @@ class ImageData(BasePrefetchingDataLayer):
         self.lines = read_image_list(self.source, self.what)
         self._stream_rng = self.stream_rng()
         self.order = np.arange(len(self.lines))
+        # The stream RNG's state before each shuffle of `order` (each pass shuffles the last
+        # pass's order in place, as Caffe): enough to rebuild it on resume.
+        self._shuffles: list[dict] = []
         if self.shuffle:
-            self._stream_rng.shuffle(self.order)
+            self._shuffle_order()
         self.pos = 0
         if p.rand_skip:
             skip = int(self._stream_rng.integers(p.rand_skip))
@@ -111,9 +114,37 @@ class ImageData(BasePrefetchingDataLayer):
             if self.pos >= len(self.order):
                 self.pos = 0
                 if self.shuffle:
-                    self._stream_rng.shuffle(self.order)
+                    self._shuffle_order()
             if keep:
                 return index
+
+    def _shuffle_order(self) -> None:
+        self._shuffles.append(self._stream_rng.bit_generator.state)
+        self._stream_rng.shuffle(self.order)
+
+    def source_state(self):
+        # The order is kept as the RNG states that shuffled it (one per pass, a few hundred
+        # bytes each), not as a permutation of the whole list.
+        return {"pos": self.pos, "offset": self.offset, "images": len(self.lines),
+                "stream_rng": self._stream_rng.bit_generator.state,
+                "shuffles": list(self._shuffles),
+                "transform_rng": self.transformer.rng.bit_generator.state}
+
+    def set_source_state(self, state):
+        try:
+            if int(state["images"]) != len(self.lines):
+                raise ValueError(f"saved for a list of {state['images']} images, "
+                                 f"{self.source!r} has {len(self.lines)}")
+            order = np.arange(len(self.lines))
+            for rng_state in state["shuffles"]:
+                self._stream_rng.bit_generator.state = rng_state
+                self._stream_rng.shuffle(order)
+            self._stream_rng.bit_generator.state = state["stream_rng"]
+            self.transformer.rng.bit_generator.state = state["transform_rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.error(f"saved data position is not usable ({exc})") from None
+        self.order, self._shuffles = order, list(state["shuffles"])
+        self.pos, self.offset = int(state["pos"]), int(state["offset"])
 
     def load_batch(self):
         data = np.empty(self.top_shapes[0], dtype=self.dtype)

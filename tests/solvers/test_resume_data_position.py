@@ -104,6 +104,58 @@ def test_state_without_the_field_restarts_at_record_zero(tmp_path):
         solver.close()
 
 
+def _image_data(tmp_path):
+    from PIL import Image  # noqa: PLC0415
+
+    lines = []
+    for i, im in enumerate(_images()[:7]):
+        Image.fromarray(im[0]).save(tmp_path / f"im{i}.png")
+        lines.append(f"im{i}.png {i % 3}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    return (f'layer {{ name: "data" type: "ImageData" top: "data" top: "label" '
+            f'transform_param {{ mirror: true crop_size: 5 scale: 0.0039 }} '
+            f'image_data_param {{ source: "{tmp_path}/list.txt" root_folder: "{tmp_path}/" '
+            f'batch_size: 3 shuffle: true is_color: false }} }}')
+
+
+def _hdf5_data(tmp_path, parts=((0, 5), (5, 11))):
+    import h5py  # noqa: PLC0415
+
+    images = _images().astype(np.float32) / 255
+    names = []
+    for k, (lo, hi) in enumerate(parts):
+        with h5py.File(tmp_path / f"d{k}.h5", "w") as f:
+            f["data"] = images[lo:hi]
+            f["label"] = (np.arange(lo, hi) % 3).astype(np.float32)
+        names.append(str(tmp_path / f"d{k}.h5"))
+    (tmp_path / "h5list.txt").write_text("\n".join(names) + "\n")
+    return (f'layer {{ name: "data" type: "HDF5Data" top: "data" top: "label" '
+            f'hdf5_data_param {{ source: "{tmp_path}/h5list.txt" batch_size: 4 '
+            f'shuffle: true }} }}')
+
+
+def _hdf5_one_file(tmp_path):  # each pass reshuffles the last pass's row order
+    return _hdf5_data(tmp_path, parts=((0, 7),))
+
+
+@pytest.mark.parametrize("make_layer", [_image_data, _hdf5_data, _hdf5_one_file],
+                         ids=["ImageData", "HDF5Data", "HDF5Data-one-file"])
+def test_resume_continues_other_data_layers_exactly(tmp_path, make_layer):
+    solver = _setup(tmp_path, 10)
+    net = tmp_path / "net.prototxt"
+    text = net.read_text()
+    start = text.index("layer {")
+    end = text.index('layer { name: "ip"')
+    net.write_text(text[:start] + make_layer(tmp_path) + "\n" + text[end:])
+    _train(solver)
+    resumed = tmp_path / "resumed.prototxt"
+    resumed.write_text(solver.read_text().replace("/s10", "/r10"))
+    _train(resumed, resume=tmp_path / "s10_iter_5.solverstate")
+    for x, y in zip(_weights(tmp_path / "s10_iter_10.caffemodel"),
+                    _weights(tmp_path / "r10_iter_10.caffemodel")):
+        assert np.array_equal(x, y)
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.timeout(300)

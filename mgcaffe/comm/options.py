@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,12 @@ __all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "opti
 COMM_MODES = ("wfbp", "synceasgd", "mgwfbp", "threshold")
 MERGES = ("optimal", "paper")
 BACKENDS = ("auto", "mpi", "nccl")
+
+
+def _suggest(value, choices) -> str:
+    """"; did you mean 'x'?" for a value close to one of `choices` (comm_param typos)."""
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 @dataclass
@@ -50,9 +57,10 @@ class Options:
     def check(self) -> Options:
         if self.comm not in COMM_MODES:
             raise CommError(f"--comm: expected one of {', '.join(COMM_MODES)}, got "
-                            f"{self.comm!r}")
+                            f"{self.comm!r}{_suggest(self.comm, COMM_MODES)}")
         if self.merge not in MERGES:
-            raise CommError(f"--merge: expected one of {', '.join(MERGES)}, got {self.merge!r}")
+            raise CommError(f"--merge: expected one of {', '.join(MERGES)}, got {self.merge!r}"
+                            f"{_suggest(self.merge, MERGES)}")
         if not self.bucket_mb > 0:
             raise CommError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
         if self.profile_iters < 2:

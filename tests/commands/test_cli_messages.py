@@ -95,3 +95,11 @@ def test_bench_comm_fit_warning():
     assert fit_warning(a=10e-6, rms=2e-6) is None
     text = fit_warning(a=1e-6, rms=30e-6)
     assert "rms residual (30.000 us) is larger than its intercept a (1.000 us)" in text
+
+
+def test_comm_param_typo_suggests(model, cli):
+    code, err = cli("train", "--solver", model.solver('comm_param { comm: "mgwbfp" }\n'),
+                    "--save-plan", model.dir / "plan.json")  # one rank with the trainer
+    assert code == 1
+    assert "--comm: expected one of wfbp, synceasgd, mgwfbp, threshold, got 'mgwbfp'; did " \
+           "you mean 'mgwfbp'?" in err

@@ -116,6 +116,9 @@ class _GlogFileHandler(logging.Handler):
 
 
 _settings: dict = {"level": "INFO", "log_dir": None}
+# The open glog files, kept across calls: a distributed run reconfigures once it knows its
+# rank, and glog writes one set of files per process.
+_files: dict = {}
 
 
 def configure(level: str | None = None, rank: int = 0, world_size: int = 1, *,
@@ -131,15 +134,25 @@ def configure(level: str | None = None, rank: int = 0, world_size: int = 1, *,
     logger = logging.getLogger("mgcaffe")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-        handler.close()
+        if not isinstance(handler, _GlogFileHandler):
+            handler.close()
     formatter = GlogFormatter(f"[rank {rank}] " if world_size > 1 and rank != 0 else "")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
     logger.addHandler(handler)
     directory = _settings["log_dir"] or env.get("GLOG_log_dir") or None
-    if directory and not _env_true(env, "GLOG_logtostderr"):
+    if not directory or _env_true(env, "GLOG_logtostderr"):
+        directory = None
+    for key in [k for k in _files if k[0] != directory]:
+        _files.pop(key).close()
+    if directory:
         for name, lvl in _FILE_LEVELS:
-            logger.addHandler(_GlogFileHandler(directory, name, lvl, formatter))
+            handler = _files.get((directory, name))
+            if handler is None:
+                handler = _files[(directory, name)] = _GlogFileHandler(directory, name, lvl,
+                                                                       formatter)
+            handler.setFormatter(formatter)
+            logger.addHandler(handler)
     lvl = getattr(logging, str(_settings["level"]).upper(), logging.INFO)
     if _env_int(env, "GLOG_v", 0) > 0:
         lvl = min(lvl, logging.DEBUG)

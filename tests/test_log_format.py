@@ -180,6 +180,19 @@ def test_glog_file_naming_and_link(tmp_path, capsys):
     mlog.configure("INFO", log_dir="", environ={})  # close the files
 
 
+def test_one_set_of_files_when_the_rank_becomes_known(tmp_path):
+    mlog.configure("INFO", log_dir=str(tmp_path), environ={})  # the command line
+    logging.getLogger("mgcaffe.test").info("before MPI")
+    mlog.configure("INFO", rank=0, world_size=2, environ={})   # distributed.world()
+    logging.getLogger("mgcaffe.test").info("after MPI")
+    files = [p for p in tmp_path.iterdir() if not p.is_symlink()]
+    assert len(files) == 1
+    text = files[0].read_text()
+    assert text.count("Log file created at") == 1
+    assert "before MPI" in text and "after MPI" in text
+    mlog.configure("INFO", log_dir="", environ={})
+
+
 @pytest.mark.parametrize("env, shown, hidden", [
     ({"GLOG_minloglevel": "1"}, ["warn-line"], ["info-line", "debug-line"]),
     ({"GLOG_minloglevel": "2"}, [], ["info-line", "warn-line"]),

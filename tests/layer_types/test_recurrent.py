@@ -195,3 +195,39 @@ def test_recurrent_rejects_bad_inputs():
         layer2, b2, t2 = make_layer(layer_param("LSTM"), [x, np.ones((4, 3))])
         layer2.forward(b2, t2)
         layer2.backward(t2, [True, True], b2)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_one_step_at_a_time_equals_the_whole_sequence(kind):
+    """Caffe's own check: T steps in one call equal T calls of one step (the carried state),
+    and with every cont 0 the later steps differ."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((3, 2, 4))
+    cont = np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    whole, bottom, top = make_layer(layer_param(kind), [x, cont])
+    whole.forward(bottom, top)
+    expected = top[0].data.copy()
+    for reset_cont in (False, True):
+        step, b1, t1 = make_layer(layer_param(kind), [x[:1], cont[:1]])
+        for blob, loaded in zip(step.blobs, whole.blobs):
+            blob.data[...] = loaded.data
+        for t in range(3):
+            b1[0].data[...] = x[t:t + 1]
+            b1[1].data[...] = 0 if reset_cont else cont[t:t + 1]
+            step.forward(b1, t1)
+            if reset_cont and t > 0:
+                assert not np.allclose(t1[0].data[0], expected[t])
+            else:
+                np.testing.assert_allclose(t1[0].data[0], expected[t], rtol=1e-12)
+
+
+def test_debug_info_logs_the_layer_blobs(caplog):
+    p = layer_param("RNN")
+    p.recurrent_param.debug_info = True
+    layer, bottom, top = make_layer(p, [np.ones((2, 1, 2)), np.ones((2, 1))])
+    with caplog.at_level("INFO", logger="mgcaffe.layer_types.recurrent"):
+        layer.forward(bottom, top)
+        layer.backward(top, [True, False], bottom)
+    text = caplog.text
+    assert "[Forward] Layer rnn, top blob 0 data" in text
+    assert "[Backward] Layer rnn, param blob 4 diff" in text

@@ -29,12 +29,11 @@ class MVN(Layer):
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        lead = 1 if self.across_channels else 2
-        if len(shape) < lead:
-            raise self.error(f"needs at least {lead} axes, got shape {shape}")
-        self._rows = 1
-        for d in shape[:lead]:
-            self._rows *= d
+        if not shape:
+            raise self.error("needs at least 1 axis (num)")
+        # Caffe's legacy (num, channels, ...) view: a 1-axis blob has 1 channel.
+        channels = shape[1] if len(shape) > 1 else 1
+        self._rows = shape[0] * (1 if self.across_channels else channels)
         top[0].reshape(shape)
 
     def _matrix(self, array):

@@ -6,6 +6,7 @@ learnable params and can be shared between layers by name."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from google.protobuf import text_format
 
 from mgcaffe.net import Net
@@ -105,3 +106,71 @@ def test_captioning_net_learns_the_synthetic_task():
     net.forward()
     predicted = net.blobs["predict"].data.argmax(axis=2)
     np.testing.assert_array_equal(predicted, test_batch[3])
+
+
+TV, TW = 3, 4  # encoder (video frame) steps, then decoder (word) steps
+
+S2VT = f"""
+name: "s2vt_like"
+layer {{ name: "input" type: "Input" top: "frames" top: "cont" top: "input_sentence"
+         top: "target"
+         input_param {{ shape {{ dim: {TV + TW} dim: {N} dim: {FEATURE} }}
+                       shape {{ dim: {TV + TW} dim: {N} }} shape {{ dim: {TV + TW} dim: {N} }}
+                       shape {{ dim: {TV + TW} dim: {N} }} }} }}
+layer {{ name: "lstm1" type: "LSTM" bottom: "frames" bottom: "cont" top: "lstm1"
+         recurrent_param {{ num_output: 16
+                           weight_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}
+layer {{ name: "embed" type: "Embed" bottom: "input_sentence" top: "embedded"
+         embed_param {{ input_dim: {V} num_output: 8 bias_term: false
+                       weight_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}
+layer {{ name: "lstm2_input" type: "Concat" bottom: "lstm1" bottom: "embedded"
+         top: "lstm2_input" concat_param {{ axis: 2 }} }}
+layer {{ name: "lstm2" type: "LSTM" bottom: "lstm2_input" bottom: "cont" top: "lstm2"
+         recurrent_param {{ num_output: 16
+                           weight_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}
+layer {{ name: "predict" type: "InnerProduct" bottom: "lstm2" top: "predict"
+         inner_product_param {{ num_output: {V} axis: 2
+                               weight_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "predict" bottom: "target" top: "loss"
+         softmax_param {{ axis: 2 }} loss_param {{ ignore_label: -1 }} }}
+layer {{ name: "accuracy" type: "Accuracy" bottom: "predict" bottom: "target"
+         top: "accuracy" accuracy_param {{ axis: 2 ignore_label: -1 }} }}
+"""
+
+
+def s2vt_batch(rng):
+    """S2VT's layout on one time axis: TV steps of frame features (the words padded with 0,
+    the targets ignored), then TW steps of words (the frames zero)."""
+    classes = rng.integers(0, CLASSES, size=N)
+    frames = np.zeros((TV + TW, N, FEATURE))
+    frames[:TV, np.arange(N), classes] = 1
+    frames[:TV] += 0.1 * rng.standard_normal((TV, N, FEATURE))
+    words = np.array([[(k * 3 + t * (k + 1)) % (V - 1) + 1 for k in classes]
+                      for t in range(TW)])
+    sentence = np.zeros((TV + TW, N))
+    sentence[TV + 1:] = words[:-1]
+    target = np.full((TV + TW, N), -1.0)
+    target[TV:] = words
+    cont = np.ones((TV + TW, N))
+    cont[0] = 0
+    return {"frames": frames, "cont": cont, "input_sentence": sentence, "target": target}
+
+
+@pytest.mark.slow
+def test_s2vt_style_stacked_encoder_decoder_learns():
+    solver_param = caffe_pb2.SolverParameter(base_lr=0.02, lr_policy="fixed", max_iter=1000,
+                                             type="Adam", momentum=0.9, momentum2=0.999,
+                                             random_seed=6, display=0)
+    solver_param.net_param.CopyFrom(text_format.Parse(S2VT, caffe_pb2.NetParameter()))
+    solver = get_solver(solver_param, dtype=np.float32)
+    net = solver.net
+    rng = np.random.default_rng(1)
+    for _ in range(250):
+        for name, value in s2vt_batch(rng).items():
+            net.blobs[name].data[...] = value
+        solver.step(1)
+    for name, value in s2vt_batch(np.random.default_rng(98)).items():
+        net.blobs[name].data[...] = value
+    net.forward()
+    assert float(net.blobs["accuracy"].data) == 1.0
+    assert float(net.blobs["loss"].data) < 0.1

@@ -66,6 +66,9 @@ def test_recurrent_params_are_ordinary_learnable_params():
     assert all(id(b) in learnable for b in net.params["lstm"])
     assert learnable.index(id(net.params["embed"][0])) < learnable.index(
         id(net.params["lstm"][0])) < learnable.index(id(net.params["predict"][0]))
+    layers = {ll.name: ll for ll in net.learnable_layers}
+    assert [ll.name for ll in net.learnable_layers] == ["embed", "lstm", "predict"]
+    assert layers["lstm"].count == sum(b.count for b in net.params["lstm"])
 
 
 def test_two_lstm_layers_share_weights_by_param_name():

@@ -190,6 +190,15 @@ def _hdf5_files(folder: Path) -> None:
     (folder / "hdf5.txt").write_text(f"{folder / 'data.h5'}\n")
 
 
+def _window_files(folder: Path) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    Image.fromarray(rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)).save(folder / "w.png")
+    (folder / "windows.txt").write_text("# 0\nw.png\n3 8 8\n2\n1 0.9 1 1 6 5\n"
+                                        "1 0.1 0 0 3 3\n")
+
+
 def _memory_feed(layer) -> None:
     rng = np.random.default_rng(8)
     layer.set_input_arrays(rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
@@ -277,6 +286,37 @@ LAYER_CASES: list[LayerCase] = [
               '"$TMP/hdf5.txt" batch_size: 2 }', n_top=2, phase="TEST", files=_hdf5_files),
     LayerCase("MemoryData", "memory_data_param { batch_size: 2 channels: 2 height: 3 "
               "width: 3 }", n_top=2, phase="TEST", feed=_memory_feed),
+    LayerCase("WindowData", 'window_data_param { source: "$TMP/windows.txt" root_folder: '
+              '"$TMP/" batch_size: 4 context_pad: 1 } transform_param { crop_size: 5 '
+              'mirror: true }', n_top=2, files=_window_files),
+    LayerCase("HDF5Output", 'hdf5_output_param { file_name: "$TMP/out.h5" }',
+              ((2, 3), (2, 1)), n_top=0),
+    # recurrent and sequence layers
+    LayerCase("Embed", f"embed_param {{ num_output: 4 input_dim: 5 {GAUSS} }}",
+              (np.array([[0.0, 4.0, 2.0], [2.0, 1.0, 0.0]]),)),
+    LayerCase("LSTM", f"recurrent_param {{ num_output: 4 {GAUSS} }}",
+              ((3, 2, 5), np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]), (2, 3))),
+    LayerCase("RNN", f"recurrent_param {{ num_output: 4 expose_hidden: true {GAUSS} }}",
+              ((3, 2, 5), np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]), (1, 2, 4)),
+              n_top=2),
+    LayerCase("LSTMUnit", "", ((1, 2, 3), (1, 2, 12), np.array([[1.0, 0.0]])), n_top=2),
+    # the remaining BVLC types
+    LayerCase("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 2 pad: 1 "
+              f"{GAUSS} }}", ((2, 2, 3, 4, 5),), label="3d"),
+    LayerCase("Deconvolution", f"convolution_param {{ num_output: 2 kernel_size: 3 stride: 2 "
+              f"{GAUSS} }}", ((2, 3, 6),), label="1d"),
+    LayerCase("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 3 stride: 2 }",
+              (np.abs(np.random.default_rng(3).standard_normal((2, 3, 7, 7))),),
+              label="stochastic", random=True),
+    LayerCase("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 3 stride: 2 }",
+              (np.abs(np.random.default_rng(3).standard_normal((2, 3, 7, 7))),),
+              phase="TEST", label="stochastic-test"),
+    LayerCase("SPP", "spp_param { pyramid_height: 3 }", ((2, 3, 8, 7),)),
+    LayerCase("Im2col", "convolution_param { kernel_size: 3 pad: 1 stride: 2 }", (X,)),
+    LayerCase("MVN", "", (X,)),
+    LayerCase("BatchReindex", "", (X, np.array([1.0, 0.0, 1.0]))),
+    LayerCase("Filter", "", (X, np.array([[1.0], [0.0]]))),
+    LayerCase("InfogainLoss", "", ((2, 3), LABELS, np.eye(3) + 0.5)),
 ]
 
 

@@ -9,8 +9,9 @@ Deconvolution (Caffe's transposed convolution): weight (channels, num_output/gro
 its forward is the convolution's input-gradient computation, its backward the convolution's
 forward and weight gradient. Output size: stride*(in-1) + dilation*(kernel-1) + 1 - 2*pad.
 
-Only 2 spatial axes after the channel axis (`axis`, default 1) are implemented; the axes
-before it are batch axes. Memory: each layer keeps, per bottom, the columns (Convolution) or
+The axes before the channel axis (`axis`, default 1) are batch axes. With 2 spatial axes after
+it the layers use the kernels below; other counts (1-D, 3-D, ...) go through the generic N-D
+code in convolution_nd.py. Memory: each layer keeps, per bottom, the columns (Convolution) or
 the transposed input (Deconvolution) of its last forward, so backward needs no second im2col;
 that is N times the single-image buffer Caffe keeps.
 """
@@ -24,6 +25,7 @@ from ..fillers import fill_blob, filler_rng
 from ..kernels import col2im, conv_output_size, im2col
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
 from ..kernels.parallel import for_each_chunk
+from . import convolution_nd
 from .base import Layer
 from .registry import register_layer
 
@@ -39,6 +41,9 @@ def spatial_pair(layer, param, name: str, default: int | None, num_spatial: int 
     values = [int(v) for v in getattr(param, repeated_name)]
     has_hw = name != "dilation" and (param.HasField(f"{name}_h") or param.HasField(f"{name}_w"))
     if has_hw:
+        if num_spatial != 2:
+            raise layer.error(f"{name}_h & {name}_w can only be used for 2D convolution "
+                              f"(this one has {num_spatial} spatial axes)")
         if values:
             raise layer.error(f"either {repeated_name} or {name}_h/{name}_w may be given, "
                               f"not both (got {repeated_name}: {values})")
@@ -69,15 +74,16 @@ class _ConvolutionBase(Layer):
         if not -len(shape) <= p.axis < len(shape):
             raise self.error(f"axis {p.axis} out of range for bottom shape {shape}")
         self.axis = p.axis % len(shape)
-        num_spatial = len(shape) - self.axis - 1
-        if num_spatial != 2:
-            raise self.error(f"{num_spatial}-D convolution is not implemented: only 2 spatial "
-                             f"axes after the channel axis are (axis {p.axis}, bottom shape "
-                             f"{shape})")
-        self.kernel = spatial_pair(self, p, "kernel", None)
-        self.pad = spatial_pair(self, p, "pad", 0)
-        self.stride = spatial_pair(self, p, "stride", 1)
-        self.dilation = spatial_pair(self, p, "dilation", 1)
+        self.num_spatial = num_spatial = len(shape) - self.axis - 1
+        if num_spatial < 1:
+            raise self.error(f"needs at least 1 spatial axis after the channel axis (axis "
+                             f"{p.axis}, bottom shape {shape})")
+        #: Not 2 spatial axes: the generic N-D code (convolution_nd.py) runs this layer.
+        self.nd = num_spatial != 2
+        self.kernel = spatial_pair(self, p, "kernel", None, num_spatial)
+        self.pad = spatial_pair(self, p, "pad", 0, num_spatial)
+        self.stride = spatial_pair(self, p, "stride", 1, num_spatial)
+        self.dilation = spatial_pair(self, p, "dilation", 1, num_spatial)
         for name, values in (("kernel", self.kernel), ("stride", self.stride),
                              ("dilation", self.dilation)):
             if min(values) <= 0:
@@ -120,9 +126,10 @@ class _ConvolutionBase(Layer):
             if b.shape != shape:
                 raise self.error(f"all bottoms must have one shape: bottom[0] {shape}, "
                                  f"bottom[{i}] {b.shape}")
-        if len(shape) != self.axis + 3 or shape[self.axis] != self.channels:
+        if len(shape) != self.axis + 1 + self.num_spatial or shape[self.axis] != self.channels:
             raise self.error(f"expected a bottom with {self.channels} channels at axis "
-                             f"{self.axis} and 2 spatial axes after it, got shape {shape}")
+                             f"{self.axis} and {self.num_spatial} spatial axes after it, got "
+                             f"shape {shape}")
         self.num = prod(shape[:self.axis])
         self.in_hw = tuple(shape[self.axis + 1:])
         self.out_hw = self.output_hw(self.in_hw)
@@ -132,6 +139,7 @@ class _ConvolutionBase(Layer):
                              f"dilation {self.dilation}")
         for t in top:
             t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+        self.image_in = (self.num, self.channels) + self.in_hw
 
     def output_hw(self, in_hw) -> tuple[int, int]:
         """Spatial output size for a spatial input size."""
@@ -246,6 +254,8 @@ class Convolution(_ConvolutionBase):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
+        if self.nd:
+            return
         self._spatial = self.out_hw[0] * self.out_hw[1]
         self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
                            and self.pad == (0, 0))
@@ -298,6 +308,8 @@ class Convolution(_ConvolutionBase):
         return cols.reshape(g, cols.shape[0] // g, n, p).transpose(2, 0, 1, 3)
 
     def forward(self, bottom, top):
+        if self.nd:
+            return convolution_nd.conv_forward(self, bottom, top)
         xp, weight = self.xp, self.blobs[0].data
         o, n, p = self.num_output, self.num, self._spatial
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -317,6 +329,8 @@ class Convolution(_ConvolutionBase):
             self.copy_by_sample(out, self._by_sample(product), bias)
 
     def backward(self, top, propagate_down, bottom):
+        if self.nd:
+            return convolution_nd.conv_backward(self, top, propagate_down, bottom)
         o, n, p = self.num_output, self.num, self._spatial
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
@@ -390,6 +404,8 @@ class Deconvolution(_ConvolutionBase):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
+        if self.nd:
+            return
         spatial_in = self.in_hw[0] * self.in_hw[1]
         # The transposed input of each bottom, kept for the weight gradient.
         self._inputs_t = [self.buffer(f"input_t{i}", (self.channels, self.num * spatial_in))
@@ -399,6 +415,8 @@ class Deconvolution(_ConvolutionBase):
         self._image_shape = (self.num, self.num_output) + self.out_hw
 
     def forward(self, bottom, top):
+        if self.nd:
+            return convolution_nd.deconv_forward(self, bottom, top)
         weight = self.blobs[0].data
         c, n = self.channels, self.num
         spatial_in = self.in_hw[0] * self.in_hw[1]
@@ -414,6 +432,8 @@ class Deconvolution(_ConvolutionBase):
                 image += self.blobs[1].data[None, :, None, None]
 
     def backward(self, top, propagate_down, bottom):
+        if self.nd:
+            return convolution_nd.deconv_backward(self, top, propagate_down, bottom)
         weight = self.blobs[0]
         c, n = self.channels, self.num
         spatial_in = self.in_hw[0] * self.in_hw[1]

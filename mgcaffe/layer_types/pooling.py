@@ -1,4 +1,4 @@
-"""Pooling (Caffe's): MAX (with its optional argmax mask top), AVE, global pooling.
+"""Pooling (Caffe's): MAX (with its optional argmax mask top), AVE, STOCHASTIC, global pooling.
 
 Output size, as Caffe computes it: ceil((in + 2*pad - kernel) / stride) + 1 (round_mode CEIL,
 the default) or floor (FLOOR); then, when there is padding and the last window would start
@@ -13,7 +13,7 @@ padded border does not).
 The loops run over the kh*kw kernel offsets; each reads one contiguous 1-D slice of the
 padded input split into its stride phases (`kernels.windows.ShiftedWindows`), so a few long
 ufunc calls cover the whole minibatch. A window spanning the whole plane (global pooling)
-is a plain reduction.
+is a plain reduction. STOCHASTIC runs in pooling_stochastic.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
+from . import pooling_stochastic
 from .base import Layer
 from .registry import register_layer
 
@@ -41,7 +42,7 @@ def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool) 
 
 @register_layer
 class Pooling(Layer):
-    """MAX / AVE pooling with Caffe's output sizes; STOCHASTIC is not implemented."""
+    """MAX / AVE / STOCHASTIC pooling with Caffe's output sizes."""
 
     type = "Pooling"
     exact_num_bottom = 1
@@ -51,8 +52,6 @@ class Pooling(Layer):
     def layer_setup(self, bottom, top):
         p = self.param.pooling_param
         self.method = p.pool
-        if self.method == _P.STOCHASTIC:
-            raise self.error("STOCHASTIC pooling is not implemented (use MAX or AVE)")
         if len(top) == 2 and self.method != _P.MAX:
             raise self.error("only MAX pooling has a second (mask) top")
         self.global_pooling = p.global_pooling
@@ -112,6 +111,9 @@ class Pooling(Layer):
                              f"kernel {kernel}, pad {self.pad}, stride {self.stride}")
         for t in top:
             t.reshape(n, c, out[0], out[1])
+        if self.method == _P.STOCHASTIC:
+            self.out_hw, self.kernel_now = tuple(out), kernel
+            return
         if self._shape == (shape, kernel):
             return
         self._shape = (shape, kernel)
@@ -181,6 +183,8 @@ class Pooling(Layer):
                        item_elements=windows.sample_length, runner=self._runner())
 
     def forward(self, bottom, top):
+        if self.method == _P.STOCHASTIC:
+            return pooling_stochastic.forward(self, bottom, top)
         x = bottom[0].data
         if self.whole_plane:
             self._forward_whole_plane(x, top)
@@ -265,6 +269,8 @@ class Pooling(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        if self.method == _P.STOCHASTIC:
+            return pooling_stochastic.backward(self, top, propagate_down, bottom)
         top_diff, bottom_diff = top[0].diff, bottom[0].diff
         if self.whole_plane:
             self._backward_whole_plane(top_diff, bottom_diff)

@@ -212,8 +212,8 @@ def test_fillers_and_defaults():
 
 
 @pytest.mark.parametrize("body,shape,message", [
-    ("num_output: 2 kernel_size: 3", (1, 2, 5, 5, 5), "3-D convolution is not implemented"),
-    ("num_output: 2 kernel_size: 3", (2, 5, 5), "1-D convolution is not implemented"),
+    ("num_output: 2 kernel_h: 3 kernel_w: 3", (1, 2, 5, 5, 5), "only be used for 2D"),
+    ("num_output: 2 kernel_size: 3 axis: 1", (2, 5), "at least 1 spatial axis"),
     ("num_output: 3 kernel_size: 3 group: 2", (1, 4, 5, 5), "group 2 must divide"),
     ("num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3", (1, 1, 5, 5), "not both"),
     ("num_output: 2 kernel_h: 3", (1, 1, 5, 5), "must be given together"),

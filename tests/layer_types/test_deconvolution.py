@@ -122,6 +122,7 @@ def test_bilinear_upsampling_interpolates():
                                + 0.25 * 0.25 * 0)
 
 
-def test_three_spatial_axes_rejected():
-    with pytest.raises(LayerError, match="'d3'.*3-D convolution is not implemented"):
-        make_layer(deconv_param("num_output: 2 kernel_size: 2", name="d3"), [(1, 1, 3, 3, 3)])
+def test_kernel_h_rejected_for_three_spatial_axes():
+    with pytest.raises(LayerError, match="'d3'.*only be used for 2D"):
+        make_layer(deconv_param("num_output: 2 kernel_h: 2 kernel_w: 2", name="d3"),
+                   [(1, 1, 3, 3, 3)])

@@ -1,5 +1,6 @@
 """Contract test over every registered layer type from the element-wise, normalisation,
-shape, softmax, loss, accuracy and input modules: setup, reshape, forward and backward on a
+shape, softmax, loss, accuracy, input, recurrent and sequence modules (and MVN, SPP, Im2col,
+BatchReindex, Filter, InfogainLoss): setup, reshape, forward and backward on a
 small float32 input run, and the tops have the declared shapes and dtype."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from mgcaffe.proto import caffe_pb2
 MODULES = {f"mgcaffe.layer_types.{m}" for m in (
     "neuron", "power_exp_log", "prelu", "dropout", "batch_norm", "scale_bias", "eltwise",
     "concat", "slice", "shape", "crop", "tile", "reduction", "softmax", "loss", "loss_extra",
-    "accuracy", "input")}
+    "accuracy", "input", "recurrent", "lstm_unit", "embed", "mvn", "batch_reindex", "filter",
+    "infogain_loss", "spp", "im2col_layer")}
 
 X = (2, 3, 4, 5)
 LABELS = np.array([0.0, 2.0])
@@ -63,6 +65,21 @@ CASES = {
     "DummyData": ('dummy_data_param { shape { dim: 2 } data_filler { type: "gaussian" } }',
                   [], 1, [(2,)]),
     "Parameter": ("parameter_param { shape { dim: 4 } }", [], 1, [(4,)]),
+    "LSTM": ('recurrent_param { num_output: 4 weight_filler { type: "gaussian" } }',
+             [(3, 2, 5), np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])], 1, [(3, 2, 4)]),
+    "RNN": ('recurrent_param { num_output: 4 expose_hidden: true weight_filler { type: '
+            '"gaussian" } }', [(3, 2, 5), np.ones((3, 2)), (2, 6), (1, 2, 4)], 2,
+            [(3, 2, 4), (1, 2, 4)]),
+    "LSTMUnit": ("", [(1, 2, 3), (1, 2, 12), np.array([[1.0, 0.0]])], 2,
+                 [(1, 2, 3), (1, 2, 3)]),
+    "Embed": ("embed_param { num_output: 4 input_dim: 3 }", [np.array([[0.0, 2.0]])], 1,
+              [(1, 2, 4)]),
+    "MVN": ("", [X], 1, [X]),
+    "BatchReindex": ("", [X, np.array([1.0, 1.0, 0.0])], 1, [(3, 3, 4, 5)]),
+    "Filter": ("", [X, np.array([[0.0], [1.0]])], 1, [(1, 3, 4, 5)]),
+    "InfogainLoss": ("", [(2, 3), LABELS, np.eye(3)], 2, [(), (2, 3)]),
+    "SPP": ("spp_param { pyramid_height: 2 }", [X], 1, [(2, 15)]),
+    "Im2col": ("convolution_param { kernel_size: 2 }", [X], 1, [(2, 12, 3, 4)]),
 }
 
 

@@ -223,7 +223,6 @@ def test_reshape_follows_new_input_shapes():
 
 
 @pytest.mark.parametrize("body,shape,n_top,message", [
-    ("pool: STOCHASTIC kernel_size: 2", (1, 1, 4, 4), 1, "STOCHASTIC pooling is not impl"),
     ("pool: AVE kernel_size: 2", (1, 1, 4, 4), 2, "only MAX pooling has a second"),
     ("global_pooling: true kernel_size: 2", (1, 1, 4, 4), 1, "kernel size may not be given"),
     ("global_pooling: true stride: 2", (1, 1, 4, 4), 1, "only pad 0 and stride 1"),

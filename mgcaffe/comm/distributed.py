@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _launch
 from ..backend import Device, to_host
 from ..errors import CommError, MgcaffeError
 from ..log import configure
@@ -81,6 +82,7 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
     if not launched_by_mpi():
         comm: Communicator = SingleCommunicator()
         return comm, comm.rank, comm.size
+    _launch.defer()  # a Ctrl-C from here on stops every rank together, after start-up
     # armed before MPI_Init: a peer stopped before it would block this process there
     with StartupDeadline(startup_timeout or DEFAULT_STARTUP_TIMEOUT):
         comm = MpiCommunicator(wait=mpi_wait)

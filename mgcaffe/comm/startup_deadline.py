@@ -6,7 +6,8 @@ thread or signal handler of this process can act. The deadline is therefore kept
 watcher process: it waits on a pipe from this process; if the pipe is not closed within the
 deadline, it prints one line naming this rank and what was awaited, and kills this process
 (SIGKILL: the only signal a process blocked in C cannot postpone). The launcher then ends
-the other ranks. If this process dies first, the pipe closes and the watcher leaves.
+the other ranks. If this process dies first, the pipe closes and the watcher leaves. The
+watcher runs in a session of its own, out of reach of the terminal's Ctrl-C.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ class StartupDeadline:
         try:
             self._watcher = subprocess.Popen(
                 [sys.executable, "-S", "-I", "-c", _WATCHER, str(os.getpid()),
-                 str(self.seconds), message], stdin=subprocess.PIPE, close_fds=True)
+                 str(self.seconds), message], stdin=subprocess.PIPE, close_fds=True,
+                # its own session: a Ctrl-C meant for the job does not reach it
+                start_new_session=True)
         except OSError:
             self._watcher = None
         return self

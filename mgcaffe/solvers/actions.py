@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from .. import _launch
+
 
 class SolverAction:
     """What the solver is asked to do after the current iteration."""
@@ -58,9 +60,12 @@ class SignalHandler:
         self._got[signum] = True
 
     def install(self) -> SignalHandler:
-        """Replace the current handlers (main thread only, as Python requires)."""
+        """Replace the current handlers (main thread only, as Python requires). A Ctrl-C
+        recorded while the program started (mgcaffe._launch) counts as a SIGINT."""
         for signum in self.effects:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if _launch.take_pending():
+            self._got[signal.SIGINT] = True
         return self
 
     def restore(self) -> None:

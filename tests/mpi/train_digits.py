@@ -70,6 +70,8 @@ def main() -> int:
                                  "exit0", "slow-snapshot"])
     parser.add_argument("--fail-seconds", type=float, default=5.0,
                         help="how long each of rank 0's snapshots takes (slow-snapshot)")
+    parser.add_argument("--solver-rank1", default=None,
+                        help="rank 1 trains with this solver instead (ranks that disagree)")
     parser.add_argument("--stop-before-init", type=int, default=None, metavar="RANK",
                         help="this rank stops itself (SIGSTOP) before MPI is initialised")
     args = parser.parse_args()
@@ -79,6 +81,8 @@ def main() -> int:
         print(f"FAULT stop rank {args.stop_before_init} before MPI_Init", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
     comm, rank, size = distributed.world(args.log_level, startup_timeout=args.comm_timeout)
+    if rank == 1 and args.solver_rank1:
+        args.solver = args.solver_rank1
     with distributed.failing_together(comm):
         solver = build_solver(args, rank=rank, world_size=size)
         if args.fail_at is not None:

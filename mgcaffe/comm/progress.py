@@ -135,10 +135,11 @@ class Liveness:
 
     def busy(self, flag: bool) -> None:
         """Whether this rank is in a long phase of its own (a test pass, a snapshot)."""
+        # The next heartbeat carries it (within an interval, well inside the timeout): no
+        # datagram of its own, so an iteration costs no system call here.
         if flag != self._busy:
             self._busy = flag
             self.progress += 1
-            self._send()  # the others learn it now, not an interval later
 
     # ------------------------------------------------------------------ the peers
     def describe(self, rank: int) -> str:

@@ -9,6 +9,8 @@ How `mgcaffe train` uses it (see docs/distributed.md):
             run_training(solver, args)
 
 `attach` (a collective):
+0. starts the heartbeats that judge liveness by progress (progress.py) and checks that every
+   rank holds the same net layout, batch sizes, solver and comm settings (agreement.py);
 1. broadcasts rank 0's parameters (every blob of every layer) so all ranks start identical;
 2. gets T_ar(M) = a + b*M: `--network` (a fit or a formula for N), else the emulated network,
    else an all-reduce benchmark over sizes from 4 bytes to the whole gradient, fitted by least

@@ -3,19 +3,20 @@
 Imported first by the package. When the process is the command-line program (`mgcaffe ...`
 or `python -m mgcaffe ...`), a SIGINT before training installs its own handlers (the module
 imports take about half a second, MPI's start-up more) no longer raises KeyboardInterrupt
-inside an import or inside MPI_Init: a traceback on every rank, and under mpiexec a
-half-initialised MPI library that can crash at exit (the launcher then reports a
-segmentation fault). Instead the process writes `mgcaffe: interrupted` and exits at once,
-without running exit handlers (MPI_Finalize among them): status 0 under an MPI launcher (a
-stop was asked for and every rank stops, as later in training), 130 alone.
+inside an import or inside MPI_Init, which printed a traceback on every rank and, under
+mpiexec, could leave a half-initialised MPI library that crashed at exit (the launcher then
+reported a segmentation fault).
 
-Once MPI's start-up begins (`defer()`, called by comm.distributed.world), leaving at once
-would strand the ranks that are further on inside a collective; from then on a SIGINT is
-only recorded, and the training loop's SignalHandler takes it over (`take_pending()`): every
-rank stops at the same iteration, as a Ctrl-C later in training does.
+- Alone (no MPI launcher): the process writes `mgcaffe: interrupted` and exits at once (130).
+- Under a launcher: leaving at once would strand the ranks that are further on inside MPI's
+  start-up (a Ctrl-C reaches ranks that are at different points). The SIGINT is recorded;
+  every rank goes on to `comm.distributed.world()`, which OR-s the records of all ranks once
+  MPI is up: if any rank was interrupted, every rank writes the line and exits with status
+  0. A SIGINT that arrives after that exchange is handed to the training loop's
+  SignalHandler (`take_pending()`), so every rank stops at the same iteration, as a Ctrl-C
+  later in training does. After start-up (`resume()`) SIGINT raises KeyboardInterrupt again.
 
-Imported as a library (`import mgcaffe` in a program), nothing is changed. The training
-loop's SignalHandler replaces this handler while it runs and puts it back after.
+Imported as a library (`import mgcaffe` in a program), nothing is changed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import signal
 import sys
 import threading
 
-__all__ = ["command_line_launch", "defer", "install", "take_pending"]
+__all__ = ["LINE", "command_line_launch", "defer", "install", "pending", "resume",
+           "take_pending"]
 
 _pending = False  # a SIGINT arrived after defer()
 
@@ -43,9 +45,16 @@ def command_line_launch(orig_argv: list[str] | None = None) -> bool:
     return any(os.path.basename(a) == "mgcaffe" for a in argv[:2])
 
 
+LINE = "mgcaffe: interrupted"
+
+
 def _interrupted(signum, frame) -> None:
-    os.write(2, b"mgcaffe: interrupted\n")
-    os._exit(0 if any(v in os.environ for v in _LAUNCHER_VARIABLES) else 130)
+    global _pending
+    if any(v in os.environ for v in _LAUNCHER_VARIABLES):
+        _pending = True  # the ranks decide together, in world()
+        return
+    os.write(2, LINE.encode() + b"\n")
+    os._exit(130)
 
 
 def _record(signum, frame) -> None:
@@ -54,9 +63,21 @@ def _record(signum, frame) -> None:
 
 
 def defer() -> None:
-    """From now on a SIGINT at start-up is recorded for the training loop, not acted on."""
+    """From now on a SIGINT at start-up is recorded, not acted on."""
     if signal.getsignal(signal.SIGINT) is _interrupted:
         signal.signal(signal.SIGINT, _record)
+
+
+def pending() -> bool:
+    """Whether a SIGINT was recorded (and not yet taken)."""
+    return _pending
+
+
+def resume() -> None:
+    """MPI's start-up is over: SIGINT raises KeyboardInterrupt again (the commands' own
+    handling); a SIGINT recorded meanwhile stays for `take_pending`."""
+    if signal.getsignal(signal.SIGINT) is _record:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def take_pending() -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from typing import Any
@@ -94,6 +95,11 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
             ranks = rank_map(comm)
             if comm.rank == 0:
                 log.info("%s", describe_rank_map(ranks))
+        if any(comm.allgather(_launch.pending())):  # a Ctrl-C while the ranks started
+            _launch.take_pending()
+            print(_launch.LINE, file=sys.stderr, flush=True)
+            raise SystemExit(0)  # on every rank: MPI_Finalize at exit, as a normal end
+    _launch.resume()
     return comm, comm.rank, comm.size
 
 

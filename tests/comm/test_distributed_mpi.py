@@ -322,3 +322,31 @@ def test_sigterm_snapshots_every_rank_and_training_resumes_there(digits):
     assert status == 0, log
     assert "Resuming from" in log
     assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "7"), ("1", "7")]
+
+
+@pytest.mark.parametrize("delay", [0.8])
+def test_ctrl_c_during_the_launch_stops_every_rank_quietly(digits, delay):
+    """SIGINT to the whole process group (as a terminal's Ctrl-C) while the ranks import or
+    start MPI: one line per rank and status 0, or, once start-up is over, every rank stops
+    after an iteration; never a traceback or a crash."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from mgcaffe.comm.testing import mpiexec  # noqa: PLC0415
+
+    root, solver = digits
+    proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "mgcaffe", "train",
+                             "--solver", str(solver(8, 1000)), "--comm", "wfbp"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        log, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job did not stop: " + proc.communicate()[0][-3000:])
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log and "Segmentation" not in log and "(signal " not in log, log
+    assert log.count("mgcaffe: interrupted") == 2 or "Optimization stopped early." in log, log

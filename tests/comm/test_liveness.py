@@ -149,6 +149,12 @@ def test_a_ctrl_c_recorded_at_start_up_becomes_the_loops_sigint():
     assert not _launch.take_pending()
 
 
+def test_under_a_launcher_an_early_ctrl_c_is_recorded_for_the_ranks_to_decide(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "1")
+    _launch._interrupted(signal.SIGINT, None)  # the process goes on
+    assert _launch.pending() and _launch.take_pending() and not _launch.pending()
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["/usr/bin/python3", "-m", "mgcaffe", "train"], True),
     (["/venv/bin/python", "/venv/bin/mgcaffe", "train"], True),

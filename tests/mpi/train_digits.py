@@ -5,7 +5,10 @@
 
 After training, every rank writes its learnable weights to OUT.rank<R>.npz. `--fail-at`
 makes rank R raise inside the solver at that iteration (through an iteration hook), the
-"exception in a rank" fault case on a real net. The wiring is that of `run` in
+"exception in a rank" fault case on a real net; `--fail-how` picks another fault (SIGKILL,
+SIGINT, SIGTERM, SIGSTOP 0.3 s later, NaN weights, sys.exit(0), rank 0's snapshots taking
+`--fail-seconds`). `--solver-rank1` gives rank 1 another solver (ranks that disagree),
+`--stop-before-init R` stops rank R before MPI is initialised. The wiring is that of `run` in
 mgcaffe/commands/train.py (keep the two in step), plus the test hooks.
 """
 

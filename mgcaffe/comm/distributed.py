@@ -9,6 +9,8 @@ How `mgcaffe train` uses it (see docs/distributed.md):
             run_training(solver, args)
 
 `attach` (a collective):
+0. starts the heartbeats that judge liveness by progress (progress.py) and checks that every
+   rank holds the same net layout, batch sizes, solver and comm settings (agreement.py);
 1. broadcasts rank 0's parameters (every blob of every layer) so all ranks start identical;
 2. gets T_ar(M) = a + b*M: `--network` (a fit or a formula for N), else the emulated network,
    else an all-reduce benchmark over sizes from 4 bytes to the whole gradient, fitted by least
@@ -28,16 +30,20 @@ iterations compares checksums of the learnable weights.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from .. import _launch
 from ..backend import Device, to_host
 from ..errors import CommError, MgcaffeError
 from ..log import configure
+from .agreement import agree_on_settings, settings_of
 from .communicator import Communicator
 from .executor import GradientExecutor
 from .faults import ABORT_EXCEPTION, Watchdog, check_in_sync, fail_all
@@ -45,6 +51,7 @@ from .launcher import check_world, launcher_size
 from .local import SingleCommunicator
 from .mpi import MpiCommunicator, launched_by_mpi
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
+from .progress import describe_rank_map, rank_map, start_liveness
 from .startup import (
     agree_on_layers_and_plan,
     benchmark_sizes,
@@ -55,6 +62,7 @@ from .startup import (
     learnable_summary,
     synceasgd_groups,
 )
+from .startup_deadline import DEFAULT_STARTUP_TIMEOUT, StartupDeadline
 from .timing import NetTimer, OnlineProfile, slowest
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
@@ -68,19 +76,33 @@ log = logging.getLogger("mgcaffe.comm")
 _SOLVER_ACTION_NONE, _STOP, _SNAPSHOT = "none", "stop", "snapshot"  # SolverAction values
 
 
-def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll"
-          ) -> tuple[Communicator, int, int]:
+def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
+          startup_timeout: float | None = None) -> tuple[Communicator, int, int]:
     """(communicator, rank, size) of this process: MPI when a launcher started it, else a
     world of one rank without touching MPI. With `log_level`, logging is configured so that
     only rank 0 logs below WARNING and every other rank's lines carry its rank. `mpi_wait`:
-    how MPI all-reduces wait ("poll" or "block", see MpiCommunicator)."""
-    comm: Communicator = (MpiCommunicator(wait=mpi_wait)
-                          if launched_by_mpi() or launcher_size() is not None
-                          else SingleCommunicator())
-    if isinstance(comm, MpiCommunicator):
+    how MPI all-reduces wait ("poll" or "block", see MpiCommunicator). Under a launcher,
+    MPI's start-up and the exchange of the rank map (rank 0 logs it) must end within
+    `startup_timeout` seconds (default 120), or this process ends with a message."""
+    if not (launched_by_mpi() or launcher_size() is not None):
+        comm: Communicator = SingleCommunicator()
+        return comm, comm.rank, comm.size
+    _launch.defer()  # a Ctrl-C from here on stops every rank together, after start-up
+    # armed before MPI_Init: a peer stopped before it would block this process there
+    with StartupDeadline(startup_timeout or DEFAULT_STARTUP_TIMEOUT):
+        comm = MpiCommunicator(wait=mpi_wait)
         check_world(comm.size, comm.library)  # a launcher of another MPI: N lone trainings
-    if log_level is not None and comm.size > 1:
-        configure(log_level, rank=comm.rank, world_size=comm.size)
+        if log_level is not None and comm.size > 1:
+            configure(log_level, rank=comm.rank, world_size=comm.size)
+        if comm.size > 1:
+            ranks = rank_map(comm)
+            if comm.rank == 0:
+                log.info("%s", describe_rank_map(ranks))
+        if any(comm.allgather(_launch.pending())):  # a Ctrl-C while the ranks started
+            _launch.take_pending()
+            print(_launch.LINE, file=sys.stderr, flush=True)
+            raise SystemExit(0)  # on every rank: MPI_Finalize at exit, as a normal end
+    _launch.resume()
     return comm, comm.rank, comm.size
 
 
@@ -124,11 +146,19 @@ def describe_gradient_buffer(executor: GradientExecutor) -> str:
 
 @contextmanager
 def failing_together(comm: Communicator):
-    """Any exception inside ends every rank: logged with this rank, then MPI_Abort."""
+    """Any exception inside ends every rank: logged with this rank, then MPI_Abort. So does
+    a SystemExit (a hook calling sys.exit(0)): a rank that leaves before the others fails
+    the job, saying which."""
     try:
         yield comm
+    except SystemExit as exc:
+        if comm.size > 1:
+            log.error("rank %d (pid %d): ended before the others (sys.exit(%r)); aborting all "
+                      "%d ranks", comm.rank, os.getpid(), exc.code, comm.size)
+            comm.abort(ABORT_EXCEPTION)
+        raise
     except BaseException as exc:
-        if comm.size > 1 and not isinstance(exc, (SystemExit, GeneratorExit)):
+        if comm.size > 1 and not isinstance(exc, GeneratorExit):
             fail_all(comm, exc, ABORT_EXCEPTION)
         raise
 
@@ -157,6 +187,14 @@ class DistributedTraining:
         self.clock = time.perf_counter
         self.closed = False
         self.watchdog = Watchdog(comm, o.timeout) if comm.size > 1 else None
+        self.liveness = None
+        if self.watchdog is not None:
+            with self._guard("exchange of heartbeat addresses"):
+                self.liveness = start_liveness(comm, o.timeout, busy_limit=o.test_timeout)
+            self.watchdog.liveness = self.liveness
+        # Before any collective whose shape depends on them (the NCCL choice, the broadcast).
+        with self._guard("agreement on the solver, net and distributed settings"):
+            agree_on_settings(comm, settings_of(solver, o))
         self.tracer = Tracer(comm.rank) if o.timeline else None
         self.comm = self._communicator()
 
@@ -210,6 +248,8 @@ class DistributedTraining:
         solver.iteration_hooks.append(self)
         with self._guard("start barrier"):
             comm.barrier()
+        if self.liveness is not None:
+            self.liveness.busy(True)  # until the first iteration: rank 0's initial test
         if self.tracer is not None:
             self.tracer.set_origin()
 
@@ -379,6 +419,9 @@ class DistributedTraining:
 
     # ------------------------------------------------------------------ iteration hook
     def before_iteration(self, solver: Any) -> None:
+        if self.liveness is not None:
+            self.liveness.busy(False)
+            self.liveness.tick()
         if solver.action_function is not self._agreed_fn:
             # Signals act only once every rank agrees (after_iteration); run_training's
             # handler becomes this rank's vote.
@@ -387,9 +430,11 @@ class DistributedTraining:
         p = solver.param
         if (self.size > 1 and p.test_interval and solver.iter % p.test_interval == 0
                 and (solver.iter > 0 or p.test_initialization)):
-            # Rank 0 has just tested (alone); wait for it here, under a generous deadline,
-            # rather than in the first all-reduce, whose deadline is the comm timeout.
+            # Rank 0 has just tested (alone); wait for it here. With heartbeats the deadline
+            # is the comm timeout after rank 0's last progress (it counts its test batches);
+            # without, a generous fixed one.
             with self._guard(f"waiting for rank 0's test at iteration {solver.iter}",
+                             None if self.liveness is not None else
                              max(self.options.test_timeout, self.options.timeout)):
                 self.base_comm.barrier()
         if self.tracer is not None:
@@ -447,7 +492,14 @@ class DistributedTraining:
         self._agreed = _STOP if stop else _SNAPSHOT if snapshot else _SOLVER_ACTION_NONE
 
     def _agreed_action(self) -> str:
-        """The solver's action function: what every rank agreed on (consumed once)."""
+        """The solver's action function: what every rank agreed on (consumed once).
+
+        The solver asks after each iteration and between test batches; what follows until
+        the next iteration (rank 0's snapshot, its test pass) is a busy phase of one rank:
+        its heartbeats tell the waiting ranks it is alive (progress.Liveness)."""
+        if self.liveness is not None:
+            self.liveness.tick()
+            self.liveness.busy(True)
         action, self._agreed = self._agreed, _SOLVER_ACTION_NONE
         return action
 
@@ -502,6 +554,8 @@ class DistributedTraining:
                          self.options.timeline)
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.liveness is not None:
+            self.liveness.close()  # the others stop watching: this rank ended normally
         if self in self.solver.iteration_hooks:
             self.solver.iteration_hooks.remove(self)
         if self.solver.gradient_sync is self:

@@ -3,10 +3,12 @@
     mgcaffe train --solver solver.prototxt [--weights W.caffemodel[,W2]]
                   [--snapshot S.solverstate] [--iterations N] [--gpu ID|all]
                   [--sigint_effect stop|snapshot|none] [--sighup_effect stop|snapshot|none]
+                  [--sigterm_effect stop|snapshot|none]
                   [--level L] [--stage S ...]
 
 SIGINT and SIGHUP only set a flag; the solver acts on it at the end of the iteration
-(default: SIGINT stops, after the final snapshot; SIGHUP snapshots and goes on). The
+(default: SIGINT stops, after the final snapshot; SIGHUP snapshots and goes on; SIGTERM,
+unlike Caffe, snapshots and then stops, so a job a scheduler ends can resume). The
 reusable parts are `build_solver(args, **solver_options)` and
 `run_training(solver, args, ...)`, which the distributed trainer wraps.
 """
@@ -43,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             default=default, choices=SolverAction.CHOICES,
                             help=f"what {sig.upper()} does: stop (after a final snapshot), "
                                  f"snapshot and go on, or none (default: {default})")
+    parser.add_argument("--sigterm_effect", "--sigterm-effect", dest="sigterm_effect",
+                        default=SolverAction.SNAPSHOT, choices=SolverAction.CHOICES,
+                        help="what SIGTERM (a batch scheduler's cancel or pre-emption) does: "
+                             "snapshot at the end of the iteration, then stop (default), "
+                             "stop as SIGINT does, or none")
     add_state_arguments(parser)
     distributed.add_arguments(parser)
 
@@ -137,7 +144,8 @@ def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int
     """
     own = handler is None
     if own:
-        handler = SignalHandler(args.sigint_effect, args.sighup_effect).install()
+        handler = SignalHandler(args.sigint_effect, args.sighup_effect,
+                                _sigterm_effect(args)).install()
     try:
         action = handler.requested_action
         solver.action_function = action_wrapper(action) if action_wrapper else action
@@ -152,14 +160,20 @@ def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int
     return 0
 
 
+def _sigterm_effect(args) -> str:
+    """--sigterm_effect (callers that build args without it get the default)."""
+    return getattr(args, "sigterm_effect", SolverAction.SNAPSHOT)
+
+
 def run(args) -> int:
     try:
-        handler = SignalHandler(args.sigint_effect, args.sighup_effect)
+        handler = SignalHandler(args.sigint_effect, args.sighup_effect, _sigterm_effect(args))
     except ValueError as exc:
         raise MgcaffeError(str(exc)) from None
     # Under mpiexec: rank and size before the solver (data sharding), every rank ended on
     # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
-    comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"))
+    comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
+                                         startup_timeout=getattr(args, "comm_timeout", None))
     with handler, distributed.failing_together(comm):
         # several ranks on GPUs: each takes its own GPU of the node (--gpu lists them)
         own_gpu = {"device": distributed.rank_device(comm, args.gpu)} \

@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from .. import _launch
+
 
 class SolverAction:
     """What the solver is asked to do after the current iteration."""
@@ -21,17 +23,25 @@ class SolverAction:
 
 
 class SignalHandler:
-    """Installs SIGINT/SIGHUP handlers that set flags; `requested_action` maps them to actions.
+    """Installs SIGINT/SIGHUP/SIGTERM handlers that set flags; `requested_action` maps them to
+    actions.
 
-    `sigint_effect`/`sighup_effect` are SolverAction values ("stop", "snapshot", "none").
+    `sigint_effect`/`sighup_effect`/`sigterm_effect` are SolverAction values ("stop",
+    "snapshot", "none"). SIGTERM (what batch schedulers send before SIGKILL) always ends
+    training unless its effect is "none": with "snapshot" (the default) a snapshot is taken
+    at the end of the current iteration and training stops at the end of the next one (with
+    Caffe's final snapshot), so a pre-empted job resumes where it stopped; with "stop" it
+    stops as SIGINT does. Caffe leaves SIGTERM alone (the process dies without a snapshot).
     Use as a context manager (or call `install`/`restore`) so that the previous handlers
     come back when training ends.
     """
 
     def __init__(self, sigint_effect: str = SolverAction.STOP,
-                 sighup_effect: str = SolverAction.SNAPSHOT):
+                 sighup_effect: str = SolverAction.SNAPSHOT,
+                 sigterm_effect: str = SolverAction.SNAPSHOT):
         for name, effect in (("sigint_effect", sigint_effect),
-                             ("sighup_effect", sighup_effect)):
+                             ("sighup_effect", sighup_effect),
+                             ("sigterm_effect", sigterm_effect)):
             if effect not in SolverAction.CHOICES:
                 raise ValueError(f"{name}: expected one of {', '.join(SolverAction.CHOICES)}, "
                                  f"found {effect!r}")
@@ -39,8 +49,10 @@ class SignalHandler:
         self.effects = {}
         if hasattr(signal, "SIGHUP"):
             self.effects[signal.SIGHUP] = sighup_effect
+        self.effects[signal.SIGTERM] = sigterm_effect
         self.effects[signal.SIGINT] = sigint_effect
         self._got: dict[int, bool] = {s: False for s in self.effects}
+        self._then_stop = False  # SIGTERM's snapshot is followed by a stop
         self._previous: dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -48,9 +60,12 @@ class SignalHandler:
         self._got[signum] = True
 
     def install(self) -> SignalHandler:
-        """Replace the current handlers (main thread only, as Python requires)."""
+        """Replace the current handlers (main thread only, as Python requires). A Ctrl-C
+        recorded while the program started (mgcaffe._launch) counts as a SIGINT."""
         for signum in self.effects:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if _launch.take_pending():
+            self._got[signal.SIGINT] = True
         return self
 
     def restore(self) -> None:
@@ -60,12 +75,18 @@ class SignalHandler:
         self._previous.clear()
 
     def requested_action(self) -> str:
-        """The action of the first pending signal (SIGHUP first), clearing it; else NONE."""
+        """The action of the first pending signal (SIGHUP first), clearing it; else NONE.
+        After SIGTERM's snapshot, the next call says STOP."""
         with self._lock:
             for signum, effect in self.effects.items():
                 if self._got[signum]:
                     self._got[signum] = False
+                    if signum == signal.SIGTERM and effect == SolverAction.SNAPSHOT:
+                        self._then_stop = True
                     return effect
+            if self._then_stop:
+                self._then_stop = False
+                return SolverAction.STOP
         return SolverAction.NONE
 
     def __enter__(self) -> SignalHandler:

@@ -263,8 +263,8 @@ def test_single_rank_with_emulation_slows_each_allreduce(tmp_path):
 
 
 def test_rank_0_testing_longer_than_the_comm_timeout_is_not_a_fault():
-    """Only rank 0 tests; the others wait at a barrier whose deadline is the test timeout,
-    not the (short) communication timeout."""
+    """Only rank 0 tests; the others wait at a barrier while rank 0's heartbeats say it is
+    busy, longer than the (short) communication timeout."""
     import time  # noqa: PLC0415
 
     tested = []

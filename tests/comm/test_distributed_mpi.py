@@ -205,3 +205,148 @@ def test_in_place_reduction_is_bit_identical_to_packing(digits, mode):
     for r in range(2):
         for a, b in zip(weights["in-place"][r], weights["packed"][r]):
             assert np.array_equal(a, b), f"rank {r}"
+
+
+# ------------------------------------------------------------------ disagreement and liveness
+NET_EXTRA_LAYER = ('layer { name: "extra" type: "InnerProduct" bottom: "ip2" top: "extra" '
+                   'inner_product_param { num_output: 10 } }\n')
+
+
+@pytest.mark.parametrize("case", ["base_lr", "batch", "max_iter", "extra_layer"])
+def test_ranks_with_different_settings_stop_at_start_naming_the_field(digits, case):
+    root, solver = digits
+    if case == "base_lr":
+        other = solver(8, extra="")
+        other.write_text(other.read_text().replace("base_lr: 0.01", "base_lr: 0.02"))
+        path, field = root / "other_lr.prototxt", "solver base_lr (rank 0: 0.01; rank 1: 0.02)"
+        path.write_text(other.read_text())
+        solver(8)  # rewrite the shared file as it was
+    elif case == "batch":
+        path, field = solver(4), "batch size of layer"
+    elif case == "max_iter":
+        path, field = solver(8, 9), "solver max_iter (rank 0: 8; rank 1: 9)"
+    else:
+        net = root / "net_extra.prototxt"
+        net.write_text((root / "net_b8.prototxt").read_text() + NET_EXTRA_LAYER)
+        path = root / "solver_extra.prototxt"
+        path.write_text(solver(8).read_text().replace(str(root / "net_b8.prototxt"), str(net)))
+        field = "learnable layers"
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8), "--solver-rank1", path,
+                                       "--comm", "wfbp", "--comm-timeout", 5], timeout=60)
+    assert status not in (None, 0), log
+    assert "DONE" not in log and "Starting Optimization" not in log
+    for rank in (0, 1):  # (lines of the two ranks may interleave: look for each rank's)
+        assert re.search(rf"rank {rank}: ranks disagree on {re.escape(field)}", log), log
+
+
+def rank_map(log):
+    m = re.search(r"Ranks: 0 = (\S+) pid (\d+), 1 = (\S+) pid (\d+)", log)
+    assert m, log
+    return {0: (m[1], int(m[2])), 1: (m[3], int(m[4]))}
+
+
+@pytest.mark.parametrize("stopped", [1, 0])
+def test_a_rank_stopped_while_rank_0_tests_is_named_within_the_timeout(digits, stopped):
+    """SIGSTOP on one rank while rank 0 runs a test pass (the others wait for it at a
+    barrier): found by the silence of its heartbeats after --comm-timeout, not after an
+    hour; the message names the stopped rank with the host and pid of the rank map."""
+    root, solver = digits
+    path = solver(8, 1000, extra="test_iter: 30\ntest_interval: 4\ntest_initialization: "
+                                  "false\n")
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
+                                       "--profile-iters", 2, "--fail-at", 4, "--fail-rank",
+                                       stopped, "--fail-how", "sigstop", "--comm-timeout", 3],
+                                   timeout=90)
+    assert status not in (None, 0), log
+    host, pid = rank_map(log)[stopped]
+    assert re.search(rf"rank {stopped} \({re.escape(host)}, pid {pid}\) sent no heartbeat "
+                     rf"for 3\.\d s", log) or \
+        f"rank {stopped} has not reached it (rank {stopped} ({host}, pid {pid})" in log, log
+    assert "DONE" not in log and seconds < 45, log
+
+
+def test_a_slow_snapshot_on_rank_0_is_waited_for(digits):
+    """Rank 0's snapshots take longer than --comm-timeout: alive (its heartbeats say it is
+    busy), so nobody is aborted."""
+    root, solver = digits
+    path = solver(8, 4, extra="snapshot: 3\nsnapshot_after_train: false\n")
+    status, log, _ = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
+                                 "--profile-iters", 2, "--fail-at", 1, "--fail-rank", 0,
+                                 "--fail-how", "slow-snapshot", "--fail-seconds", 3,
+                                 "--comm-timeout", 2], timeout=90)
+    assert status == 0, log
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "4"), ("1", "4")]
+    assert "Snapshotting to" in log
+
+
+def test_a_rank_leaving_early_with_status_0_fails_the_job(digits):
+    root, solver = digits
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
+                                       "--profile-iters", 2, "--fail-at", 3, "--fail-rank", 1,
+                                       "--fail-how", "exit0", "--comm-timeout", 5], timeout=60)
+    assert status not in (None, 0), log
+    pid = rank_map(log)[1][1]
+    assert f"rank 1 (pid {pid}): ended before the others (sys.exit(0))" in log, log
+    assert "DONE" not in log and seconds < 40
+
+
+def test_a_rank_stopped_before_mpi_init_ends_within_the_startup_deadline(digits):
+    root, solver = digits
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8), "--comm", "wfbp",
+                                       "--stop-before-init", 1, "--comm-timeout", 3],
+                                   timeout=60)
+    assert status not in (None, 0), log
+    assert "FAULT stop rank 1 before MPI_Init" in log
+    assert re.search(r"mgcaffe: rank 0 \(\S+, pid \d+\): MPI start-up .* did not complete "
+                     r"within 3 s", log), log
+    assert seconds < 30, log
+
+
+def test_sigterm_snapshots_every_rank_and_training_resumes_there(digits):
+    root, solver = digits
+    prefix = root / "term"
+    path = solver(8, 1000)
+    path.write_text(path.read_text().replace(f'"{root}/snap"', f'"{prefix}"'))
+    status, log, _ = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
+                                 "--profile-iters", 2, "--fail-at", 4, "--fail-rank", 1,
+                                 "--fail-how", "sigterm"], timeout=90)
+    assert status == 0, log
+    # the snapshot at the iteration of the signal, then every rank stops after the next
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "5"), ("1", "5")]
+    assert (root / "term_iter_4.solverstate").exists()
+    assert (root / "term_iter_5.solverstate").exists()
+    path.write_text(path.read_text().replace("max_iter: 1000", "max_iter: 7"))
+    status, log, _ = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
+                                 "--profile-iters", 2, "--snapshot",
+                                 root / "term_iter_5.solverstate"], timeout=90)
+    assert status == 0, log
+    assert "Resuming from" in log
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "7"), ("1", "7")]
+
+
+@pytest.mark.parametrize("delay", [0.8])
+def test_ctrl_c_during_the_launch_stops_every_rank_quietly(digits, delay):
+    """SIGINT to the whole process group (as a terminal's Ctrl-C) while the ranks import or
+    start MPI: one line per rank and status 0, or, once start-up is over, every rank stops
+    after an iteration; never a traceback or a crash."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from mgcaffe.comm.testing import mpiexec  # noqa: PLC0415
+
+    root, solver = digits
+    proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "mgcaffe", "train",
+                             "--solver", str(solver(8, 1000)), "--comm", "wfbp"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        log, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job did not stop: " + proc.communicate()[0][-3000:])
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log and "Segmentation" not in log and "(signal " not in log, log
+    assert log.count("mgcaffe: interrupted") == 2 or "Optimization stopped early." in log, log

@@ -5,7 +5,10 @@
 
 After training, every rank writes its learnable weights to OUT.rank<R>.npz. `--fail-at`
 makes rank R raise inside the solver at that iteration (through an iteration hook), the
-"exception in a rank" fault case on a real net. The wiring is that of `run` in
+"exception in a rank" fault case on a real net; `--fail-how` picks another fault (SIGKILL,
+SIGINT, SIGTERM, SIGSTOP 0.3 s later, NaN weights, sys.exit(0), rank 0's snapshots taking
+`--fail-seconds`). `--solver-rank1` gives rank 1 another solver (ranks that disagree),
+`--stop-before-init R` stops rank R before MPI is initialised. The wiring is that of `run` in
 mgcaffe/commands/train.py (keep the two in step), plus the test hooks.
 """
 
@@ -15,6 +18,8 @@ import argparse
 import os
 import signal
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -25,16 +30,30 @@ from mgcaffe.commands.train import add_arguments, build_solver, run_training
 class FailAt:
     """An iteration hook that raises (or kills its process) on one rank at one iteration."""
 
-    def __init__(self, iteration, rank, how):
-        self.iteration, self.rank, self.how = iteration, rank, how
+    def __init__(self, iteration, rank, how, seconds=0.0):
+        self.iteration, self.rank, self.how, self.seconds = iteration, rank, how, seconds
 
     def after_iteration(self, solver):
         if solver.iter == self.iteration and solver.rank == self.rank:
             print(f"FAULT {self.how} rank {solver.rank} iteration {solver.iter}", flush=True)
             if self.how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if self.how == "sigint":
-                os.kill(os.getpid(), signal.SIGINT)
+            if self.how in ("sigint", "sigterm"):
+                os.kill(os.getpid(), getattr(signal, self.how.upper()))
+                return
+            if self.how == "sigstop":  # a moment later: while rank 0 tests (test_interval)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+                return
+            if self.how == "exit0":  # a user hook leaving early with status 0
+                sys.exit(0)
+            if self.how == "slow-snapshot":  # rank 0's next snapshots outlast the timeout
+                write = solver.snapshot
+
+                def slow():
+                    time.sleep(self.seconds)
+                    return write()
+
+                solver.snapshot = slow
                 return
             if self.how == "nan":  # this rank's next loss and gradients are not finite
                 solver.net.learnable_params[0].data[...] = np.nan
@@ -50,14 +69,28 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--fail-how", default="raise",
-                        choices=["raise", "sigkill", "sigint", "nan"])
+                        choices=["raise", "sigkill", "sigint", "nan", "sigterm", "sigstop",
+                                 "exit0", "slow-snapshot"])
+    parser.add_argument("--fail-seconds", type=float, default=5.0,
+                        help="how long each of rank 0's snapshots takes (slow-snapshot)")
+    parser.add_argument("--solver-rank1", default=None,
+                        help="rank 1 trains with this solver instead (ranks that disagree)")
+    parser.add_argument("--stop-before-init", type=int, default=None, metavar="RANK",
+                        help="this rank stops itself (SIGSTOP) before MPI is initialised")
     args = parser.parse_args()
 
-    comm, rank, size = distributed.world(args.log_level)
+    if args.stop_before_init is not None and \
+            os.environ.get("PMI_RANK") == str(args.stop_before_init):
+        print(f"FAULT stop rank {args.stop_before_init} before MPI_Init", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    comm, rank, size = distributed.world(args.log_level, startup_timeout=args.comm_timeout)
+    if rank == 1 and args.solver_rank1:
+        args.solver = args.solver_rank1
     with distributed.failing_together(comm):
         solver = build_solver(args, rank=rank, world_size=size)
         if args.fail_at is not None:
-            solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how))
+            solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how,
+                                                   args.fail_seconds))
         with distributed.attach(solver, args, comm):
             run_training(solver, args)
         if args.dump_weights:

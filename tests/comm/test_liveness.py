@@ -1,0 +1,175 @@
+"""Liveness judged by progress: heartbeats between thread-ranks (real UDP sockets), the
+watchdog's deadline moved by the progress of the ranks that have not arrived, and the
+start-up deadline kept by a watcher process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mgcaffe import _launch
+from mgcaffe.comm.faults import Watchdog
+from mgcaffe.comm.local import LocalWorld
+from mgcaffe.comm.progress import describe_rank_map, start_liveness
+from mgcaffe.comm.testing import run_ranks
+from mgcaffe.solvers.actions import SignalHandler, SolverAction
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def two_livenesses(timeout, on_dead):
+    comms = LocalWorld(2, timeout=10).communicators()
+    out, _ = run_ranks(2, lambda r: start_liveness(comms[r], timeout, interval=0.05,
+                                                   on_dead=lambda m, r=r: on_dead(r, m)))
+    return out
+
+
+def test_a_silent_peer_is_named_after_the_timeout_not_before():
+    dead = []
+    a, b = two_livenesses(0.6, lambda r, m: dead.append((r, m, time.monotonic())))
+    try:
+        time.sleep(0.8)  # both beat: nobody is reported
+        assert dead == []
+        t0 = time.monotonic()
+        b._closed = True  # rank 1 falls silent without a goodbye (as a stopped process)
+        deadline = time.monotonic() + 10
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert dead, "the silent rank was not found"
+        rank, message, when = dead[0]
+        assert rank == 0 and when - t0 >= 0.6 - 0.06  # not before the timeout (less a beat)
+        assert f"rank 1 ({b.peers[0].host}, pid {os.getpid()}) sent no heartbeat" in message
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_goodbye_is_not_a_death_and_progress_is_seen():
+    dead = []
+    a, b = two_livenesses(0.5, lambda r, m: dead.append(m))
+    try:
+        seq = b.enter("all-reduce of group 0")
+        time.sleep(0.3)
+        assert a.lagging(seq) == [] and a.peers[1].what == "all-reduce of group 0"
+        assert b.lagging(seq) == [0]  # rank 0 has not entered it
+        b.close()
+        time.sleep(1.0)
+        assert dead == [] and a.peers[1].done
+    finally:
+        a.close()
+
+
+class FakeLiveness:
+    """Rank 1 lags behind every guard; its last progress is whatever the test sets."""
+
+    def __init__(self):
+        self.progress_at = time.monotonic()
+        self.seq = 0
+
+    def enter(self, what):
+        self.seq += 1
+        return self.seq
+
+    def lagging(self, seq):
+        return [1]
+
+    def last_progress(self, ranks, now=None):
+        return self.progress_at
+
+    def behind(self, ranks):
+        return "rank 1 (host, pid 7), last in 'x'"
+
+
+def test_the_watchdog_waits_while_the_lagging_rank_progresses_then_names_it():
+    fired = []
+    liveness = FakeLiveness()
+    comm = LocalWorld(2).communicators()[0]
+    wd = Watchdog(comm, 0.3, on_expire=fired.append, liveness=liveness)
+    try:
+        with wd.guard("all-reduce of group 2"):
+            for _ in range(8):  # 0.8 s of progress: more than twice the timeout
+                liveness.progress_at = time.monotonic()
+                time.sleep(0.1)
+            assert fired == []
+            t0 = time.monotonic()
+            while not fired and time.monotonic() < t0 + 5:
+                time.sleep(0.01)
+        assert fired == ["all-reduce of group 2"]
+        assert time.monotonic() - t0 >= 0.2  # counted from the last progress
+        assert "rank 1 has not reached it (rank 1 (host, pid 7)" in wd.message
+    finally:
+        wd.close()
+
+
+def test_rank_map_line():
+    assert describe_rank_map([("n1", 10), ("n2", 11)]) == "Ranks: 0 = n1 pid 10, 1 = n2 pid 11"
+
+
+def test_startup_deadline_quiet_when_done_and_ends_a_blocked_process_with_one_line():
+    code = ("import time\nfrom mgcaffe.comm.startup_deadline import StartupDeadline\n"
+            "with StartupDeadline(20):\n    pass\nprint('ok', flush=True)\n"
+            "with StartupDeadline(0.5):\n    time.sleep(30)\n")
+    env = dict(os.environ, PMI_RANK="3")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=25)
+    assert proc.stdout == "ok\n"  # the first block finished in time: not a word
+    assert proc.returncode == -signal.SIGKILL
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mgcaffe: rank 3 (") and \
+        "did not complete within 0.5 s" in lines[0], proc.stderr
+
+
+def test_sigterm_snapshots_then_stops_and_none_ignores_it():
+    assert threading.current_thread() is threading.main_thread()
+    with SignalHandler() as handler:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        got = [handler.requested_action() for _ in range(3)]
+    assert got == [SolverAction.SNAPSHOT, SolverAction.STOP, SolverAction.NONE]
+    with SignalHandler(sigterm_effect="stop") as handler:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert handler.requested_action() == SolverAction.STOP
+    with SignalHandler(sigterm_effect="none") as handler:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert handler.requested_action() == SolverAction.NONE
+
+
+def test_a_ctrl_c_recorded_at_start_up_becomes_the_loops_sigint():
+    _launch._record(signal.SIGINT, None)
+    with SignalHandler() as handler:
+        assert handler.requested_action() == SolverAction.STOP
+    assert not _launch.take_pending()
+
+
+def test_under_a_launcher_an_early_ctrl_c_is_recorded_for_the_ranks_to_decide(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "1")
+    _launch._interrupted(signal.SIGINT, None)  # the process goes on
+    assert _launch.pending() and _launch.take_pending() and not _launch.pending()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["/usr/bin/python3", "-m", "mgcaffe", "train"], True),
+    (["/venv/bin/python", "/venv/bin/mgcaffe", "train"], True),
+    (["python", "-m", "pytest"], False),
+    (["python", "script.py"], False)])
+def test_command_line_launch(argv, expected):
+    assert _launch.command_line_launch(argv) is expected
+
+
+def test_ctrl_c_while_the_program_imports_prints_one_line():
+    """A SIGINT while `python -m mgcaffe` still imports: one line, no traceback."""
+    code = ("import os, signal, sys\nsys.orig_argv = ['python', '-m', 'mgcaffe']\n"
+            "import mgcaffe\nos.kill(os.getpid(), signal.SIGINT)\nimport time\n"
+            "time.sleep(5)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=25, env={k: v for k, v in os.environ.items()
+                                           if k not in _launch._LAUNCHER_VARIABLES})
+    assert proc.returncode == 130 and proc.stderr == "mgcaffe: interrupted\n", proc.stderr

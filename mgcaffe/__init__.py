@@ -58,6 +58,8 @@ _LAZY = {
     "draw": ("draw", None),
     "coord_map": ("coord_map", None),
     "proto": ("proto", None),
+    # pycaffe's caffe.log(message): the mgcaffe.log module is callable and logs at INFO.
+    "log": ("log", None),
 }
 
 __all__ = ["TRAIN", "TEST", "Net", "caffe_pb2", "set_mode_cpu", "set_mode_gpu", "set_device",
@@ -157,16 +159,9 @@ _LOG_LEVELS = ("INFO", "WARNING", "ERROR", "CRITICAL")
 def init_log(level: int = 0, stderr: bool = True) -> None:
     """Log mgcaffe's messages to stderr in glog format from glog level `level` up
     (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL), as pycaffe's caffe.init_log."""
-    from . import log as _log  # noqa: PLC0415
+    from .log import configure  # noqa: PLC0415
 
-    _log.configure(_LOG_LEVELS[min(max(int(level), 0), 3)])
-
-
-def log(message: str) -> None:
-    """Write `message` to mgcaffe's log at INFO level (pycaffe's caffe.log)."""
-    import logging  # noqa: PLC0415
-
-    logging.getLogger("mgcaffe").info("%s", message)
+    configure(_LOG_LEVELS[min(max(int(level), 0), 3)])
 
 
 class Timer:

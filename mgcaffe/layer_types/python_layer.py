@@ -33,11 +33,14 @@ a note naming the layer and the method, so that callers catch what they raised.
 from __future__ import annotations
 
 import importlib
+import logging
 
 from ..blob import Blob
 from ..errors import LayerError
 from .base import Layer
 from .registry import register_layer
+
+log = logging.getLogger(__name__)
 
 #: Attribute set on exceptions raised by user code, so that the net re-raises them as they are.
 USER_ERROR_ATTR = "mgcaffe_user_layer"
@@ -154,8 +157,10 @@ class PythonLayer(Layer):
                 owner = self.param.python_param
                 note = (f"in Python layer {self.name!r} ({owner.module}.{owner.layer}), "
                         f"{method}")
-                if hasattr(exc, "add_note"):  # Python >= 3.11
+                if hasattr(exc, "add_note"):  # Python >= 3.11: shown with the traceback
                     exc.add_note(note)
+                else:
+                    log.error("%s: %s: %s", note, type(exc).__name__, exc)
             raise
 
     def layer_setup(self, bottom, top):

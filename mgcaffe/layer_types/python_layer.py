@@ -46,6 +46,28 @@ log = logging.getLogger(__name__)
 USER_ERROR_ATTR = "mgcaffe_user_layer"
 
 
+def _import_user_module(name: str, where: str):
+    """Import a layer module. One written for pycaffe (`import caffe`) gets mgcaffe as
+    `caffe` (mgcaffe.caffe_alias, with a log line) when no real Caffe is importable, so that
+    such modules work under `mgcaffe train` too; a real Caffe is never shadowed."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "caffe":
+            raise
+        from .. import caffe_alias  # noqa: PLC0415 - only for pycaffe-style modules
+
+        other = caffe_alias.real_caffe()
+        if caffe_alias.installed() or other is not None:
+            raise ImportError(f"{exc} (a real Caffe is at {other}; mgcaffe does not shadow "
+                              f"it: run under `python -m mgcaffe.caffe_alias --force`)"
+                              if other else str(exc)) from exc
+        caffe_alias.install()
+        log.info("%s: module %r imports caffe: `caffe` is mgcaffe in this process "
+                 "(mgcaffe.caffe_alias)", where, name)
+        return importlib.import_module(name)
+
+
 class BlobVec(list):
     """A layer's parameter blobs (pycaffe's BlobVec): a list with `add_blob(*shape)`."""
 
@@ -103,14 +125,14 @@ class PythonLayer(Layer):
         if not pp.module or not pp.layer:
             raise LayerError(f"{where}: python_param needs module and layer (the class name)")
         try:
-            module = importlib.import_module(pp.module)
+            module = _import_user_module(pp.module, where)
         except ImportError as exc:
             raise LayerError(f"{where}: cannot import module {pp.module!r} from sys.path "
-                         f"(set PYTHONPATH to its folder): {exc}") from exc
+                             f"(set PYTHONPATH to its folder): {exc}") from exc
         cls = getattr(module, pp.layer, None)
         if cls is None:
             raise LayerError(f"{where}: module {pp.module!r} ({getattr(module, '__file__', '?')}) "
-                         f"has no class {pp.layer!r}")
+                             f"has no class {pp.layer!r}")
         self.__dict__["impl"] = None
         super().__init__(param, ctx)
         impl = self._call(cls, "__init__", param)

@@ -28,7 +28,12 @@ from .backend import CPU, Device, to_host
 from .errors import NetError
 from .layer_types.base import TEST, TRAIN
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
-from .net_weights import copy_trained_layers, net_to_proto, share_trained_layers
+from .net_weights import (
+    copy_trained_layers,
+    copy_trained_layers_hdf5,
+    net_to_proto,
+    share_trained_layers,
+)
 from .proto import caffe_pb2
 from .protoio import filter_net, read_net_param, write_caffemodel
 
@@ -470,9 +475,7 @@ class Net:
 
     def load_hdf5(self, path) -> None:
         """Load weights from Caffe's HDF5 layout, matching layers by name."""
-        from .solvers import snapshot  # noqa: PLC0415
-
-        snapshot._load_weights_hdf5(self, str(path))
+        copy_trained_layers_hdf5(self, str(path))
 
     # -- data and resources
     def set_input_arrays(self, data, labels) -> None:

@@ -14,6 +14,7 @@ this backward pass (every sharer's backward ran earlier, since sharers come afte
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -447,6 +448,26 @@ class Net:
         net's batch size per pass) and return {output or blob name: all items' data}."""
         names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
         return self._batched(lambda b: self.forward(blobs=blobs, **b), names, inputs)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **arrays) -> tuple[dict, dict]:
+        """pycaffe's forward_backward_all: for every batch, forward the inputs given and
+        backward the output diffs given (both in `arrays`, by blob name); returns
+        ({output or blob: all items' data}, {input or blob: all items' diff})."""
+        inputs = {k: v for k, v in arrays.items() if k in self.inputs}
+        tops = {k: v for k, v in arrays.items() if k not in inputs}
+        out_names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
+        diff_names = list(dict.fromkeys(list(self.inputs) + list(diffs or [])))
+        outs: dict = {name: [] for name in out_names}
+        grads: dict = {name: [] for name in diff_names}
+        forward_batches, backward_batches = self._batches(inputs), self._batches(tops)
+        for fb, bb in itertools.zip_longest(forward_batches, backward_batches, fillvalue={}):
+            for name, value in self.forward(blobs=blobs, **fb).items():
+                outs.setdefault(name, []).append(np.array(to_host(value), copy=True))
+            for name, value in self.backward(diffs=diffs, **bb).items():
+                grads.setdefault(name, []).append(np.array(to_host(value), copy=True))
+        total = len(next(iter(arrays.values()))) if arrays else None
+        return ({n: np.concatenate(p)[:total] for n, p in outs.items() if p},
+                {n: np.concatenate(p)[:total] for n, p in grads.items() if p})
 
     def backward_all(self, diffs=None, **output_diffs) -> dict:
         """pycaffe's backward_all: backward every batch of the output diffs given and return

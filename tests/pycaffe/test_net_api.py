@@ -69,6 +69,18 @@ def test_forward_all_and_backward_all_batch_and_unpad(net):
     np.testing.assert_allclose(diffs["data"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_forward_backward_all(net):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 3)).astype(np.float32)
+    dy = rng.standard_normal((3, 4)).astype(np.float32)
+    w, b = (p.data for p in net.params["ip"])
+    outs, diffs = net.forward_backward_all(data=x, ip=dy)
+    np.testing.assert_allclose(outs["ip"], np.maximum(x @ w.T + b, 0), rtol=1e-5, atol=1e-6)
+    # Each batch's backward follows its own forward: its own ReLU mask.
+    mask = (x @ w.T + b) > 0
+    np.testing.assert_allclose(diffs["data"], (dy * mask) @ w, rtol=1e-5, atol=1e-6)
+
+
 def test_input_not_batch_sized(net):
     with pytest.raises(NetError, match="Input is not batch sized"):
         net.forward(data=np.zeros((3, 3)))

@@ -74,6 +74,21 @@ class Blob:
     def num_axes(self) -> int:
         return self._data.ndim
 
+    def legacy_shape(self, index: int) -> int:
+        """Caffe's LegacyShape: dimension `index` of a blob of at most 4 axes, 1 where the
+        blob has fewer axes (num, channels, height, width)."""
+        if self.num_axes > 4:
+            raise NetError(f"blob {self.name!r}: num/channels/height/width need at most 4 "
+                           f"axes, the shape is {self.shape}; use .shape")
+        if index >= self.num_axes or index < -self.num_axes:
+            return 1
+        return int(self.shape[index])
+
+    num = property(lambda self: self.legacy_shape(0), doc="Legacy dimension 0 (pycaffe).")
+    channels = property(lambda self: self.legacy_shape(1), doc="Legacy dimension 1 (pycaffe).")
+    height = property(lambda self: self.legacy_shape(2), doc="Legacy dimension 2 (pycaffe).")
+    width = property(lambda self: self.legacy_shape(3), doc="Legacy dimension 3 (pycaffe).")
+
     def count_range(self, start: int, end: int | None = None) -> int:
         """Product of the dimensions start..end-1 (Caffe's count(start, end))."""
         return int(prod(self.shape[start:end]))
@@ -86,7 +101,9 @@ class Blob:
         return axis + n if axis < 0 else axis
 
     def reshape(self, *shape) -> None:
-        """Change the shape; arrays are reallocated (zeroed) unless the shape is unchanged.
+        """Change the shape. With the same element count the values are kept (Caffe keeps
+        its memory: the same values in the new shape, views stay aliased); otherwise the
+        arrays are reallocated, zeroed.
 
         Accepts `reshape(2, 3)` or `reshape((2, 3))`, as pycaffe does.
         """
@@ -95,6 +112,11 @@ class Blob:
         shape = tuple(int(d) for d in shape)
         self._check_shape(shape)
         if shape == self.shape:
+            return
+        if prod(shape) == self.count and self._data.flags.c_contiguous \
+                and self._diff.flags.c_contiguous:
+            self._data = self._data.reshape(shape)
+            self._diff = self._diff.reshape(shape)
             return
         self._data = self.xp.zeros(shape, dtype=self.dtype)
         self._diff = self.xp.zeros(shape, dtype=self.dtype)

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+import types
 
 _LETTERS = {"DEBUG": "I", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "F"}
 # glog's severities, as GLOG_minloglevel numbers them, and the file each one names.
@@ -160,3 +161,14 @@ def configure(level: str | None = None, rank: int = 0, world_size: int = 1, *,
         lvl = max(lvl, _GLOG_LEVELS[min(max(_env_int(env, "GLOG_minloglevel", 0), 0), 3)])
     logger.setLevel(lvl if rank == 0 else max(lvl, logging.WARNING))
     logger.propagate = False
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: `mgcaffe.log(message)` logs message at INFO (pycaffe's
+    caffe.log), since the package attribute `log` is this module once it is imported."""
+
+    def __call__(self, message) -> None:
+        logging.getLogger("mgcaffe").info("%s", message)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -14,6 +14,7 @@ this backward pass (every sharer's backward ran earlier, since sharers come afte
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -24,11 +25,16 @@ import numpy as np
 from google.protobuf import text_format
 
 from . import net_debug
-from .backend import CPU, Device
+from .backend import CPU, Device, to_host
 from .errors import NetError
 from .layer_types.base import TEST, TRAIN
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
-from .net_weights import copy_trained_layers, net_to_proto, share_trained_layers
+from .net_weights import (
+    copy_trained_layers,
+    copy_trained_layers_hdf5,
+    net_to_proto,
+    share_trained_layers,
+)
 from .proto import caffe_pb2
 from .protoio import filter_net, read_net_param, write_caffemodel
 
@@ -60,6 +66,12 @@ class Net:
     NetParameter. `device` defaults to the CPU (the pycaffe-style `mgcaffe.Net` uses the
     process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`).
     """
+
+    # pycaffe's per-layer callbacks (before_forward etc.), each called with the layer index.
+    _before_forward: tuple = ()
+    _after_forward: tuple = ()
+    _before_backward: tuple = ()
+    _after_backward: tuple = ()
 
     def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
                  device: Device | None = None, dtype=np.float32, seed: int | None = None,
@@ -149,6 +161,33 @@ class Net:
     def layer_by_name(self, name: str):
         return self.layers[self.layer_id(name)]
 
+    @property
+    def layer_dict(self) -> OrderedDict:
+        """pycaffe's {layer name: layer}, in net order."""
+        return OrderedDict(zip(self.layer_names, self.layers))
+
+    @property
+    def _layer_names(self) -> list[str]:
+        """pycaffe's name for `layer_names`."""
+        return self.layer_names
+
+    # -- pycaffe's callbacks
+    def before_forward(self, fn: Callable[[int], None]) -> None:
+        """Call fn(i) before layer i's forward, for every layer run."""
+        self._before_forward = (*self._before_forward, fn)
+
+    def after_forward(self, fn: Callable[[int], None]) -> None:
+        """Call fn(i) after layer i's forward."""
+        self._after_forward = (*self._after_forward, fn)
+
+    def before_backward(self, fn: Callable[[int], None]) -> None:
+        """Call fn(i) before layer i's backward (for every layer in the range, as Caffe)."""
+        self._before_backward = (*self._before_backward, fn)
+
+    def after_backward(self, fn: Callable[[int], None]) -> None:
+        """Call fn(i) after layer i's backward."""
+        self._after_backward = (*self._after_backward, fn)
+
     # -- reshaping
     def _shape_key(self, i: int):
         return tuple(b.data.shape for b in self._bottom_vecs[i] + self._top_vecs[i])
@@ -201,15 +240,20 @@ class Net:
     def _forward_range(self, start: int, end: int) -> float:
         loss = 0.0
         for i in range(start, end + 1):
+            for hook in self._before_forward:
+                hook(i)
             loss += self.forward_layer(i)
             if self.debug_info:
                 net_debug.forward(self, i)
+            for hook in self._after_forward:
+                hook(i)
         self.loss = loss
         return loss
 
     def forward(self, blobs=None, start: str | None = None, end: str | None = None,
                 **inputs):
-        """pycaffe's forward: set `inputs` (reshaping where their shape differs), run layers
+        """pycaffe's forward: set `inputs` (of the net's batch size, else pycaffe's "Input is
+        not batch sized" error: reshape the input blob first), run layers
         `start`..`end` (names; default all) and return {name: data array} for the outputs
         (or, with `end`, that layer's tops) plus the names in `blobs`. The objective of the
         layers run is kept in `net.loss`."""
@@ -231,8 +275,12 @@ class Net:
                                f"({', '.join(allowed) or 'none'})")
             blob = self.blobs[name]
             value = self.xp.asarray(value, dtype=self.dtype)
+            if blob.shape and (not value.ndim or value.shape[0] != blob.shape[0]):
+                kind = "Input" if which == "data" else "Diff"
+                raise NetError(f"net {self.name!r}: {kind} is not batch sized: {name!r} got "
+                               f"shape {value.shape}, the blob is {blob.shape} (reshape it "
+                               f"first: net.blobs[{name!r}].reshape(...); net.reshape())")
             if which == "data":
-                blob.reshape(value.shape)
                 blob.data = value
             else:
                 blob.diff = value
@@ -264,10 +312,14 @@ class Net:
         need = self.layer_need_backward
         learnable = self._learnable_of_layer
         for i in range(start, end - 1, -1):
+            for hook in self._before_backward:
+                hook(i)
             if need[i]:
                 self.backward_layer(i)
                 if self.debug_info:
                     net_debug.backward(self, i)
+            for hook in self._after_backward:
+                hook(i)
             if on_learnable_done is not None and learnable[i] is not None:
                 on_learnable_done(learnable[i])
 
@@ -359,6 +411,70 @@ class Net:
         (Caffe's ShareTrainedLayersWith: test nets follow the train net's weights)."""
         share_trained_layers(self, other)
 
+    def share_with(self, other: Net) -> None:
+        """pycaffe's name for share_weights."""
+        share_trained_layers(self, other)
+
+    # -- pycaffe's batched passes
+    def _batches(self, arrays: dict):
+        """{name: array} cut into the net's batch size; the last batch padded with zeros."""
+        if not arrays:
+            yield {}
+            return
+        shape = self.blobs[next(iter(arrays))].shape if next(iter(arrays)) in self.blobs else ()
+        size = shape[0] if shape else 1
+        num = len(next(iter(arrays.values())))
+        for start in range(0, num, size):
+            batch = {}
+            for name, value in arrays.items():
+                part = np.asarray(value[start:start + size])
+                if len(part) < size:
+                    pad = np.zeros((size - len(part),) + part.shape[1:], dtype=part.dtype)
+                    part = np.concatenate([part, pad])
+                batch[name] = part
+            yield batch
+
+    def _batched(self, run, names, arrays: dict) -> dict:
+        outs = {name: [] for name in names}
+        for batch in self._batches(arrays):
+            for name, value in run(batch).items():
+                outs.setdefault(name, []).append(np.array(to_host(value), copy=True))
+        total = len(next(iter(arrays.values()))) if arrays else None
+        return {name: np.concatenate(parts)[:total] if parts else np.zeros(0)
+                for name, parts in outs.items()}
+
+    def forward_all(self, blobs=None, **inputs) -> dict:
+        """pycaffe's forward_all: forward every batch of `inputs` (any number of items; the
+        net's batch size per pass) and return {output or blob name: all items' data}."""
+        names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
+        return self._batched(lambda b: self.forward(blobs=blobs, **b), names, inputs)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **arrays) -> tuple[dict, dict]:
+        """pycaffe's forward_backward_all: for every batch, forward the inputs given and
+        backward the output diffs given (both in `arrays`, by blob name); returns
+        ({output or blob: all items' data}, {input or blob: all items' diff})."""
+        inputs = {k: v for k, v in arrays.items() if k in self.inputs}
+        tops = {k: v for k, v in arrays.items() if k not in inputs}
+        out_names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
+        diff_names = list(dict.fromkeys(list(self.inputs) + list(diffs or [])))
+        outs: dict = {name: [] for name in out_names}
+        grads: dict = {name: [] for name in diff_names}
+        forward_batches, backward_batches = self._batches(inputs), self._batches(tops)
+        for fb, bb in itertools.zip_longest(forward_batches, backward_batches, fillvalue={}):
+            for name, value in self.forward(blobs=blobs, **fb).items():
+                outs.setdefault(name, []).append(np.array(to_host(value), copy=True))
+            for name, value in self.backward(diffs=diffs, **bb).items():
+                grads.setdefault(name, []).append(np.array(to_host(value), copy=True))
+        total = len(next(iter(arrays.values()))) if arrays else None
+        return ({n: np.concatenate(p)[:total] for n, p in outs.items() if p},
+                {n: np.concatenate(p)[:total] for n, p in grads.items() if p})
+
+    def backward_all(self, diffs=None, **output_diffs) -> dict:
+        """pycaffe's backward_all: backward every batch of the output diffs given and return
+        {input or blob name: all items' diff}."""
+        names = list(dict.fromkeys(list(self.inputs) + list(diffs or [])))
+        return self._batched(lambda b: self.backward(diffs=diffs, **b), names, output_diffs)
+
     # -- weights
     def copy_from(self, source) -> None:
         """Load weights from a .caffemodel path or a NetParameter, matching layers by name."""
@@ -371,6 +487,16 @@ class Net:
     def save(self, path, write_diff: bool = False) -> None:
         """Write the weights as a binary .caffemodel (atomically) that BVLC Caffe loads."""
         write_caffemodel(self.to_proto(write_diff), path)
+
+    def save_hdf5(self, path, write_diff: bool = False) -> None:
+        """Write the weights in Caffe's HDF5 layout (.caffemodel.h5), atomically."""
+        from .solvers import snapshot  # noqa: PLC0415 - the one weights writer for HDF5
+
+        snapshot.write_weights(self, str(path), snapshot.HDF5, write_diff)
+
+    def load_hdf5(self, path) -> None:
+        """Load weights from Caffe's HDF5 layout, matching layers by name."""
+        copy_trained_layers_hdf5(self, str(path))
 
     # -- data and resources
     def set_input_arrays(self, data, labels) -> None:

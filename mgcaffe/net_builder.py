@@ -136,6 +136,8 @@ class Graph:
 def wrap_layer_error(layer_param, stage: str, exc: Exception) -> NetError | None:
     """None when `exc` is an mgcaffe error already naming the layer (re-raise it as is);
     otherwise a NetError that names the layer, its type and the stage that failed."""
+    if getattr(exc, "mgcaffe_user_layer", None):  # a Python layer's own error: keep it as is
+        return None
     text = str(exc) or type(exc).__name__
     name = layer_param.name
     if isinstance(exc, MgcaffeError) and (f"'{name}'" in text or f'"{name}"' in text):

@@ -52,6 +52,7 @@ def test_deploy_model_forward_backward(repo_root, path, output, shape, chw):
                 fan_in = blob.count // blob.shape[0]
                 blob.data[...] = rng.standard_normal(blob.shape) * np.sqrt(2.0 / fan_in)
     image = rng.uniform(-1, 1, (1, *chw)).astype(np.float32)
+    net.blobs["data"].reshape(*image.shape)  # forward(data=) takes the net's batch size
     net.forward(data=image)
     # Keep the softmax out of saturation (a one-hot output would stop every gradient):
     # scale the classifier so its outputs have unit spread.

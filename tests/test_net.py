@@ -423,6 +423,9 @@ def test_forward_and_backward_pycaffe_style():
     net = make(lin("ip", "data", "out", n=2), force=True, input_type="Input")  # no loss
     assert net.inputs == ["data"]
     x = np.ones((4, 3))
+    with pytest.raises(NetError, match="Input is not batch sized"):  # pycaffe: reshape first
+        net.forward(data=x)
+    net.blobs["data"].reshape(4, 3)
     out = net.forward(data=x)
     w, b = (p.data for p in net.params["ip"])
     np.testing.assert_allclose(out["out"], x @ w.T + b)

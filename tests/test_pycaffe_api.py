@@ -52,8 +52,11 @@ def test_net_blobs_params_layers_forward_backward(lenet):
     assert set(out) == {"prob"} and out["prob"].shape == (3, 10)
     np.testing.assert_allclose(out["prob"].sum(1), 1.0, rtol=1e-5)
 
-    # forward(**inputs) reshapes to the batch given.
+    # forward(**inputs) with another batch size is pycaffe's error; reshape first.
     image = rng.uniform(0, 1, (1, 1, 28, 28)).astype(np.float32)
+    with pytest.raises(mgcaffe.errors.NetError, match="Input is not batch sized"):
+        net.forward(data=image)
+    net.blobs["data"].reshape(*image.shape)
     prob = net.forward(data=image)["prob"]
     assert prob.shape == (1, 10) and net.blobs["conv1"].shape == (1, 20, 24, 24)
 
@@ -87,9 +90,12 @@ def test_weights_both_constructor_forms_and_save(lenet, tmp_path):
 
 
 def test_solver_names_are_exported_lazily():
-    for name in ("get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
-                 "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"):
-        assert getattr(mgcaffe, name) is getattr(mgcaffe.solvers, name)
+    # mgcaffe.XSolver adds pycaffe's device rule (tests/pycaffe/test_solver_api.py) to
+    # mgcaffe.solvers.XSolver, whose instances they are.
+    for name in ("SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+                 "AdaDeltaSolver", "AdamSolver"):
+        assert issubclass(getattr(mgcaffe, name), getattr(mgcaffe.solvers, name))
+    assert callable(mgcaffe.get_solver)
     with pytest.raises(AttributeError):
         mgcaffe.NoSuchThing  # noqa: B018
 

@@ -199,6 +199,35 @@ def _window_files(folder: Path) -> None:
                                         "1 0.1 0 0 3 3\n")
 
 
+_PYTHON_LAYER = """
+import mgcaffe
+
+
+class ChannelScale(mgcaffe.Layer):
+    # top = w[c] * bottom, written with self.xp so that one body runs on numpy and CuPy.
+    def setup(self, bottom, top):
+        self.blobs.add_blob(bottom[0].data.shape[1])
+        self.blobs[0].data[...] = self.xp.arange(1, bottom[0].data.shape[1] + 1)
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.blobs[0].data.reshape(1, -1, 1, 1) * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        self.blobs[0].diff[...] += (top[0].diff * bottom[0].data).sum(axis=(0, 2, 3))
+        if propagate_down[0]:
+            bottom[0].diff[...] = self.blobs[0].data.reshape(1, -1, 1, 1) * top[0].diff
+"""
+
+
+def _python_layer_files(folder: Path) -> None:
+    (folder / "gpu_check_pylayer.py").write_text(_PYTHON_LAYER)
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
 def _memory_feed(layer) -> None:
     rng = np.random.default_rng(8)
     layer.set_input_arrays(rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
@@ -317,6 +346,9 @@ LAYER_CASES: list[LayerCase] = [
     LayerCase("BatchReindex", "", (X, np.array([1.0, 0.0, 1.0]))),
     LayerCase("Filter", "", (X, np.array([[1.0], [0.0]]))),
     LayerCase("InfogainLoss", "", ((2, 3), LABELS, np.eye(3) + 0.5)),
+    # user layers
+    LayerCase("Python", 'python_param { module: "gpu_check_pylayer" layer: "ChannelScale" }',
+              (X,), files=_python_layer_files),
 ]
 
 

@@ -16,7 +16,9 @@ finite are the blobs scanned one by one to name the layer.
 Outside control (the distributed trainer, signals) plugs in without the solver knowing it:
 `action_function()` returns a SolverAction after each iteration (Caffe's
 SetActionFunction), and each object in `iteration_hooks` may define
-`before_iteration(solver)`, `after_iteration(solver)` and `should_stop() -> bool`.
+`before_iteration(solver)`, `gradients_ready(solver)` (after backward and gradient sync,
+before the update), `after_iteration(solver)` and `should_stop() -> bool`. pycaffe's
+`solver.add_callback(on_start, on_gradients_ready)` is one such hook.
 """
 
 from __future__ import annotations
@@ -270,6 +272,9 @@ class Solver:
                     log.info("%s", progress.time_left(stop_iter - self.iter, per_s))
                 timer, iterations_last = time.perf_counter(), self.iter
                 self._log_outputs(self.net, "Train", self._output_values(self.net), 1)
+            for hook in self.iteration_hooks:
+                if hasattr(hook, "gradients_ready"):
+                    hook.gradients_ready(self)
             self._check_gradients()
             self.apply_update()
             # iter counts the updates made, as in Caffe.
@@ -284,6 +289,15 @@ class Solver:
             if request == SolverAction.STOP:
                 self._requested_early_exit = True
                 break
+
+    def add_callback(self, on_start, on_gradients_ready) -> None:
+        """pycaffe's callbacks: on_start() before each iteration's forward, and
+        on_gradients_ready() once its gradients are final, before the update."""
+        self.iteration_hooks.append(_PythonCallback(on_start, on_gradients_ready))
+
+    def share_weights(self, net) -> None:
+        """Make `net` use this solver's train-net weights (pycaffe's solver.share_weights)."""
+        net.share_weights(self.net)
 
     def _forward_backward(self) -> float:
         n = self.param.iter_size
@@ -483,3 +497,16 @@ class Solver:
         data_position.apply(self, state.data_position, path)
         for net in self.test_nets:
             net.share_weights(self.net)
+
+
+class _PythonCallback:
+    """The iteration hook behind Solver.add_callback."""
+
+    def __init__(self, on_start, on_gradients_ready):
+        self.on_start, self.on_gradients_ready = on_start, on_gradients_ready
+
+    def before_iteration(self, solver) -> None:
+        self.on_start()
+
+    def gradients_ready(self, solver) -> None:
+        self.on_gradients_ready()

@@ -34,15 +34,9 @@ __all__ = ["LayerProfile", "Profile", "load_profile", "read_json"]
 # ----------------------------------------------------------------------------- validation
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; any failure is a one-line PlanError naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno}, "
-                        f"column {exc.colno})") from None
+    from ..jsonio import read_json as read  # noqa: PLC0415 - the one shared JSON loader
+
+    return read(path, PlanError)
 
 
 def _where(source: str, field: str) -> str:

@@ -110,12 +110,9 @@ def save_trace(doc: dict, path: str | Path) -> None:
 
 def load_trace(path: str | Path) -> dict:
     """Read a trace written by `save_trace` (or any trace-event JSON: a list or a document)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CommError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CommError(f"{path}: not a JSON trace: {exc.msg} (line {exc.lineno})") from None
+    from ..jsonio import read_json  # noqa: PLC0415 - the one shared JSON loader
+
+    doc = read_json(path, CommError, "JSON trace")
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):

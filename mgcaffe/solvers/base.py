@@ -108,6 +108,7 @@ class Solver:
         self.iter = 0
         self.current_step = 0
         self.last_snapshot: tuple[str, str] | None = None
+        self._snapshot_lock = None
         self._requested_early_exit = False
         self._losses: list[float] = []
         self._smoothed_loss = 0.0
@@ -201,18 +202,30 @@ class Solver:
 
     def _check_snapshot_dir(self) -> None:
         p = self.param
-        if self.rank != 0 or not (p.snapshot or p.snapshot_after_train):
+        if self.rank != 0:
             return
         directory = os.path.dirname(p.snapshot_prefix) or "."
-        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        writable = os.path.isdir(directory) and os.access(directory, os.W_OK)
+        if not writable and not (p.snapshot or p.snapshot_after_train):
+            return  # only a signal could ask for a snapshot; that one fails when it comes
+        if not writable:
             raise SolverError(f"{self.source}: snapshot_prefix {p.snapshot_prefix!r}: cannot "
                               f"write to directory {directory!r}; make sure it exists and is "
                               "writable")
+        # Only the rank that writes snapshots locks the prefix; under the lock, what an
+        # interrupted earlier run left (a half-committed pair, temporaries) is tidied.
+        from ..snapshot_lock import acquire  # noqa: PLC0415
+
+        self._snapshot_lock = acquire(p.snapshot_prefix, f"{self.source}: snapshot_prefix")
+        snap.recover_snapshots(p.snapshot_prefix)
 
     def close(self) -> None:
         """Stop the nets' background work (data prefetch threads)."""
         for net in [self.net, *self.test_nets]:
             net.close()
+        if self._snapshot_lock is not None:
+            self._snapshot_lock.release()
+            self._snapshot_lock = None
 
     # -- the loop -------------------------------------------------------------------------
     def solve(self, resume_file: str | None = None) -> None:
@@ -466,7 +479,7 @@ class Solver:
         model = snap.snapshot_filename(p.snapshot_prefix, self.iter,
                                        ".caffemodel.h5" if hdf5 else ".caffemodel")
         log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
-        snap.write_weights(self.net, model, p.snapshot_format, p.snapshot_diff)
+        model_data = snap.weights_bytes(self.net, p.snapshot_format, p.snapshot_diff)
         state_path = snap.snapshot_filename(p.snapshot_prefix, self.iter,
                                             ".solverstate.h5" if hdf5 else ".solverstate")
         log.info("Snapshotting solver state to %s file %s", "HDF5" if hdf5 else "binary proto",
@@ -474,12 +487,14 @@ class Solver:
         state = snap.SolverStateData(iter=self.iter, learned_net=model,
                                      current_step=self.current_step, history=self.history,
                                      data_position=data_position.encode(ranks))
-        snap.write_state(state_path, state, p.snapshot_format)
+        # Both files or neither (see snapshot.write_pair), under Caffe's names.
+        snap.write_pair(model, model_data, state_path, snap.state_bytes(state, p.snapshot_format))
         self.last_snapshot = (model, state_path)
         return self.last_snapshot
 
     def restore(self, path: str) -> None:
         """Continue from a .solverstate[.h5]: iteration, weights, history, current_step."""
+        snap.recover_pair(path)  # an interrupted commit of this pair is finished first
         state = snap.read_state(path)
         if state.learned_net:
             snap.load_weights(self.net, snap.resolve_learned_net(state.learned_net, path))

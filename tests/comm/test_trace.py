@@ -71,7 +71,7 @@ def test_load_trace_errors(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"x": 1}))
     with pytest.raises(CommError, match="no traceEvents list"):
         load_trace(tmp_path / "other.json")
-    with pytest.raises(CommError, match="cannot read trace"):
+    with pytest.raises(CommError, match="missing.json: cannot read"):
         load_trace(tmp_path / "missing.json")
 
 

@@ -43,9 +43,31 @@ def _acquire_env(path: str) -> tuple[lmdb.Environment, tuple]:
                                 subdir=os.path.isdir(path))
             except lmdb.Error as exc:
                 raise DataError(f"LMDB {path!r}: cannot open ({exc})") from None
+            try:
+                _check_not_truncated(env, path)
+            except DataError:
+                env.close()
+                raise
             entry = _ENVS[key] = [env, 0]
         entry[1] += 1
         return entry[0], key
+
+
+def _check_not_truncated(env: lmdb.Environment, path: str) -> None:
+    """Refuse a data file shorter than the pages its meta page says it has.
+
+    LMDB maps the file and reads pages through the mapping: a page past the end of a
+    truncated file (an interrupted copy, a full disk) is a SIGBUS that kills the process
+    with no message. The meta pages are read with plain reads, so this check itself is safe.
+    """
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    pages = int(env.info()["last_pgno"]) + 1
+    need = pages * int(env.stat()["psize"])
+    have = os.path.getsize(data)
+    if have < need:
+        raise DataError(f"LMDB {path!r}: {data} is truncated: {have} bytes, but the database "
+                        f"has {pages} pages of {env.stat()['psize']} bytes ({need} bytes); "
+                        "copy or convert it again")
 
 
 def _release_env(key: tuple) -> None:
@@ -68,6 +90,9 @@ def _check_lmdb_path(path: str) -> None:
             raise DataError(f"{path!r} is a LevelDB; LEVELDB is not supported, convert it to "
                             "LMDB (e.g. tools/convert_imageset.py --backend lmdb)")
         raise DataError(f"LMDB {path!r} has no data.mdb: not an LMDB directory")
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    if os.path.isfile(data) and os.path.getsize(data) == 0:
+        raise DataError(f"LMDB {path!r}: {data} is empty (0 bytes)")
 
 
 class LMDBReader:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import lmdb
 import pytest
 
@@ -85,3 +87,42 @@ def test_write_lmdb_refuses_to_overwrite(tmp_path):
         write_lmdb(db, [b"x"])
     write_lmdb(db, [b"x", b"y"], overwrite=True, chunk=1)
     assert read_keys(LMDBReader(db), 2) == ["00000000", "00000001"]
+
+
+TRUNCATED_READER = """
+import sys
+from mgcaffe.data.db import LMDBReader
+from mgcaffe.errors import DataError
+try:
+    reader = LMDBReader(sys.argv[1])
+    for _ in range(len(reader)):
+        reader.next()
+except DataError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("keep", [0, 2 * 4096, 0.5, -1])
+def test_truncated_data_file_is_named_not_a_sigbus(tmp_path, keep):
+    """A data.mdb cut short (an interrupted copy) is refused before a page past its end is
+    touched (which is a SIGBUS); the reader runs in a child so a crash cannot take pytest."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "db"
+    env = lmdb.open(str(path), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for i in range(300):
+            txn.put(b"%06d" % i, bytes(1000))
+    env.close()
+    data = path / "data.mdb"
+    full = data.stat().st_size
+    size = {0.5: full // 2, -1: full - 1}.get(keep, keep)
+    os.truncate(data, size)
+    result = subprocess.run([sys.executable, "-c", TRUNCATED_READER, str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, (result.returncode, result.stderr[-500:])
+    line = result.stdout.strip()
+    assert str(data) in line and "\n" not in line
+    assert ("empty" if size == 0 else "truncated") in line

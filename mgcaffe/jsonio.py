@@ -23,6 +23,8 @@ EXCERPT = 40
 def read_json(path: str | os.PathLike, error: type[MgcaffeError] = ParseError,
               what: str = "JSON file") -> Any:
     """The parsed content of the JSON file `path`; failures raise `error` with one line."""
+    if not os.path.exists(path):
+        raise error(f"{path}: cannot read: no such file")
     data = read_regular_file(path, MAX_JSON_BYTES, error, what)
     try:
         text = data.decode("utf-8")
@@ -41,7 +43,8 @@ def read_json(path: str | os.PathLike, error: type[MgcaffeError] = ParseError,
 
 
 def read_regular_file(path: str | os.PathLike, limit: int,
-                      error: type[MgcaffeError] = ParseError, what: str = "file") -> bytes:
+                      error: type[MgcaffeError] = ParseError, what: str = "file",
+                      hint: str = "") -> bytes:
     """The bytes of a regular file of at most `limit` bytes; anything else is `error`.
 
     A FIFO, socket or device is refused without opening it for reading (a FIFO with no
@@ -50,7 +53,7 @@ def read_regular_file(path: str | os.PathLike, limit: int,
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise error(f"{path}: cannot read: no such file") from None
+        raise error(f"{path}: no such file") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     if stat.S_ISDIR(st.st_mode):
@@ -59,14 +62,15 @@ def read_regular_file(path: str | os.PathLike, limit: int,
         raise error(f"{path}: not a regular file (a pipe, socket or device); expected a "
                     f"{what}")
     if st.st_size > limit:
-        raise error(f"{path}: {st.st_size} bytes, more than the {limit} a {what} may have")
+        raise error(f"{path}: {st.st_size} bytes, more than the {limit} a {what} may have"
+                    f"{hint}")
     try:
         with open(path, "rb") as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:  # grew while we looked
-        raise error(f"{path}: more than the {limit} bytes a {what} may have")
+        raise error(f"{path}: more than the {limit} bytes a {what} may have{hint}")
     return data
 
 

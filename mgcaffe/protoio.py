@@ -7,9 +7,11 @@ through `atomic_write_bytes`, so a crash never leaves a half-written snapshot be
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import numpy as np
 from google.protobuf import message as pb_message
 from google.protobuf import text_format
 
-from .errors import MgcaffeError, ParseError
+from .errors import MgcaffeError, NetError, ParseError
+from .jsonio import read_regular_file
 from .proto import caffe_pb2
 from .upgrade import upgrade_net, upgrade_solver
 
@@ -25,9 +28,23 @@ PathLike = str | os.PathLike
 
 _PROTOBUF_POSITION = re.compile(r"^\d+:\d+ : ")
 
+log = logging.getLogger("mgcaffe.protoio")
+
 
 # ---------------------------------------------------------------------------------------------
 # Text format
+
+
+#: Text files (prototxt) larger than this many MiB are refused: protobuf's text parser reads
+#: about 0.5-1 MB/s (a 100 MB net took minutes), and real nets are well under 1 MB.
+#: MGCAFFE_MAX_PROTOTXT_MB raises (or lowers) the limit.
+MAX_PROTOTXT_MB = 64
+MAX_PROTOTXT_ENV = "MGCAFFE_MAX_PROTOTXT_MB"
+#: Binary messages are limited by protobuf itself (2 GiB), as in Caffe.
+MAX_BINARY_BYTES = (2 << 30) - 1
+#: A parse of more lines than this logs how far it got every PROGRESS_SECONDS.
+PROGRESS_LINES = 20_000
+PROGRESS_SECONDS = 5.0
 
 
 def read_prototxt(path: PathLike, message: pb_message.Message) -> pb_message.Message:
@@ -39,13 +56,52 @@ def parse_text(text: str, message: pb_message.Message,
                source: str = "<string>") -> pb_message.Message:
     """Parse text-format `text` into `message`; a syntax error names `source:line:col`."""
     message.Clear()
+    lines = text.split("\n")
     try:
-        text_format.Parse(text, message)
+        # ParseLines is what Parse calls; fed line by line, a long parse can say how far it is.
+        text_format.ParseLines(_progress(lines, source) if len(lines) > PROGRESS_LINES
+                               else lines, message)
     except text_format.ParseError as exc:
         line, col = exc.GetLine(), exc.GetColumn()
-        detail = _PROTOBUF_POSITION.sub("", str(exc))
+        detail = _short_quotes(_PROTOBUF_POSITION.sub("", str(exc)))
         raise ParseError(f"{source}:{line}:{col}: {detail}{_v1_hint(text, line, col)}") from None
     return message
+
+
+def _progress(lines: list[str], source: str):
+    total, started = len(lines), time.monotonic()
+    last = started
+    for i, line in enumerate(lines):
+        if i and i % 4096 == 0 and time.monotonic() - last >= PROGRESS_SECONDS:
+            last = time.monotonic()
+            log.info("Parsing %s: line %d of %d (%.0f%%, %.0f s)", source, i, total,
+                     100.0 * i / total, last - started)
+        yield line
+
+
+def _short_quotes(detail: str, keep: int = 40) -> str:
+    """The message with every long quoted token cut to an excerpt (a 10 MB token is an
+    error worth one line, not 10 MB of terminal)."""
+    def cut(match: re.Match) -> str:
+        body = match.group(1)
+        return f'"{body[:keep]}..." ({len(body)} characters)'
+
+    detail = re.sub(f'"([^"]{{{2 * keep},}})"', cut, detail)
+    return detail if len(detail) <= 400 else detail[:400] + "..."
+
+
+def max_prototxt_bytes() -> int:
+    """The size limit of a prototxt: MAX_PROTOTXT_MB, or MGCAFFE_MAX_PROTOTXT_MB when set."""
+    value = os.environ.get(MAX_PROTOTXT_ENV)
+    if value is None:
+        return MAX_PROTOTXT_MB << 20
+    try:
+        mb = float(value)
+        if not mb > 0:
+            raise ValueError
+    except ValueError:
+        raise MgcaffeError(f"{MAX_PROTOTXT_ENV}={value!r}: expected a size in MiB > 0") from None
+    return int(mb * (1 << 20))
 
 
 def write_prototxt(message: pb_message.Message, path: PathLike) -> None:
@@ -54,15 +110,14 @@ def write_prototxt(message: pb_message.Message, path: PathLike) -> None:
 
 
 def _read_text(path: PathLike) -> str:
+    limit = max_prototxt_bytes()
+    data = read_regular_file(path, limit, ParseError, "prototxt",
+                             hint=f"; set {MAX_PROTOTXT_ENV} (MiB) to read a bigger one")
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParseError(f"{path}: no such file") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ParseError(f"{path}: not a UTF-8 text file (byte {exc.start}); "
                          "expected a prototxt") from None
-    except OSError as exc:
-        raise ParseError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 def _v1_hint(text: str, line: int, col: int) -> str:
@@ -125,13 +180,8 @@ def read_solver_param(path: PathLike) -> caffe_pb2.SolverParameter:
 
 def read_message(path: PathLike, message: pb_message.Message) -> pb_message.Message:
     """Parse the binary protobuf file `path` into `message` and return it."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ParseError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ParseError(f"{path}: cannot read: {exc.strerror}") from None
     kind = message.DESCRIPTOR.name
+    data = read_regular_file(path, MAX_BINARY_BYTES, ParseError, f"binary {kind}")
     try:
         message.ParseFromString(data)
     except pb_message.DecodeError as exc:
@@ -310,6 +360,16 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def require_layers(net, source: str, purpose: str = "run") -> None:
+    """Refuse a Net with no layers (an empty prototxt, or every layer excluded by its rules):
+    it would train, time or score nothing and report success."""
+    if net.layers:
+        return
+    phase = "TRAIN" if net.phase == caffe_pb2.TRAIN else "TEST"
+    raise NetError(f"{source}: the net has no layers in the {phase} phase (an empty file, or "
+                   f"include/exclude rules leave none); nothing to {purpose}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -393,3 +393,71 @@ def test_atomic_write_gives_ordinary_file_permissions(tmp_path):
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
     assert target.read_bytes() == b"abc"
     assert [p.name for p in tmp_path.iterdir()] == ["weights.caffemodel"]
+
+
+# -- odd and huge inputs ----------------------------------------------------------------------
+def test_fifo_and_device_are_refused_without_blocking(tmp_path):
+    import threading
+
+    fifo = tmp_path / "net.prototxt"
+    os.mkfifo(fifo)
+    errors = []
+
+    def read():
+        for reader in (protoio.read_net_param, protoio.read_caffemodel):
+            try:
+                reader(fifo)
+            except ParseError as exc:
+                errors.append(str(exc))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "reading a FIFO with no writer blocked"
+    assert len(errors) == 2 and all("not a regular file" in e for e in errors), errors
+    for reader in (protoio.read_net_param, protoio.read_solverstate):
+        with pytest.raises(ParseError, match=r"/dev/zero: not a regular file"):
+            reader("/dev/zero")
+
+
+def test_prototxt_size_limit_and_its_variable(tmp_path, monkeypatch):
+    path = tmp_path / "net.prototxt"
+    path.write_text('name: "n"\n' + "# padding\n" * 20_000)  # ~200 KB
+    monkeypatch.setenv(protoio.MAX_PROTOTXT_ENV, "0.1")
+    with pytest.raises(ParseError, match=rf"net\.prototxt: \d+ bytes, more than the 104857 "
+                                         rf"a prototxt may have; set {protoio.MAX_PROTOTXT_ENV}"):
+        protoio.read_net_param(path)
+    monkeypatch.setenv(protoio.MAX_PROTOTXT_ENV, "1")
+    assert protoio.read_net_param(path).name == "n"
+    monkeypatch.setenv(protoio.MAX_PROTOTXT_ENV, "lots")
+    with pytest.raises(MgcaffeError, match="expected a size in MiB > 0"):
+        protoio.read_net_param(path)
+    monkeypatch.delenv(protoio.MAX_PROTOTXT_ENV)
+    assert protoio.max_prototxt_bytes() == 64 << 20
+
+
+def test_long_parse_reports_progress(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(protoio, "PROGRESS_LINES", 10)
+    monkeypatch.setattr(protoio, "PROGRESS_SECONDS", 0.0)
+    text = 'name: "n"\n' + "".join(f'layer {{ name: "l{i}" type: "ReLU" }}\n'
+                                   for i in range(9000))
+    caplog.set_level("INFO", "mgcaffe.protoio")
+    net = protoio.parse_text(text, caffe_pb2.NetParameter(), source="big.prototxt")
+    assert len(net.layer) == 9000
+    lines = [r.getMessage() for r in caplog.records if "Parsing big.prototxt" in r.getMessage()]
+    # Every 4096 lines: at lines 4096 and 8192 of 9002.
+    assert [line.split(" (")[0] for line in lines] == [
+        "Parsing big.prototxt: line 4096 of 9002", "Parsing big.prototxt: line 8192 of 9002"]
+
+
+def test_huge_token_is_quoted_as_an_excerpt(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text("name: \"n\"\n" + "x" * 1_000_000 + ": 1\n")
+    with pytest.raises(ParseError) as exc:
+        protoio.read_net_param(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}:2:") and len(msg) < 600, msg[:700]
+    path.write_text('name: "' + "y" * 1_000_000 + '" bogus\n')
+    with pytest.raises(ParseError) as exc:
+        protoio.read_net_param(path)
+    assert len(str(exc.value)) < 600, str(exc.value)[:700]

@@ -18,6 +18,7 @@ from ..backend import CPU, to_host
 from ..errors import NetError
 from ..layer_types.base import TEST
 from ..proto import caffe_pb2
+from ..protoio import require_layers
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
 from .train import add_device_argument, add_state_arguments, device_from_flag, stages
@@ -54,6 +55,7 @@ def run(args) -> int:
     else:
         log.info("Use CPU.")
     net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device)
+    require_layers(net, args.model, "score")
     load_weights(net, args.weights)
     log.info("Running for %d iterations.", args.iterations)
     totals = None

@@ -83,11 +83,15 @@ def build_net(args):
 
 
 def run(args) -> int:
+    from ..outputs import check_output_path  # noqa: PLC0415
     from ..profiling import profile_net  # noqa: PLC0415
+    from ..protoio import require_layers  # noqa: PLC0415
 
     if args.iterations < 1:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
+    check_output_path(args.profile_out, "--profile-out", NetError)  # written after timing
     net = build_net(args)
+    require_layers(net, args.model, "time")
     log.info("Performing Forward")
     loss = net.forward_backward()  # also the warm-up pass Caffe does
     log.info("Initial loss: %g", loss)

@@ -20,7 +20,7 @@ import logging
 
 from ..backend import Device
 from ..comm import distributed
-from ..errors import MgcaffeError, SolverError
+from ..errors import CommError, MgcaffeError, SolverError
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 
 NAME = "train"
@@ -165,6 +165,25 @@ def _sigterm_effect(args) -> str:
     return getattr(args, "sigterm_effect", SolverAction.SNAPSHOT)
 
 
+def check_output_paths(args) -> None:
+    """The files flags ask for (written at the end) must be writable now."""
+    from ..outputs import check_output_path  # noqa: PLC0415
+
+    for flag in ("timeline", "save_plan"):
+        check_output_path(getattr(args, flag, None), "--" + flag.replace("_", "-"), CommError)
+
+
+def check_plan_will_be_made(training, solver) -> None:
+    """--save-plan when the plan is made from a profile the run cannot finish measuring."""
+    o = training.options
+    if o.save_plan and not (o.plan or o.profile) and \
+            solver.param.max_iter - solver.iter < o.profile_iters:
+        raise CommError(f"--save-plan {o.save_plan}: the plan is made after profiling "
+                        f"{o.profile_iters} iterations, but this run trains "
+                        f"{solver.param.max_iter - solver.iter}; train longer, lower "
+                        "comm_param.profile_iters (>= 2), or give --profile")
+
+
 def run(args) -> int:
     try:
         handler = SignalHandler(args.sigint_effect, args.sighup_effect, _sigterm_effect(args))
@@ -175,6 +194,8 @@ def run(args) -> int:
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
                                          startup_timeout=getattr(args, "comm_timeout", None))
     with handler, distributed.failing_together(comm):
+        if rank == 0:  # the rank that writes them; before hours of training, not after
+            check_output_paths(args)
         # several ranks on GPUs: each takes its own GPU of the node (--gpu lists them)
         own_gpu = {"device": distributed.rank_device(comm, args.gpu)} \
             if size > 1 and args.gpu is not None else {}
@@ -182,7 +203,13 @@ def run(args) -> int:
         try:
             if not distributed.wanted(args, comm):
                 return run_training(solver, args, handler=handler)
-            with distributed.attach(solver, args, comm):
-                return run_training(solver, args, handler=handler)
+            with distributed.attach(solver, args, comm) as training:
+                check_plan_will_be_made(training, solver)
+                status = run_training(solver, args, handler=handler)
+                if training.options.save_plan and training.plan is None and rank == 0:
+                    log.warning("--save-plan %s: no plan was made (training ended at "
+                                "iteration %d, before profiling finished); nothing written",
+                                training.options.save_plan, solver.iter)
+                return status
         finally:
             solver.close()

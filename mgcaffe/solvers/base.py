@@ -166,7 +166,11 @@ class Solver:
         state = caffe_pb2.NetState(phase=caffe_pb2.TRAIN)
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
-        return self._make_net(net_param, state)
+        net = self._make_net(net_param, state)
+        from ..protoio import require_layers  # noqa: PLC0415
+
+        require_layers(net, f"{self.source}: the training net", "train")
+        return net
 
     def _init_test_nets(self) -> list:
         p = self.param

@@ -87,8 +87,7 @@ def _write_weights_hdf5(f, net, write_diff: bool) -> None:
 
 def load_weights(net, path: str) -> None:
     """Copy trained layers from a .caffemodel or a .caffemodel.h5 file (through the Net)."""
-    if not os.path.isfile(path):
-        raise SolverError(f"{path}: weights file not found")
+    _require_file(path, "weights file")
     net.copy_from(path)
 
 
@@ -125,14 +124,14 @@ def _write_state_hdf5(f, state: SolverStateData) -> None:
 
 def read_state(path: str) -> SolverStateData:
     """Read a .solverstate (binary proto) or .solverstate.h5 file."""
-    if not os.path.isfile(path):
-        raise SolverError(f"{path}: solver state file not found")
+    _require_file(path, "solver state file")
     if path.endswith(".h5"):
         return _read_state_hdf5(path)
     msg = caffe_pb2.SolverState()
+    data = _protoio().read_regular_file(path, _protoio().MAX_BINARY_BYTES, ParseError,
+                                        "binary SolverState")
     try:
-        with open(path, "rb") as f:
-            msg.ParseFromString(f.read())
+        msg.ParseFromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types for bad input
         raise ParseError(f"{path}: not a SolverState binary proto ({exc})") from None
     to_array = _protoio().blobproto_to_array
@@ -174,6 +173,15 @@ def _read_state_hdf5(path: str) -> SolverStateData:
         except KeyError as exc:
             raise ParseError(f"{path}: missing {exc} (expected Caffe's HDF5 solver state "
                              "layout: iter, learned_net, current_step, history/<i>)") from None
+
+
+def _require_file(path: str, what: str) -> None:
+    """A regular file: a FIFO or device is refused before anything opens it (h5py or open
+    would block on a FIFO with no writer)."""
+    if not os.path.exists(path):
+        raise SolverError(f"{path}: {what} not found")
+    if not os.path.isfile(path):
+        raise SolverError(f"{path}: not a regular file; expected a {what}")
 
 
 def resolve_learned_net(learned_net: str, state_path: str) -> str:

@@ -1,0 +1,62 @@
+"""Bad inputs to the commands: output paths checked at start, empty or odd net files, zero
+dimensions, weights that miss the net's layers. Each gives one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _line(err: str) -> str:
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag", ["--timeline", "--save-plan"])
+def test_unwritable_output_path_fails_before_training(model, cli, tmp_path, flag):
+    out = tmp_path / "no-such-dir" / "out.json"
+    rc, err = cli("train", "--solver", model.solver(), flag, out)
+    assert rc == 1
+    assert f"{flag} {out}: directory {out.parent} does not exist" in _line(err)
+    assert "Iteration" not in err  # refused before the first iteration
+    assert not list(tmp_path.glob("snap_iter_*"))
+
+
+def test_output_path_that_is_a_directory(model, cli, tmp_path):
+    rc, err = cli("train", "--solver", model.solver(), "--timeline", tmp_path)
+    assert rc == 1 and "is a directory" in _line(err)
+
+
+def test_save_plan_that_no_run_can_make_is_an_error(model, cli, tmp_path):
+    # max_iter 3 < profile_iters 5: the profile (hence the plan) is never complete.
+    rc, err = cli("train", "--solver", model.solver(), "--iterations", 3, "--save-plan",
+                  tmp_path / "plan.json")
+    assert rc == 1
+    assert "the plan is made after profiling 5 iterations, but this run trains 3" in _line(err)
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("text", ["", 'name: "empty"\n',
+                                  'layer { name: "r" type: "ReLU" bottom: "x" top: "x" '
+                                  'include { phase: TEST } }\n'])
+def test_net_without_layers_is_an_error(model, cli, tmp_path, text):
+    net = tmp_path / "empty.prototxt"
+    net.write_text(text)
+    rc, err = cli("train", "--solver", model.solver(net=str(net)))
+    assert rc == 1 and "the net has no layers in the TRAIN phase" in _line(err)
+    assert "nothing to train" in err
+    rc, err = cli("time", "--model", net, "--iterations", 1)
+    assert rc == 1 and "has no layers in the TRAIN phase" in _line(err)
+    if text.startswith("layer"):
+        return  # a TEST net with layers: `test` needs weights for it
+    rc, err = cli("test", "--model", net, "--weights", "w.caffemodel", "--iterations", 1)
+    assert rc == 1 and "has no layers in the TEST phase" in _line(err)
+
+
+def test_fifo_as_model_is_refused(cli, tmp_path):
+    import os
+
+    fifo = tmp_path / "net.prototxt"
+    os.mkfifo(fifo)
+    rc, err = cli("time", "--model", fifo)
+    assert rc == 1 and "not a regular file" in _line(err)

@@ -133,6 +133,18 @@ class Graph:
     params_weight_decay: list[float] = field(default_factory=list)
 
 
+def _check_no_empty_tops(lp, tops, bottoms) -> None:
+    """A blob with a zero dimension (a batch size, channel count or num_output of 0) holds
+    nothing: later layers would divide by its size. Say where it comes from instead."""
+    for name, blob in zip(lp.top, tops):
+        if 0 in tuple(blob.shape):
+            given = "; its inputs: " + ", ".join(
+                f"{b!r} {list(x.shape)}" for b, x in zip(lp.bottom, bottoms)) if bottoms else ""
+            raise NetError(f"layer {lp.name!r} ({lp.type}): top {name!r} has shape "
+                           f"{list(blob.shape)}, with a zero dimension{given}; every "
+                           "dimension must be >= 1")
+
+
 def wrap_layer_error(layer_param, stage: str, exc: Exception) -> NetError | None:
     """None when `exc` is an mgcaffe error already naming the layer (re-raise it as is);
     otherwise a NetError that names the layer, its type and the stage that failed."""
@@ -253,6 +265,7 @@ class _Builder:
             if err is None:
                 raise
             raise err from exc
+        _check_no_empty_tops(lp, top_blobs, bottom_blobs)
         for blob_id, weight in zip(tops, layer.loss_weights):
             g.blob_loss_weights[blob_id] = float(weight)
         self.log_setup(lp.name, top_blobs, layer.loss_weights)

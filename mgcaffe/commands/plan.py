@@ -56,6 +56,10 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
 def load_inputs(args) -> tuple[Profile, Network | None, list[str], int]:
     """(profile, network or None, schemes, bucket bytes) from the shared options."""
     profile = load_profile(args.profile)
+    if not profile.forward_time + profile.backward_time > 0:
+        # Speed-up and efficiency are ratios to the compute time: a zero one divides by 0.
+        raise PlanError(f"{args.profile}: forward_time and every backward_time are 0; a "
+                        "profile needs measured compute times (mgcaffe time --profile-out)")
     network = load_network(args.network) if args.network else None
     if network is None and (args.a is None or args.b is None):
         raise PlanError("--network: missing (or give both --a and --b)")

@@ -60,3 +60,35 @@ def test_fifo_as_model_is_refused(cli, tmp_path):
     os.mkfifo(fifo)
     rc, err = cli("time", "--model", fifo)
     assert rc == 1 and "not a regular file" in _line(err)
+
+
+@pytest.mark.parametrize("dims, shape", [("dim: 0 dim: 3 dim: 8 dim: 8", "[0, 3, 8, 8]"),
+                                         ("dim: 2 dim: 0 dim: 8 dim: 8", "[2, 0, 8, 8]")])
+def test_zero_input_dimension_is_named(cli, tmp_path, dims, shape):
+    net = tmp_path / "net.prototxt"
+    net.write_text(f'layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ '
+                   f'{dims} }} }} }}\n'
+                   'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                   'convolution_param { num_output: 4 kernel_size: 3 } }\n')
+    rc, err = cli("time", "--model", net, "--iterations", 1)
+    line = _line(err)
+    assert rc == 1 and "Error:" not in line and "Division" not in line
+    assert f"layer 'data' (Input): top 'data' has shape {shape}, with a zero dimension" in line
+
+
+def test_zero_batch_of_a_data_layer_stops_training(model, cli, tmp_path):
+    net = tmp_path / "net.prototxt"
+    net.write_text(open(model.net_file).read().replace("dim: 8 dim: 4", "dim: 0 dim: 4"))
+    rc, err = cli("train", "--solver", model.solver(net=str(net)))
+    assert rc == 1
+    assert "layer 'data' (DummyData): top 'data' has shape [0, 4]" in _line(err)
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_profile_without_compute_time_is_refused(cli, tmp_path, command):
+    profile = tmp_path / "p.json"
+    profile.write_text('{"model": "m", "forward_time": 0, '
+                       '"layers": [{"name": "a", "params": 0, "backward_time": 0}]}')
+    rc, err = cli(command, "--profile", profile, "--a", 0, "--b", 0, "--nodes", 4)
+    assert rc == 1
+    assert "forward_time and every backward_time are 0" in _line(err)

@@ -71,13 +71,14 @@ def is_hdf5_file(path) -> bool:
     return False
 
 
-def copy_trained_layers(net, source) -> None:
+def copy_trained_layers(net, source) -> set[str]:
     """Copy the parameter blobs of `source` (a .caffemodel or .caffemodel.h5 path, or a
-    NetParameter) into `net` by layer name."""
+    NetParameter) into `net` by layer name; returns the names of the net's layers that got
+    weights."""
     if isinstance(source, (str, os.PathLike)) and is_hdf5_file(source):
-        copy_trained_layers_hdf5(net, source)
-        return
+        return copy_trained_layers_hdf5(net, source)
     param = _source_param(source)
+    loaded = set()
     for src in param.layer:
         if src.name not in net._layer_index:
             log.info("Ignoring source layer %s", src.name)
@@ -93,9 +94,36 @@ def copy_trained_layers(net, source) -> None:
                                f"rename the layer to learn it from scratch")
             values = blobproto_to_array(bp, blob.dtype, where=f"layer {src.name!r} blob {j}")
             blob.data[...] = net.xp.asarray(values.reshape(blob.shape))
+        if target:
+            loaded.add(src.name)
+    return loaded
 
 
-def copy_trained_layers_hdf5(net, path) -> None:
+def report_initialised(net, loaded: set[str], sources: str) -> None:
+    """After loading `sources` (the --weights text): an error when they initialise none of
+    the net's layers with parameters, a warning listing those left at their fillers when
+    they initialise some. Caffe says nothing; a typo in layer names then trains from
+    scratch without a word."""
+    learnable = [name for name, layer in zip(net.layer_names, net.layers) if layer.blobs]
+    missing = [name for name in learnable if name not in loaded]
+    if not missing:
+        return
+    if len(missing) == len(learnable):
+        raise NetError(f"weights {sources}: no layer name matches a layer of net "
+                       f"{net.name!r} with parameters ({_names(learnable)}), so they would "
+                       "initialise nothing; rename the layers, or leave --weights out to "
+                       "train from the fillers")
+    log.warning("weights %s initialise %d of the %d layers with parameters; left at their "
+                "fillers: %s", sources, len(learnable) - len(missing), len(learnable),
+                _names(missing))
+
+
+def _names(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def copy_trained_layers_hdf5(net, path) -> set[str]:
     """Caffe's CopyTrainedLayersFromHDF5: group `data/<layer>/<j>` holds blob j of a layer.
 
     A layer the net lacks is ignored; a layer may omit a blob only where the net shares it
@@ -112,6 +140,7 @@ def copy_trained_layers_hdf5(net, path) -> None:
             raise NetError(f"{path}: no 'data' group; expected Caffe's HDF5 weights layout "
                            "(data/<layer name>/<blob index>)")
         first_param = _first_param_ids(net)
+        loaded = set()
         for name, group in handle["data"].items():
             if name not in net._layer_index:
                 log.info("Ignoring source layer %s", name)
@@ -132,6 +161,9 @@ def copy_trained_layers_hdf5(net, path) -> None:
                     raise NetError(f"{path}: layer {name!r} blob {j}: the weights have shape "
                                    f"{tuple(values.shape)}, the net expects {blob.shape}")
                 blob.data[...] = net.xp.asarray(values, dtype=blob.dtype)
+            if target and len(group):
+                loaded.add(name)
+    return loaded
 
 
 def _first_param_ids(net) -> list[int]:

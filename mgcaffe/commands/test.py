@@ -17,6 +17,7 @@ import numpy as np
 from ..backend import CPU, to_host
 from ..errors import NetError
 from ..layer_types.base import TEST
+from ..net_weights import report_initialised
 from ..proto import caffe_pb2
 from ..protoio import require_layers
 from ..solvers.base import _g, select_device
@@ -56,7 +57,7 @@ def run(args) -> int:
         log.info("Use CPU.")
     net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device)
     require_layers(net, args.model, "score")
-    load_weights(net, args.weights)
+    report_initialised(net, load_weights(net, args.weights), args.weights)
     log.info("Running for %d iterations.", args.iterations)
     totals = None
     loss = 0.0

@@ -100,7 +100,7 @@ def build_solver(args, **solver_options) -> Solver:
     --stage), built with `solver_options` (rank, world_size, gradient_sync, ...)."""
     if not args.solver:
         raise SolverError("need a solver definition to train: --solver SOLVER.prototxt")
-    if args.snapshot and args.weights:
+    if args.snapshot and args.weights is not None:
         raise SolverError("give --snapshot to resume training or --weights to finetune, "
                           "not both")
     param, path = load_solver_param(args.solver)
@@ -116,7 +116,10 @@ def build_solver(args, **solver_options) -> Solver:
         param.max_iter = args.iterations
     if args.snapshot:
         del param.weights[:]
-    elif args.weights:
+    elif args.weights is not None:
+        if not all(s.strip() for s in args.weights.split(",")):
+            raise SolverError(f"--weights {args.weights!r}: an empty file name; give "
+                              "W.caffemodel or a comma-separated list of them")
         del param.weights[:]
         param.weights.append(args.weights)
     cls = SOLVER_CLASSES.get(param.type)

@@ -198,11 +198,15 @@ class Solver:
 
     def load_weights(self, paths: str) -> None:
         """Finetune from comma-separated weight files (.caffemodel or .caffemodel.h5)."""
+        from ..net_weights import report_initialised  # noqa: PLC0415
+
+        loaded: set[str] = set()
         for path in [s for s in paths.split(",") if s]:
             log.info("Finetuning from %s", path)
-            snap.load_weights(self.net, path)
+            loaded |= snap.load_weights(self.net, path)
             for net in self.test_nets:
                 net.share_weights(self.net)
+        report_initialised(self.net, loaded, paths)
 
     def _check_snapshot_dir(self) -> None:
         p = self.param

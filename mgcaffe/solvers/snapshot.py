@@ -85,10 +85,13 @@ def _write_weights_hdf5(f, net, write_diff: bool) -> None:
                 layer_group.create_dataset(str(i), data=to_host(getattr(blob, attr)))
 
 
-def load_weights(net, path: str) -> None:
-    """Copy trained layers from a .caffemodel or a .caffemodel.h5 file (through the Net)."""
+def load_weights(net, path: str) -> set[str]:
+    """Copy trained layers from a .caffemodel or a .caffemodel.h5 file; returns the names
+    of the net's layers that got weights."""
     _require_file(path, "weights file")
-    net.copy_from(path)
+    from ..net_weights import copy_trained_layers  # noqa: PLC0415 - what Net.copy_from runs
+
+    return copy_trained_layers(net, path)
 
 
 # -- solver state -------------------------------------------------------------------------

@@ -92,3 +92,64 @@ def test_profile_without_compute_time_is_refused(cli, tmp_path, command):
     rc, err = cli(command, "--profile", profile, "--a", 0, "--b", 0, "--nodes", 4)
     assert rc == 1
     assert "forward_time and every backward_time are 0" in _line(err)
+
+
+TWO_IP = """name: "two"
+layer { name: "data" type: "DummyData" top: "data" top: "target"
+  dummy_data_param { shape { dim: 8 dim: 4 } shape { dim: 8 dim: 2 }
+    data_filler { type: "gaussian" std: 1 } } }
+layer { name: "IP1" type: "InnerProduct" bottom: "data" top: "h"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "IP2" type: "InnerProduct" bottom: "h" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def _weights(model, tmp_path, rename):
+    """A .caffemodel of the two-layer net with its layers renamed by `rename`."""
+    from mgcaffe.net import Net
+
+    text = TWO_IP
+    for old, new in rename.items():
+        text = text.replace(f'name: "{old}"', f'name: "{new}"')
+    net_file = tmp_path / f"src_{len(rename)}.prototxt"
+    net_file.write_text(text)
+    path = tmp_path / f"w_{'_'.join(rename.values()) or 'same'}.caffemodel"
+    Net(str(net_file), 0).save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("command", ["train", "test"])
+def test_weights_matching_no_layer_are_an_error(model, cli, tmp_path, command):
+    net = tmp_path / "two.prototxt"
+    net.write_text(TWO_IP)
+    weights = _weights(model, tmp_path, {"IP1": "fc1", "IP2": "fc2"})
+    argv = (["train", "--solver", model.solver(net=str(net))] if command == "train" else
+            ["test", "--model", net, "--iterations", 1])
+    rc, err = cli(*argv, "--weights", weights)
+    assert rc == 1
+    line = _line(err)
+    assert f"weights {weights}: no layer name matches" in line and "(IP1, IP2)" in line
+
+
+def test_weights_matching_some_layers_warn_with_the_rest(model, cli, tmp_path):
+    net = tmp_path / "two.prototxt"
+    net.write_text(TWO_IP)
+    weights = _weights(model, tmp_path, {"IP2": "fc2"})
+    rc, err = cli("train", "--solver", model.solver(net=str(net)), "--weights", weights,
+                  "--iterations", 1)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if "left at their fillers" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        f"] weights {weights} initialise 1 of the 2 layers with parameters; left at their "
+        "fillers: IP2")
+    rc, err = cli("train", "--solver", model.solver(net=str(net)), "--weights",
+                  _weights(model, tmp_path, {}), "--iterations", 1)
+    assert rc == 0 and "left at their fillers" not in err
+
+
+@pytest.mark.parametrize("value", [",,", "", "a.caffemodel,,b.caffemodel", " "])
+def test_weights_with_an_empty_name_are_an_error(model, cli, value):
+    rc, err = cli("train", "--solver", model.solver(), "--weights", value)
+    assert rc == 1 and "an empty file name" in _line(err)

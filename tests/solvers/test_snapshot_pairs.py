@@ -165,3 +165,36 @@ def test_negative_iteration_is_refused(tmp_path, fmt):
     snap.write_state(path, snap.SolverStateData(iter=-3), getattr(snap, fmt))
     with pytest.raises(ParseError, match=r"s\.solverstate(\.h5)?: iter is -3; .* must be >= 0"):
         snap.read_state(path)
+
+
+MPI_NET = """layer { name: "data" type: "DummyData" top: "data" top: "target"
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 }
+    data_filler { type: "gaussian" std: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_under_mpi_only_rank_0_locks_and_a_held_prefix_stops_every_rank(tmp_path):
+    from mgcaffe import snapshot_lock
+    from mgcaffe.comm.testing import run_mpi
+
+    (tmp_path / "net.prototxt").write_text(MPI_NET)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\n'
+                      f'max_iter: 2\nrandom_seed: 1\nsnapshot_prefix: "{tmp_path / "p"}"\n')
+    argv = ["-m", "mgcaffe", "train", "--solver", solver, "--comm", "synceasgd"]
+    # Both ranks build a solver on one prefix: only rank 0 locks, so neither refuses.
+    status, out, _ = run_mpi(2, argv, timeout=120)
+    assert status == 0, out[-3000:]
+    assert (tmp_path / "p_iter_2.caffemodel").exists() and not (tmp_path / "p.lock").exists()
+    before = (tmp_path / "p_iter_2.caffemodel").stat().st_mtime_ns
+    # A training elsewhere holds the prefix: rank 0 refuses naming it, every rank stops.
+    with snapshot_lock.acquire(str(tmp_path / "p")):
+        status, out, _ = run_mpi(2, argv, timeout=120)
+    assert status not in (0, None), out[-3000:]
+    assert f"is in use by another training (pid {os.getpid()} host" in out, out[-3000:]
+    assert (tmp_path / "p_iter_2.caffemodel").stat().st_mtime_ns == before  # untouched

@@ -36,9 +36,9 @@ log = logging.getLogger("mgcaffe.protoio")
 
 
 #: Text files (prototxt) larger than this many MiB are refused: protobuf's text parser reads
-#: about 0.5-1 MB/s (a 100 MB net took minutes), and real nets are well under 1 MB.
+#: about 0.3-1 MB/s (a 100 MB net took minutes), and real nets are well under 2 MB.
 #: MGCAFFE_MAX_PROTOTXT_MB raises (or lowers) the limit.
-MAX_PROTOTXT_MB = 64
+MAX_PROTOTXT_MB = 16
 MAX_PROTOTXT_ENV = "MGCAFFE_MAX_PROTOTXT_MB"
 #: Binary messages are limited by protobuf itself (2 GiB), as in Caffe.
 MAX_BINARY_BYTES = (2 << 30) - 1

@@ -433,7 +433,7 @@ def test_prototxt_size_limit_and_its_variable(tmp_path, monkeypatch):
     with pytest.raises(MgcaffeError, match="expected a size in MiB > 0"):
         protoio.read_net_param(path)
     monkeypatch.delenv(protoio.MAX_PROTOTXT_ENV)
-    assert protoio.max_prototxt_bytes() == 64 << 20
+    assert protoio.max_prototxt_bytes() == 16 << 20
 
 
 def test_long_parse_reports_progress(tmp_path, monkeypatch, caplog):

@@ -47,6 +47,8 @@ def run(args) -> int:
         raise NetError("need a model definition to score: --model NET.prototxt")
     if not args.weights:
         raise NetError("need model weights to score: --weights W.caffemodel")
+    if not all(s.strip() for s in args.weights.split(",")):
+        raise NetError(f"--weights {args.weights!r}: an empty file name")
     if args.iterations <= 0:
         raise NetError(f"--iterations: expected > 0, found {args.iterations}")
     device = device_from_flag(args.gpu) or CPU

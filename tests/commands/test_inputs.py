@@ -153,3 +153,6 @@ def test_weights_matching_some_layers_warn_with_the_rest(model, cli, tmp_path):
 def test_weights_with_an_empty_name_are_an_error(model, cli, value):
     rc, err = cli("train", "--solver", model.solver(), "--weights", value)
     assert rc == 1 and "an empty file name" in _line(err)
+    if value.strip():
+        rc, err = cli("test", "--model", model.net_file, "--weights", value)
+        assert rc == 1 and "an empty file name" in _line(err)

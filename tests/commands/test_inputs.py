@@ -106,25 +106,27 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "l
 """
 
 
-def _weights(model, tmp_path, rename):
-    """A .caffemodel of the two-layer net with its layers renamed by `rename`."""
+def _weights(model, tmp_path, rename, hdf5=False):
+    """A .caffemodel[.h5] of the two-layer net with its layers renamed by `rename`."""
     from mgcaffe.net import Net
+    from mgcaffe.solvers import snapshot
 
     text = TWO_IP
     for old, new in rename.items():
         text = text.replace(f'name: "{old}"', f'name: "{new}"')
     net_file = tmp_path / f"src_{len(rename)}.prototxt"
     net_file.write_text(text)
-    path = tmp_path / f"w_{'_'.join(rename.values()) or 'same'}.caffemodel"
-    Net(str(net_file), 0).save(str(path))
+    path = tmp_path / f"w_{'_'.join(rename.values()) or 'same'}.caffemodel{'.h5' * hdf5}"
+    snapshot.write_weights(Net(str(net_file), 0), str(path),
+                           snapshot.HDF5 if hdf5 else snapshot.BINARYPROTO)
     return path
 
 
-@pytest.mark.parametrize("command", ["train", "test"])
-def test_weights_matching_no_layer_are_an_error(model, cli, tmp_path, command):
+@pytest.mark.parametrize("command, hdf5", [("train", False), ("test", False), ("train", True)])
+def test_weights_matching_no_layer_are_an_error(model, cli, tmp_path, command, hdf5):
     net = tmp_path / "two.prototxt"
     net.write_text(TWO_IP)
-    weights = _weights(model, tmp_path, {"IP1": "fc1", "IP2": "fc2"})
+    weights = _weights(model, tmp_path, {"IP1": "fc1", "IP2": "fc2"}, hdf5)
     argv = (["train", "--solver", model.solver(net=str(net))] if command == "train" else
             ["test", "--model", net, "--iterations", 1])
     rc, err = cli(*argv, "--weights", weights)
@@ -133,10 +135,11 @@ def test_weights_matching_no_layer_are_an_error(model, cli, tmp_path, command):
     assert f"weights {weights}: no layer name matches" in line and "(IP1, IP2)" in line
 
 
-def test_weights_matching_some_layers_warn_with_the_rest(model, cli, tmp_path):
+@pytest.mark.parametrize("hdf5", [False, True])
+def test_weights_matching_some_layers_warn_with_the_rest(model, cli, tmp_path, hdf5):
     net = tmp_path / "two.prototxt"
     net.write_text(TWO_IP)
-    weights = _weights(model, tmp_path, {"IP2": "fc2"})
+    weights = _weights(model, tmp_path, {"IP2": "fc2"}, hdf5)
     rc, err = cli("train", "--solver", model.solver(net=str(net)), "--weights", weights,
                   "--iterations", 1)
     assert rc == 0, err

@@ -89,6 +89,14 @@ def setup_logging(level: str, log_dir: str | None = None) -> None:
     configure(level, log_dir=log_dir)
 
 
+def _excerpt(message: str, limit: int = 1000) -> str:
+    # A message quoting a huge name or token from an input file stays one readable line.
+    if len(message) <= limit:
+        return message
+    return (f"{message[:limit - 200]} ... [{len(message) - limit + 100} characters left out] "
+            f"... {message[-100:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(runners[args.command](args) or 0)
     except MgcaffeError as exc:
-        print(f"mgcaffe {args.command}: error: {exc}", file=sys.stderr)
+        print(f"mgcaffe {args.command}: error: {_excerpt(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"mgcaffe {args.command}: interrupted", file=sys.stderr)

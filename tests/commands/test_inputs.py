@@ -159,3 +159,12 @@ def test_weights_with_an_empty_name_are_an_error(model, cli, value):
     if value.strip():
         rc, err = cli("test", "--model", model.net_file, "--weights", value)
         assert rc == 1 and "an empty file name" in _line(err)
+
+
+def test_error_quoting_a_huge_name_stays_short(cli, tmp_path):
+    net = tmp_path / "net.prototxt"
+    net.write_text('layer { name: "data" type: "' + "Q" * 200_000 + '" top: "data" }\n')
+    rc, err = cli("time", "--model", net)
+    line = _line(err)
+    assert rc == 1 and len(line) < 1200 and "characters left out" in line
+    assert "layer 'data'" in line

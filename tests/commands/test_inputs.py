@@ -168,3 +168,16 @@ def test_error_quoting_a_huge_name_stays_short(cli, tmp_path):
     line = _line(err)
     assert rc == 1 and len(line) < 1200 and "characters left out" in line
     assert "layer 'data'" in line
+
+
+def test_save_plan_of_a_run_that_ends_before_profiling_warns(model, cli, tmp_path):
+    """Resumed at 10 of 12: two iterations, fewer than profile_iters (5); known only once
+    the state is read, so it is a warning at the end, not an error at start."""
+    assert cli("train", "--solver", model.solver())[0] == 0
+    plan = tmp_path / "plan.json"
+    rc, err = cli("train", "--solver", model.solver(), "--iterations", 12, "--snapshot",
+                  model.dir / "snap_iter_10.solverstate", "--save-plan", plan)
+    assert rc == 0, err
+    assert (f"--save-plan {plan}: no plan was made (training ended at iteration 12, before "
+            "profiling finished); nothing written") in err
+    assert not plan.exists()

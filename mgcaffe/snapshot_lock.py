@@ -51,7 +51,10 @@ class SnapshotLock:
         os.close(fd)
 
     def __del__(self):
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: the kernel frees it
+            pass
 
     def __enter__(self) -> SnapshotLock:
         return self

@@ -502,7 +502,8 @@ class Solver:
 
     def restore(self, path: str) -> None:
         """Continue from a .solverstate[.h5]: iteration, weights, history, current_step."""
-        snap.recover_pair(path)  # an interrupted commit of this pair is finished first
+        # An interrupted commit of this pair is finished (by rank 0) before it is read.
+        snap.recover_pair(path, writer=self.rank == 0)
         state = snap.read_state(path)
         if state.learned_net:
             snap.load_weights(self.net, snap.resolve_learned_net(state.learned_net, path))

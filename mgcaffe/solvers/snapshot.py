@@ -331,11 +331,26 @@ def recover_snapshots(prefix: str) -> list[str]:
     return done
 
 
-def recover_pair(state_path: str) -> None:
+def recover_pair(state_path: str, writer: bool = True, deadline_s: float = 120.0) -> None:
     """Finish the commit of the pair `state_path` belongs to when a marker says it was
-    interrupted (a resume named a state whose rename a kill prevented)."""
+    interrupted (a resume named a state whose rename a kill prevented).
+
+    Only the rank that writes snapshots (`writer`) finishes it; another rank waits, up to
+    `deadline_s`, for the marker to go (rank 0 finishes it at start or in its own restore).
+    """
     stem = pair_stem(state_path)
-    if not os.path.exists(pending_marker(stem)):
+    marker = pending_marker(stem)
+    if not os.path.exists(marker):
+        return
+    if not writer:
+        import time  # noqa: PLC0415
+
+        end = time.monotonic() + deadline_s
+        while os.path.exists(marker):
+            if time.monotonic() > end:
+                raise SolverError(f"{state_path}: the snapshot's commit was interrupted and "
+                                  f"{marker} was not finished by rank 0 in {deadline_s:g} s")
+            time.sleep(0.05)
         return
     from .. import snapshot_lock  # noqa: PLC0415
 

@@ -98,6 +98,9 @@ def test_resume_finishes_an_interrupted_commit(tiny):
     assert _child(path, tiny.dir / "w.npy", "between-renames").returncode == -signal.SIGKILL
     state = tiny.dir / "run_iter_1.solverstate"
     assert not state.exists()
+    # Another MPI rank does not touch it: it waits for rank 0 (here: nobody) to finish.
+    with pytest.raises(SolverError, match="was not finished by rank 0 in 0.2 s"):
+        snap.recover_pair(str(state), writer=False, deadline_s=0.2)
     other = tiny.solver(SGD, name="other")
     other.restore(str(state))
     assert other.iter == 1 and state.exists()

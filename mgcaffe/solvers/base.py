@@ -487,7 +487,6 @@ class Solver:
         model = snap.snapshot_filename(p.snapshot_prefix, self.iter,
                                        ".caffemodel.h5" if hdf5 else ".caffemodel")
         log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
-        model_data = snap.weights_bytes(self.net, p.snapshot_format, p.snapshot_diff)
         state_path = snap.snapshot_filename(p.snapshot_prefix, self.iter,
                                             ".solverstate.h5" if hdf5 else ".solverstate")
         log.info("Snapshotting solver state to %s file %s", "HDF5" if hdf5 else "binary proto",
@@ -496,7 +495,9 @@ class Solver:
                                      current_step=self.current_step, history=self.history,
                                      data_position=data_position.encode(ranks))
         # Both files or neither (see snapshot.write_pair), under Caffe's names.
-        snap.write_pair(model, model_data, state_path, snap.state_bytes(state, p.snapshot_format))
+        snap.write_pair(model, lambda: snap.weights_bytes(self.net, p.snapshot_format,
+                                                          p.snapshot_diff),
+                        state_path, lambda: snap.state_bytes(state, p.snapshot_format))
         self.last_snapshot = (model, state_path)
         return self.last_snapshot
 

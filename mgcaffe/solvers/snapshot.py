@@ -223,10 +223,12 @@ def pair_stem(state_path: str) -> str:
     return state_path
 
 
-def write_pair(model_path: str, model_data: bytes, state_path: str, state_data: bytes) -> None:
+def write_pair(model_path: str, model_data, state_path: str, state_data) -> None:
     """Write a weights file and its solver state so that both appear or neither does.
 
     Both must lie in one directory and share the stem `<prefix>_iter_N` (Caffe's names).
+    Each data argument is bytes or a function returning them, called when that file is
+    written (so the two never need to be in memory at once).
     """
     protoio = _protoio()
     directory = os.path.dirname(model_path) or "."
@@ -261,8 +263,10 @@ def write_pair(model_path: str, model_data: bytes, state_path: str, state_data: 
                           f"{exc.strerror or exc}") from None
 
 
-def _write_temporary(path: str, data: bytes, fault: str = "") -> str:
+def _write_temporary(path: str, data, fault: str = "") -> str:
     directory = os.path.dirname(path) or "."
+    if callable(data):
+        data = data()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                    dir=directory)

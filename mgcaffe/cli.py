@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -105,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    try:
+        from .outputs import check_log_directory  # noqa: PLC0415
+
+        check_log_directory(args.log_dir, os.environ)  # before a line is logged to it
+    except MgcaffeError as exc:
+        print(f"mgcaffe {args.command}: error: {_excerpt(str(exc))}", file=sys.stderr)
+        return 1
     setup_logging(args.log_level, args.log_dir)
     try:
         return int(runners[args.command](args) or 0)

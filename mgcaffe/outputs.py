@@ -30,3 +30,30 @@ def check_output_path(path: str | os.PathLike | None, flag: str,
         raise error(f"{flag} {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise error(f"{flag} {path}: directory {directory} is not writable")
+
+
+def check_output_directory(path: str | os.PathLike | None, flag: str,
+                           error: type[MgcaffeError] = MgcaffeError) -> None:
+    """Raise `error` unless `path` is a writable directory or one that can be created (its
+    nearest existing ancestor is a writable directory). None: nothing to do."""
+    if path is None or path == "":
+        return
+    path = os.path.abspath(os.fspath(path))
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise error(f"{flag} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise error(f"{flag} {path}: " + ("not writable" if probe == path else
+                                          f"cannot be created ({probe} is not writable)"))
+
+
+def check_log_directory(flag_value: str | None, environ) -> None:
+    """The glog directory (`--log_dir`, else GLOG_log_dir, unless GLOG_logtostderr): log
+    files are opened at the first line, so a bad directory would otherwise print a logging
+    traceback for every line of the run."""
+    if environ.get("GLOG_logtostderr", "").strip().lower() in ("1", "true", "yes", "y", "t"):
+        return
+    flag = "--log_dir" if flag_value else "GLOG_log_dir"
+    check_output_directory(flag_value or environ.get("GLOG_log_dir"), flag)

@@ -181,3 +181,26 @@ def test_save_plan_of_a_run_that_ends_before_profiling_warns(model, cli, tmp_pat
     assert (f"--save-plan {plan}: no plan was made (training ended at iteration 12, before "
             "profiling finished); nothing written") in err
     assert not plan.exists()
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_log_directory_that_cannot_be_made_fails_at_start(model, cli, tmp_path, monkeypatch,
+                                                          how):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "logs"
+    if how == "env":
+        monkeypatch.setenv("GLOG_log_dir", str(target))
+        rc, err = cli("train", "--solver", model.solver())
+    else:
+        rc, err = cli("train", "--log_dir", target, "--solver", model.solver())
+    name = "--log_dir" if how == "flag" else "GLOG_log_dir"
+    assert rc == 1 and f"{name} {target}: {blocker} is not a directory" in _line(err)
+    assert "Logging error" not in err and not list(tmp_path.glob("snap_iter_*"))
+
+
+def test_log_directory_check_accepts_one_to_be_created(tmp_path):
+    from mgcaffe.outputs import check_output_directory
+
+    check_output_directory(tmp_path / "new" / "logs", "--log_dir")  # made at the first line
+    assert not (tmp_path / "new").exists()  # the check creates nothing

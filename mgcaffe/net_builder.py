@@ -134,15 +134,17 @@ class Graph:
 
 
 def _check_no_empty_tops(lp, tops, bottoms) -> None:
-    """A blob with a zero dimension (a batch size, channel count or num_output of 0) holds
-    nothing: later layers would divide by its size. Say where it comes from instead."""
+    """A data source (a layer without bottoms: Input, DummyData, Data, ...) whose top has a
+    zero dimension (a batch size or channel count of 0) feeds nothing: later layers would
+    divide by its size. Say where it comes from instead. Python layers may size their tops
+    in forward, so they are left alone."""
+    if bottoms or lp.type == "Python":
+        return
     for name, blob in zip(lp.top, tops):
         if 0 in tuple(blob.shape):
-            given = "; its inputs: " + ", ".join(
-                f"{b!r} {list(x.shape)}" for b, x in zip(lp.bottom, bottoms)) if bottoms else ""
             raise NetError(f"layer {lp.name!r} ({lp.type}): top {name!r} has shape "
-                           f"{list(blob.shape)}, with a zero dimension{given}; every "
-                           "dimension must be >= 1")
+                           f"{list(blob.shape)}, with a zero dimension; every dimension of "
+                           "a data or Input top must be >= 1")
 
 
 def wrap_layer_error(layer_param, stage: str, exc: Exception) -> NetError | None:

@@ -27,6 +27,7 @@ from google.protobuf import text_format
 from . import net_debug
 from .backend import CPU, Device, to_host
 from .errors import NetError
+from .kernels.layer_way import call_layer
 from .layer_types.base import TEST, TRAIN
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .net_weights import (
@@ -229,7 +230,7 @@ class Net:
         try:
             if bottom and self._shape_key(i) != self._shapes[i]:
                 self._reshape_layer(i)
-            layer.forward(bottom, top)
+            call_layer(self.xp, (id(layer), 0), layer.forward, bottom, top)  # 1 or all threads
         except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
             err = wrap_layer_error(layer.param, "forward", exc)
             if err is None:
@@ -300,7 +301,8 @@ class Net:
         if propagate_down is None:
             propagate_down = self.bottom_need_backward[i]
         try:
-            layer.backward(self._top_vecs[i], propagate_down, self._bottom_vecs[i])
+            call_layer(self.xp, (id(layer), 1), layer.backward, self._top_vecs[i],
+                       propagate_down, self._bottom_vecs[i])
         except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
             err = wrap_layer_error(layer.param, "backward", exc)
             if err is None:

@@ -14,6 +14,7 @@ import logging
 
 import numpy as np
 
+from .. import threads
 from ..backend import CPU, to_host
 from ..errors import NetError
 from ..layer_types.base import TEST
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of batches to score (default 50)")
     add_device_argument(parser)
     add_state_arguments(parser)
+    threads.add_argument(parser)
 
 
 def run(args) -> int:
@@ -51,6 +53,7 @@ def run(args) -> int:
         raise NetError(f"--weights {args.weights!r}: an empty file name")
     if args.iterations <= 0:
         raise NetError(f"--iterations: expected > 0, found {args.iterations}")
+    threads.configure(getattr(args, "threads", None))
     device = device_from_flag(args.gpu) or CPU
     if device.kind == "gpu":
         device = select_device(caffe_pb2.SolverParameter(), device, "--gpu")

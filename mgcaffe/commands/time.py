@@ -17,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+from .. import threads
 from ..backend import CPU
 from ..errors import NetError
 from ..layer_types.base import TEST, TRAIN
@@ -55,6 +56,7 @@ def add_arguments(parser) -> None:
                         help="write the per-layer profile JSON the planner reads")
     parser.add_argument("--model-name", default=None,
                         help="`model` field of the profile (default: the net's name)")
+    threads.add_argument(parser)
 
 
 def build_net(args):
@@ -90,6 +92,7 @@ def run(args) -> int:
     if args.iterations < 1:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
     check_output_path(args.profile_out, "--profile-out", NetError)  # written after timing
+    threads.configure(getattr(args, "threads", None))
     net = build_net(args)
     require_layers(net, args.model, "time")
     log.info("Performing Forward")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from .. import threads
 from ..backend import Device
 from ..comm import distributed
 from ..errors import CommError, MgcaffeError, SolverError
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "snapshot at the end of the iteration, then stop (default), "
                              "stop as SIGINT does, or none")
     add_state_arguments(parser)
+    threads.add_argument(parser)
     distributed.add_arguments(parser)
 
 
@@ -196,6 +198,7 @@ def run(args) -> int:
     # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
                                          startup_timeout=getattr(args, "comm_timeout", None))
+    threads.configure(getattr(args, "threads", None), comm)  # before any net is built
     with handler, distributed.failing_together(comm):
         if rank == 0:  # the rank that writes them; before hours of training, not after
             check_output_paths(args)

@@ -15,9 +15,17 @@ other array module (CuPy) it calls `body(0, count)` once: the device parallelise
 itself. So a layer writes its loop once, over a range of samples, and the same body runs on
 both backends. A body may only write the part of the outputs that belongs to its range.
 
-The default runner has as many threads as the first of OPENBLAS_NUM_THREADS or
-OMP_NUM_THREADS says (the convention the BLAS follows; distributed runs with one rank per core
-set them to 1), else one per CPU this process may run on.
+The default runner has as many threads as `mgcaffe.threads` chooses (the user's
+OPENBLAS/MKL/OMP_NUM_THREADS, else the usable cores, after affinity and cgroup quota, divided
+by the ranks on this node); `set_default_threads` replaces it (what `threads.configure` does).
+
+Fall back to one thread when it does not pay. A hand-off to helper threads pays on an idle
+machine for long passes, but on a busy one each helper may wait a scheduler slice for a core
+while the caller waits for the helper. So a runner times each call site (the body's code and
+the sizes): its first calls alternate between the threads and the calling thread alone, then
+it runs the faster way, and tries the other way again every `RETRY_EVERY` calls so that it
+follows the load as it changes. Both ways run the same chunks in the same order of
+boundaries, so the results are identical; only who runs them differs.
 
 Two limits, measured on the 2-core reference machine. (1) The GIL: a thread holds it between
 numpy calls, so calls shorter than ~20 us (32K-element passes) do not overlap at all; only
@@ -33,8 +41,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -44,7 +54,43 @@ CHUNK_ELEMENTS = 1 << 16
 #: Below this many elements in all, one thread does it (a thread hand-off costs ~20-50 us).
 SERIAL_BELOW = 1 << 15
 
+#: Calls per way (threaded, serial) timed before a call site settles on the faster one.
+TRIALS = 2
+#: A settled call site times the other way again once in this many calls.
+RETRY_EVERY = 32
+#: Weight of the newest timing in a way's running estimate.
+SMOOTHING = 0.3
+
 _in_chunk = threading.local()
+
+
+class _Site:
+    """Running time estimates of one call site, threaded and serial."""
+
+    __slots__ = ("estimate", "trials", "calls")
+
+    def __init__(self, offset: int = 0):
+        self.estimate = {True: None, False: None}
+        self.trials = {True: 0, False: 0}
+        # Sites created together retry in different calls, not all in the same iteration.
+        self.calls = offset % RETRY_EVERY
+
+    def pick(self) -> bool:
+        """True: run this call on the threads."""
+        self.calls += 1
+        for way in (True, False):  # threaded first: it starts the helpers once
+            if self.trials[way] < TRIALS:
+                return way
+        best = self.estimate[True] <= self.estimate[False]
+        return (not best) if self.calls % RETRY_EVERY == 0 else best
+
+    def record(self, threaded: bool, seconds: float) -> None:
+        old = self.estimate[threaded]
+        if self.trials[threaded] < TRIALS:  # trials: keep the best (the first has start-up)
+            self.estimate[threaded] = seconds if old is None else min(old, seconds)
+        else:
+            self.estimate[threaded] = (1 - SMOOTHING) * old + SMOOTHING * seconds
+        self.trials[threaded] += 1
 
 
 class ChunkRunner:
@@ -60,7 +106,8 @@ class ChunkRunner:
     """
 
     def __init__(self, threads: int, chunk_elements: int = CHUNK_ELEMENTS,
-                 serial_below: int = SERIAL_BELOW):
+                 serial_below: int = SERIAL_BELOW, adaptive: bool = True,
+                 clock: Callable[[], float] = time.perf_counter):
         if int(threads) < 1 or int(chunk_elements) < 1:
             raise ValueError(f"ChunkRunner: threads and chunk_elements must be >= 1, got "
                              f"threads={threads}, chunk_elements={chunk_elements}")
@@ -69,6 +116,10 @@ class ChunkRunner:
         self.chunk_elements = int(chunk_elements)
         #: Work of fewer elements than this runs on the calling thread alone.
         self.serial_below = int(serial_below)
+        #: Time each call site both ways and run it the faster way (see the module docstring).
+        self.adaptive = bool(adaptive)
+        self._clock = clock
+        self._sites: dict = {}
         self._executor = None
         self._pid = None
         self._start_lock = threading.Lock()
@@ -86,10 +137,39 @@ class ChunkRunner:
     def run(self, count: int, body: Callable[[int, int], None], grain: int) -> None:
         """Call body over [0, grain), [grain, 2*grain), ... covering range(count)."""
         chunks = -(-count // grain) if count > 0 else 0
-        if chunks <= 1 or self.threads == 1 or getattr(_in_chunk, "active", False):
-            for start in range(0, count, grain):
-                body(start, min(count, start + grain))
+        if chunks <= 1 or self.threads == 1 or getattr(_in_chunk, "active", False) or \
+                getattr(_in_chunk, "serial", False):
+            self._serial(count, body, grain)
             return
+        if not self.adaptive:
+            self._threaded(count, body, grain, chunks)
+            return
+        key = (getattr(body, "__code__", type(body)), count, grain)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites.setdefault(key, _Site(len(self._sites) * 7))
+        threaded = site.pick()
+        start = self._clock()
+        if threaded:
+            self._threaded(count, body, grain, chunks)
+        else:
+            self._serial(count, body, grain)
+        site.record(threaded, self._clock() - start)
+
+    def way(self, body: Callable, count: int, grain: int) -> bool | None:
+        """How a call site runs now (True: threaded, False: serial; None: not settled)."""
+        site = self._sites.get((getattr(body, "__code__", type(body)), count, grain))
+        if site is None or min(site.trials.values()) < TRIALS:
+            return None
+        return site.estimate[True] <= site.estimate[False]
+
+    @staticmethod
+    def _serial(count: int, body: Callable[[int, int], None], grain: int) -> None:
+        for start in range(0, count, grain):
+            body(start, min(count, start + grain))
+
+    def _threaded(self, count: int, body: Callable[[int, int], None], grain: int,
+                  chunks: int) -> None:
         lock = threading.Lock()
         state = {"next": 0, "errors": []}
 
@@ -119,19 +199,46 @@ class ChunkRunner:
             raise state["errors"][0]
 
 
-def default_threads() -> int:
-    """Threads for the default runner: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else CPUs."""
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+@contextmanager
+def serial_chunks():
+    """Within this block, chunk runs on this thread run serially (`layer_way`'s one way)."""
+    before = getattr(_in_chunk, "serial", False)
+    _in_chunk.serial = True
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
+        yield
+    finally:
+        _in_chunk.serial = before
+
+
+def default_threads() -> int:
+    """Threads for the default runner: what `mgcaffe.threads.choose()` says for this process
+    (the user's variables, else usable cores / ranks on this node by the launcher's count)."""
+    from .. import threads  # noqa: PLC0415 - threads imports this module in `apply`
+
+    return threads.choose().threads
+
+
+def set_default_threads(threads: int, adaptive_blas: bool = False) -> ChunkRunner:
+    """Replace the process-wide runner by one with `threads` threads (nets built later use
+    it; layers built earlier keep the runner they were given, or look the default up).
+    `adaptive_blas`: let `layer_way` run a layer on one BLAS thread when that is faster."""
+    global _default_runner, _adaptive_blas
+    if _default_runner is None or _default_runner.threads != int(threads):
+        _default_runner = ChunkRunner(int(threads))
+    _adaptive_blas = bool(adaptive_blas)
+    return _default_runner
+
+
+def adaptive_blas() -> bool:
+    """Whether `layer_way` may drop the BLAS to one thread for a layer call. Off unless
+    `mgcaffe.threads.configure` chose the count itself (the commands do; a count the user
+    set is kept for every call): a BLAS's last bits can depend on its thread count, so with
+    it off the results are the same bit for bit from run to run."""
+    return _adaptive_blas
 
 
 _default_runner: ChunkRunner | None = None
+_adaptive_blas = False
 
 
 def default_runner() -> ChunkRunner:

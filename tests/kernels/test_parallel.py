@@ -106,19 +106,72 @@ def test_runner_rejects_bad_sizes():
         ChunkRunner(2, chunk_elements=0)
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),
-    ({"OMP_NUM_THREADS": "3"}, 3),
-    ({"OMP_NUM_THREADS": "junk"}, None),
-    ({}, None),
-])
-def test_default_threads_follow_the_blas_convention(monkeypatch, env, expected):
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+def test_default_threads_are_the_thread_choice(monkeypatch):
+    from mgcaffe import threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    cpus = len(parallel.os.sched_getaffinity(0))
-    assert parallel.default_threads() == (expected or cpus)
+    assert parallel.default_threads() == 3 == threads.choose().threads
+
+
+class FakeClock:
+    """A clock the body advances: threaded calls 'take' `threaded` s, serial ones `serial`."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def timed_body(clock, cost, seen):
+    def body(start, stop):
+        threaded = threading.current_thread().name.startswith("mgcaffe-chunks") or \
+            getattr(parallel._in_chunk, "active", False)
+        seen.append(threaded)
+        clock.now += cost[threaded] / 4  # 4 chunks per call below
+    return body
+
+
+@pytest.mark.parametrize("threaded_cost, settles_threaded", [(5.0, False), (0.5, True)])
+def test_a_call_site_settles_on_the_faster_way(threaded_cost, settles_threaded):
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    cost = {True: threaded_cost, False: 1.0}
+    seen = []
+    body = timed_body(clock, cost, seen)
+    for _ in range(2 * parallel.TRIALS):  # the trials: both ways
+        seen.clear()
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is settles_threaded
+    runs = []
+    for _ in range(parallel.RETRY_EVERY - 1 - 2 * parallel.TRIALS):
+        seen.clear()
+        for_each_chunk(np, 4, body, runner=runner)
+        runs.append(any(seen))
+    assert runs == [settles_threaded] * len(runs)
+
+
+def test_a_settled_site_follows_a_change_of_load():
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    cost = {True: 0.5, False: 1.0}  # idle: the threads pay
+    body = timed_body(clock, cost, [])
+    for _ in range(2 * parallel.TRIALS):
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is True
+    cost[True] = 8.0  # a busy machine: each hand-off waits for a core
+    for _ in range(4 * parallel.RETRY_EVERY):
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is False
+
+
+def test_both_ways_give_the_same_chunks():
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=25, serial_below=0, clock=clock)
+    results = [record_chunks(runner, 64, item_elements=10) for _ in range(2 * parallel.TRIALS)]
+    assert all(r == results[0] for r in results) and covers_once(results[0], 64)
 
 
 @pytest.mark.skipif(not hasattr(parallel.os, "fork"), reason="needs os.fork")

@@ -1,0 +1,99 @@
+"""kernels.layer_way: a layer call site runs on one thread when that measured faster."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from mgcaffe.kernels import layer_way, parallel
+from mgcaffe.kernels.layer_way import LayerWay
+from mgcaffe.kernels.parallel import ChunkRunner, for_each_chunk
+
+
+class FakeBlas:
+    """Stands for a threadpoolctl library controller: records the thread counts set."""
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.history = []
+
+    def set_num_threads(self, n):
+        self.threads = n
+        self.history.append(n)
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make_layer(clock, blas, cost, runner):
+    """A 'layer' whose call costs cost[blas threads] and runs a chunk split it records."""
+    seen = []
+
+    def layer():
+        names = set()
+        for_each_chunk(np, 4, lambda a, b: names.add(threading.current_thread().name),
+                       cache_sized=False, runner=runner)
+        seen.append((blas.threads, len(names) > 1 or None))
+        clock.now += cost[blas.threads]
+        return "out"
+    return layer, seen
+
+
+def test_a_layer_that_is_faster_on_one_thread_settles_there_and_restores_the_blas():
+    clock, blas = Clock(), FakeBlas(2)
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, adaptive=False)
+    way = LayerWay(2, blas=[blas], clock=clock)
+    layer, seen = make_layer(clock, blas, {2: 5.0, 1: 1.0}, runner)
+    for _ in range(2 * parallel.TRIALS):
+        assert way.call("conv1", layer) == "out"
+    assert way.way("conv1") is False
+    seen.clear()
+    for _ in range(10):
+        way.call("conv1", layer)
+    assert seen == [(1, None)] * 10  # BLAS at one thread, chunks on the calling thread only
+    assert blas.threads == 2          # put back after every call
+
+
+def test_a_layer_that_pays_on_all_threads_keeps_them_and_sites_are_separate():
+    clock, blas = Clock(), FakeBlas(2)
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, adaptive=False)
+    way = LayerWay(2, blas=[blas], clock=clock)
+    fast, _ = make_layer(clock, blas, {2: 0.5, 1: 1.0}, runner)
+    slow, _ = make_layer(clock, blas, {2: 5.0, 1: 1.0}, runner)
+    for _ in range(2 * parallel.TRIALS):
+        way.call("a", fast)
+        way.call("b", slow)
+    assert (way.way("a"), way.way("b")) == (True, False)
+
+
+def test_an_error_in_the_layer_still_restores_the_blas():
+    clock, blas = Clock(), FakeBlas(2)
+    way = LayerWay(2, blas=[blas], clock=clock)
+    calls = []
+
+    def failing():
+        calls.append(blas.threads)
+        raise ValueError("bad layer")
+
+    for _ in range(2 * parallel.TRIALS):
+        try:
+            way.call("x", failing)
+        except ValueError:
+            pass
+    assert 1 in calls and blas.threads == 2
+
+
+def test_off_unless_the_thread_choice_allows_it(monkeypatch):
+    monkeypatch.setattr(parallel, "_default_runner", ChunkRunner(2))
+    monkeypatch.setattr(layer_way, "_default", None)
+    monkeypatch.setattr(parallel, "_adaptive_blas", False)
+    assert layer_way.default_layer_way().threads == 1  # plain calls: reproducible bits
+    parallel.set_default_threads(2, adaptive_blas=True)
+    assert layer_way.default_layer_way().threads == 2
+    # any array module other than numpy: a plain call
+    assert layer_way.call_layer(object(), "k", lambda: 7) == 7

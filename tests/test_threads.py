@@ -1,0 +1,181 @@
+"""mgcaffe.threads: thread counts from affinity, cgroup quota, node-local ranks, user settings.
+
+Every input is faked: environments are dicts, cgroup trees are tmp dirs, the affinity is
+passed in; the expected counts are worked out by hand in each test.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mgcaffe import threads
+from mgcaffe.errors import MgcaffeError
+from mgcaffe.kernels import parallel
+
+
+def v2_tree(tmp_path, path="/job/step", **limits):
+    """A cgroup v2 mount at tmp/cg with cpu.max files {relative dir: "quota period"}."""
+    root = tmp_path / "cg"
+    (root / path.strip("/")).mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for rel, text in limits.items():
+        (root / rel.replace("__", "/")).joinpath("cpu.max").write_text(text + "\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text(f"0::{path}\n")
+    return proc, root
+
+
+def v1_tree(tmp_path, quota, period, path="/docker/abc"):
+    root = tmp_path / "cg1"
+    cpu = root / "cpu,cpuacct" / path.strip("/")
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    (cpu / "cpu.cfs_period_us").write_text(f"{period}\n")
+    proc = tmp_path / "cgroup1"
+    proc.write_text(f"12:memory:{path}\n4:cpu,cpuacct:{path}\n0::/\n")
+    return proc, root
+
+
+def test_cgroup_v2_quota_is_read_and_the_smallest_level_wins(tmp_path):
+    proc, root = v2_tree(tmp_path, job="300000 100000", job__step="250000 100000")
+    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(2.5)
+    proc, root = v2_tree(tmp_path / "b", job="150000 100000", job__step="max 100000")
+    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(1.5)
+
+
+def test_cgroup_v2_without_a_quota_and_missing_files(tmp_path):
+    proc, root = v2_tree(tmp_path, job__step="max 100000")
+    assert threads.cgroup_cpu_limit(proc, root) is None
+    assert threads.cgroup_cpu_limit(tmp_path / "absent", tmp_path / "nothing") is None
+
+
+def test_cgroup_v1_cfs_quota(tmp_path):
+    proc, root = v1_tree(tmp_path, 200000, 100000)
+    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(2.0)
+    proc, root = v1_tree(tmp_path / "b", -1, 100000)
+    assert threads.cgroup_cpu_limit(proc, root) is None
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (4, "OMPI_COMM_WORLD_LOCAL_SIZE")),
+    ({"MPI_LOCALNRANKS": "3", "PMI_SIZE": "6"}, (3, "MPI_LOCALNRANKS")),
+    ({"MV2_COMM_WORLD_LOCAL_SIZE": "2"}, (2, "MV2_COMM_WORLD_LOCAL_SIZE")),
+    ({"SLURM_NTASKS_PER_NODE": "8"}, (8, "SLURM_NTASKS_PER_NODE")),
+    # srun without --ntasks-per-node: this node's entry of "3(x2),1" (node 2 holds 1)
+    ({"SLURM_PROCID": "6", "SLURM_TASKS_PER_NODE": "3(x2),1", "SLURM_NODEID": "2"},
+     (1, "SLURM_TASKS_PER_NODE")),
+    ({"SLURM_PROCID": "0", "SLURM_TASKS_PER_NODE": "3(x2),1", "SLURM_NODEID": "1"},
+     (3, "SLURM_TASKS_PER_NODE")),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "junk"}, (1, "one process")),
+    ({}, (1, "one process")),
+])
+def test_node_local_rank_count_from_launcher_variables(env, expected):
+    assert threads.local_rank_count(env) == expected
+
+
+def test_node_local_rank_count_from_the_world_when_no_variable_says(monkeypatch):
+    from mgcaffe.comm import nccl
+
+    class World:
+        size, rank = 4, 1
+
+    monkeypatch.setattr(nccl, "node_local_rank", lambda comm: (1, 2))
+    assert threads.local_rank_count({}, World()) == (2, "MPI shared-memory split")
+
+
+def test_cores_are_divided_by_the_ranks_on_the_node(tmp_path):
+    none = tmp_path / "none"
+    # 16 CPUs, 4 ranks per node: 4 threads each
+    choice = threads.choose(environ={"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, affinity=16,
+                            proc_cgroup=none, cgroup_root=none)
+    assert (choice.threads, choice.reason, choice.usable_cores) == (4, "cores / ranks", 16)
+    # more ranks than cores: never below one
+    choice = threads.choose(environ={"MPI_LOCALNRANKS": "3"}, affinity=2,
+                            proc_cgroup=none, cgroup_root=none)
+    assert choice.threads == 1
+
+
+def test_a_cgroup_quota_caps_the_affinity(tmp_path):
+    proc, root = v2_tree(tmp_path, job__step="250000 100000")  # 2.5 CPUs -> 2 usable
+    choice = threads.choose(environ={}, affinity=32, proc_cgroup=proc, cgroup_root=root)
+    assert (choice.usable_cores, choice.threads) == (2, 2)
+    choice = threads.choose(environ={"MPI_LOCALNRANKS": "2"}, affinity=32, proc_cgroup=proc,
+                            cgroup_root=root)
+    assert choice.threads == 1
+    proc, root = v2_tree(tmp_path / "b", job__step="50000 100000")  # half a CPU: still one
+    assert threads.choose(environ={}, affinity=8, proc_cgroup=proc,
+                          cgroup_root=root).threads == 1
+
+
+@pytest.mark.parametrize("env, flag, expected", [
+    ({"OMP_NUM_THREADS": "3", "MPI_LOCALNRANKS": "2"}, None, (3, "OMP_NUM_THREADS")),
+    ({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "4"}, None, (1, "OPENBLAS_NUM_THREADS")),
+    ({"MKL_NUM_THREADS": "5", "OMP_NUM_THREADS": "4"}, None, (5, "MKL_NUM_THREADS")),
+    ({"OMP_NUM_THREADS": "4"}, 6, (6, "--threads")),
+    ({"OMP_NUM_THREADS": "junk"}, None, (4, "cores / ranks")),
+])
+def test_the_users_setting_wins(tmp_path, env, flag, expected):
+    choice = threads.choose(flag, environ=env, affinity=8, proc_cgroup=tmp_path / "x",
+                            cgroup_root=tmp_path / "x")
+    if expected[1] == "cores / ranks":
+        expected = (8, expected[1])
+    assert (choice.threads, choice.reason) == expected
+
+
+def test_a_bad_flag_is_one_clear_error(tmp_path):
+    with pytest.raises(MgcaffeError, match="--threads: expected a count >= 1, found 0"):
+        threads.choose(0, environ={})
+
+
+def test_the_default_chunk_runner_follows_the_choice(monkeypatch):
+    monkeypatch.setattr(parallel, "_default_runner", None)
+    for name in threads.USER_VARIABLES + threads.LOCAL_SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert parallel.default_runner().threads == 3
+    monkeypatch.setattr(parallel, "_default_runner", None)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("MPI_LOCALNRANKS", "64")  # more ranks than any test machine's cores
+    assert parallel.default_runner().threads == 1
+
+
+def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, caplog):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(parallel, "_default_runner", None)
+    for name in threads.USER_VARIABLES + threads.LOCAL_SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MPI_LOCALNRANKS", "64")
+    before = threadpoolctl.threadpool_info()
+    try:
+        with caplog.at_level(logging.INFO, logger="mgcaffe.threads"):
+            choice = threads.configure()
+        assert choice.threads == 1
+        assert parallel.default_runner().threads == 1
+        blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+        assert blas and all(i["num_threads"] == 1 for i in blas)
+        lines = [r.getMessage() for r in caplog.records if r.name == "mgcaffe.threads"]
+        assert len(lines) == 1
+        assert lines[0].startswith("Threads: 1 for BLAS and chunk work")
+        assert "rank(s) on this node (MPI_LOCALNRANKS)" in lines[0]
+    finally:  # leave the BLAS as the other tests expect it
+        for info in before:
+            if info["user_api"] == "blas":
+                threadpoolctl.threadpool_limits(info["num_threads"], user_api="blas")
+        monkeypatch.setattr(parallel, "_default_runner", None)
+
+
+def test_the_commands_take_a_threads_flag():
+    import argparse
+
+    from mgcaffe.commands import test as test_cmd
+    from mgcaffe.commands import time as time_cmd
+    from mgcaffe.commands import train as train_cmd
+
+    for module in (train_cmd, test_cmd, time_cmd):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        args = parser.parse_args(["--threads", "2"] + (
+            ["--model", "m"] if module is time_cmd else []))
+        assert args.threads == 2

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
+from ..kernels.gemm import gemm_accumulate
 from .base import Layer
 from .registry import register_layer
 
@@ -75,13 +78,14 @@ class InnerProduct(Layer):
         weight = self.blobs[0]
         if self.param_propagate_down[0]:
             x = bottom[0].data.reshape(self.m, self.k)
-            grad = self.scratch(0, weight.shape)  # dW, before it is added into the diff
-            # dW (as K x N) = x.T @ dtop; written in the weight's own layout, then added.
-            if self.transpose:
-                self.xp.matmul(x.T, top_diff, out=grad)
+            # dW (as K x N) = x.T @ dtop, in the weight's own layout, added into the diff.
+            a, b = (x.T, top_diff) if self.transpose else (top_diff.T, x)
+            if self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
+                gemm_accumulate(a, b, weight.diff, lambda shape: self.scratch(0, shape))
             else:
-                self.xp.matmul(top_diff.T, x, out=grad)
-            weight.diff += grad
+                grad = self.scratch(0, weight.shape)
+                self.xp.matmul(a, b, out=grad)
+                weight.diff += grad
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff += top_diff.sum(axis=0)
         if propagate_down[0]:

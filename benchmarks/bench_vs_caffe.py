@@ -1,0 +1,524 @@
+"""mgcaffe beside real BVLC Caffe and PyTorch CPU on the same prototxt files (issue 14).
+
+Generates the nets (LeNet b64, CIFAR-10 quick b100, AlexNet deploy b8, GoogleNet deploy b8,
+ResNet-50 deploy b4; data layers replaced by Input layers, `force_backward: true` so that
+every engine runs the whole backward of the deploy nets), then runs rounds: in each round,
+for each condition (idle, then loaded: one busy process per core started by this script),
+every engine times every net in a fresh process, the engines' order rotating from round to
+round. Prints per net the time per forward+backward (each round's value, best, spread), the
+ratios to Caffe and PyTorch measured in the same round and condition, the loaded / idle
+slowdown, the peak RSS, the conv+ip GFLOP/s against a matmul measured in the same run, and
+per-layer tables (Caffe vs mgcaffe; PyTorch reports whole passes only). Each engine's
+threads, BLAS library and kernel are printed with its results.
+
+Engines: Caffe when `--caffe PATH` is given or `caffe` is on PATH (else its column is
+skipped; this repository holds no Caffe), mgcaffe (`python -m mgcaffe time`), PyTorch when
+`torch` imports (a small prototxt interpreter below; not a project dependency). Caffe and
+mgcaffe report the mean over `--iterations` of forward + backward; diff clearing is not
+timed (`caffe time` never clears; `mgcaffe time` clears untimed).
+
+    python benchmarks/bench_vs_caffe.py [--caffe PATH] [--rounds 2] [--nets lenet,alexnet]
+        [--conditions idle,loaded] [--scale 1.0] [--out DIR] [--json RESULTS.json]
+
+Debian's OpenBLAS 0.3.21 does not know newer Xeons and falls back to kernels without AVX:
+the script sets OPENBLAS_CORETYPE for Caffe's runs (default: what numpy's OpenBLAS detects;
+`--caffe-coretype` overrides it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# name: (prototxt, {input top: shape}, iterations at --scale 1)
+NETS = {
+    "lenet": ("models/lenet/lenet_train_test.prototxt",
+              {"data": (64, 1, 28, 28), "label": (64,)}, 20),
+    "cifar10_quick": ("models/cifar10_quick/cifar10_quick_train_test.prototxt",
+                      {"data": (100, 3, 32, 32), "label": (100,)}, 10),
+    "alexnet": ("models/alexnet/deploy.prototxt", {"data": (8, 3, 227, 227)}, 5),
+    "googlenet": ("models/googlenet/deploy.prototxt", {"data": (8, 3, 224, 224)}, 3),
+    "resnet50": ("models/resnet50/deploy.prototxt", {"data": (4, 3, 224, 224)}, 3),
+}
+DATA_TYPES = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData",
+              "Input"}
+ENGINES = ("caffe", "mgcaffe", "torch")
+
+
+# -- the nets
+def generate(name: str, out_dir: Path) -> Path:
+    """The TRAIN-phase net with Input layers of the given shapes, written for every engine."""
+    from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
+    from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
+    from mgcaffe.protoio import filter_net, read_net_param, write_prototxt  # noqa: PLC0415
+
+    path, shapes, _ = NETS[name]
+    param = filter_net(read_net_param(ROOT / path), TRAIN)
+    net = caffe_pb2.NetParameter()
+    net.name = param.name or name
+    net.force_backward = True
+    data = caffe_pb2.LayerParameter(name="input", type="Input")
+    for top, shape in shapes.items():
+        data.top.append(top)
+        data.input_param.shape.add().dim.extend(shape)
+    net.layer.append(data)
+    for layer in param.layer:
+        if layer.type in DATA_TYPES:
+            continue
+        if layer.type == "Accuracy":  # no backward, and Caffe's time skips nothing of it
+            continue
+        copy = net.layer.add()
+        copy.CopyFrom(layer)
+        del copy.include[:]
+        del copy.exclude[:]
+    target = out_dir / f"{name}.prototxt"
+    write_prototxt(net, target)
+    return target
+
+
+def conv_ip_flops(prototxt: Path) -> float:
+    """GEMM flops of Convolution/InnerProduct in one forward+backward (mgcaffe's net)."""
+    from bench_engine import gemm_flops  # noqa: PLC0415
+
+    from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
+    from mgcaffe.net import Net  # noqa: PLC0415
+    from mgcaffe.profiling import timing_propagate_down  # noqa: PLC0415
+
+    net = Net(str(prototxt), TRAIN)
+    try:
+        return float(sum(gemm_flops(net, timing_propagate_down(net))))
+    finally:
+        net.close()
+
+
+# -- running one engine in a fresh process
+LAYER_LINE = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.e+-]+) ms")
+TOTAL_LINE = re.compile(r"Average (Forward|Backward) pass: ([0-9.e+-]+) ms")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of a running process (its own peak since exec; rusage's maxrss would count
+    the pages of this parent it was forked from)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[str, int, float]:
+    """(output, exit status, peak RSS in MB) of a fresh process."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=ROOT)
+        deadline, rss = time.monotonic() + timeout, 0.0
+        while proc.poll() is None:
+            rss = max(rss, peak_rss_mb(proc.pid))
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                break
+            time.sleep(0.02)
+        out.seek(0)
+        return out.read(), proc.returncode, rss
+
+
+def parse_time_log(text: str) -> dict | None:
+    totals = dict(TOTAL_LINE.findall(text))
+    if "Forward" not in totals or "Backward" not in totals:
+        return None
+    layers: dict = {}
+    for name, which, ms in LAYER_LINE.findall(text):
+        layers.setdefault(name, {})[which] = float(ms)
+    return {"ms": float(totals["Forward"]) + float(totals["Backward"]),
+            "forward_ms": float(totals["Forward"]), "backward_ms": float(totals["Backward"]),
+            "layers": layers}
+
+
+def engine_command(engine: str, prototxt: Path, iterations: int, args) -> tuple[list, dict]:
+    env = dict(os.environ)
+    if engine == "caffe":
+        env.setdefault("OPENBLAS_CORETYPE", args.caffe_coretype)
+        env["GLOG_logtostderr"] = "1"
+        return [args.caffe, "time", "-model", str(prototxt), "-iterations",
+                str(iterations)], env
+    if engine == "mgcaffe":
+        return [sys.executable, "-m", "mgcaffe", "time", "--model", str(prototxt),
+                "--iterations", str(iterations)], env
+    return [sys.executable, __file__, "--torch-worker", str(prototxt), "--iterations",
+            str(iterations)], env
+
+
+def run_engine(engine: str, prototxt: Path, iterations: int, args) -> dict:
+    cmd, env = engine_command(engine, prototxt, iterations, args)
+    text, status, rss = run_child(cmd, env, args.timeout)
+    if engine == "torch":
+        lines = [ln for ln in text.splitlines() if ln.startswith("{")]
+        result = json.loads(lines[-1]) if status == 0 and lines else None
+    else:
+        result = parse_time_log(text) if status == 0 else None
+    if result is None:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        return {"error": f"exit {status}: {tail[-300:]}", "rss_mb": rss}
+    result["rss_mb"] = rss
+    if engine == "mgcaffe":
+        found = re.search(r"Threads: .*", text)
+        result["setup"] = found.group(0) if found else "?"
+    return result
+
+
+# -- the competing load
+def _busy() -> None:
+    while True:
+        pass
+
+
+class Load:
+    """One busy process per core while active (started by this script, ended by it)."""
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self.children: list = []
+
+    def __enter__(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.children = [ctx.Process(target=_busy, daemon=True) for _ in range(self.processes)]
+        for child in self.children:
+            child.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        for child in self.children:
+            child.terminate()
+        for child in self.children:
+            child.join(5)
+
+
+# -- engine descriptions
+def describe_caffe(path: str, coretype: str) -> str:
+    try:
+        libs = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        libs = ""
+    blas = next((ln.split("=>")[-1].split("(")[0].strip() for ln in libs.splitlines()
+                 if "blas" in ln.lower()), "?")
+    threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") \
+        or f"{len(os.sched_getaffinity(0))} (OpenBLAS default: one per CPU)"
+    return f"Caffe {path}: BLAS {blas}, threads {threads}, OPENBLAS_CORETYPE={coretype}"
+
+
+def numpy_coretype() -> str:
+    import numpy  # noqa: F401, PLC0415
+    from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+    arch = [i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"]
+    return (arch[0] or "Haswell") if arch else "Haswell"
+
+
+def matmul_rate() -> float:
+    from bench_engine import matmul_gflops  # noqa: PLC0415
+
+    return matmul_gflops(repeats=3, n=1024)
+
+
+# -- PyTorch: a prototxt interpreter (only what the five nets use)
+def torch_worker(prototxt: str, iterations: int) -> None:  # noqa: C901, PLR0915
+    # ruff: noqa: E731 - one lambda per layer type reads best here
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: N812, PLC0415
+
+    from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
+    from mgcaffe.protoio import read_net_param  # noqa: PLC0415
+
+    net = read_net_param(prototxt)
+    g = torch.Generator().manual_seed(0)
+    params, steps, blobs = [], [], {}
+
+    def weight(*shape):
+        w = (torch.randn(*shape, generator=g) * 0.01).requires_grad_()
+        params.append(w)
+        return w
+
+    def pair(values, default, h=0, w=0):
+        if h or w:
+            return int(h), int(w)
+        values = list(values)
+        return (int(values[0]), int(values[-1])) if values else (default, default)
+
+    shapes = {}
+    for layer in net.layer:
+        t, b = layer.type, list(layer.bottom)
+        if t == "Input":
+            for top, s in zip(layer.top, layer.input_param.shape):
+                shapes[top] = tuple(s.dim)
+            continue
+        shape = shapes[b[0]]
+        if t == "Convolution":
+            p = layer.convolution_param
+            k = pair(p.kernel_size, 1, p.kernel_h, p.kernel_w)
+            st = pair(p.stride, 1, p.stride_h, p.stride_w)
+            pd = pair(p.pad, 0, p.pad_h, p.pad_w)
+            groups = int(p.group)
+            w = weight(p.num_output, shape[1] // groups, *k)
+            bias = weight(p.num_output) if p.bias_term else None
+            f = (lambda x, w=w, bias=bias, st=st, pd=pd, gr=groups:
+                 F.conv2d(x, w, bias, st, pd, 1, gr))
+        elif t == "InnerProduct":
+            p = layer.inner_product_param
+            k = 1
+            for d in shape[1:]:
+                k *= d
+            w = weight(p.num_output, k)
+            bias = weight(p.num_output) if p.bias_term else None
+            f = lambda x, w=w, bias=bias: F.linear(x.flatten(1), w, bias)  # noqa: E731
+        elif t == "Pooling":
+            p = layer.pooling_param
+            if p.global_pooling:
+                k, st, pd = (shape[2], shape[3]), (1, 1), (0, 0)
+            else:
+                k = pair([p.kernel_size] if p.kernel_size else [], 1, p.kernel_h, p.kernel_w)
+                st = pair([p.stride], 1, p.stride_h, p.stride_w)
+                pd = pair([p.pad], 0, p.pad_h, p.pad_w)
+            if p.pool == caffe_pb2.PoolingParameter.MAX:
+                f = (lambda x, k=k, st=st, pd=pd:
+                     F.max_pool2d(x, k, st, pd, ceil_mode=True))
+            else:
+                f = (lambda x, k=k, st=st, pd=pd:
+                     F.avg_pool2d(x, k, st, pd, ceil_mode=True))
+        elif t == "ReLU":
+            f = F.relu
+        elif t == "LRN":
+            p = layer.lrn_param
+            f = (lambda x, p=p: F.local_response_norm(x, int(p.local_size), p.alpha, p.beta,
+                                                      p.k))
+        elif t == "Dropout":
+            f = lambda x, r=layer.dropout_param.dropout_ratio: F.dropout(x, r)  # noqa: E731
+        elif t == "BatchNorm":
+            c = shape[1]
+            mean, var = torch.zeros(c), torch.ones(c)
+            f = lambda x, m=mean, v=var: F.batch_norm(x, m, v, training=False)  # noqa: E731
+        elif t == "Scale":
+            c = shape[1]
+            s = weight(c)
+            bias = weight(c) if layer.scale_param.bias_term else None
+            f = (lambda x, s=s, bias=bias: x * s.view(1, -1, 1, 1)
+                 + (bias.view(1, -1, 1, 1) if bias is not None else 0))
+        elif t == "Softmax":
+            f = lambda x: F.softmax(x, dim=1)  # noqa: E731
+        elif t == "SoftmaxWithLoss":
+            f = lambda x, y: F.cross_entropy(x, y.long())  # noqa: E731
+        elif t == "Concat":
+            f = lambda *xs: torch.cat(xs, dim=1)  # noqa: E731
+        elif t == "Eltwise":
+            f = lambda *xs: sum(xs[1:], xs[0])  # noqa: E731
+        else:
+            raise SystemExit(f"torch worker: layer type {t} not supported")
+        steps.append((f, b, list(layer.top)))
+        # shapes of the tops: run once on zeros (cheap next to the timed passes)
+        with torch.no_grad():
+            outs = f(*[torch.zeros(shapes[x]) for x in b])
+        shapes[layer.top[0]] = tuple(outs.shape) if outs.dim() else ()
+
+    def one_pass():
+        for top, s in shapes.items():
+            if top in [t for layer in net.layer if layer.type == "Input" for t in layer.top]:
+                blobs[top] = (torch.zeros(s) if len(s) == 1 else torch.randn(*s, generator=g))
+        for f, b, tops in steps:
+            blobs[tops[0]] = f(*[blobs[x] for x in b])
+        out = blobs[steps[-1][2][0]]
+        start = time.perf_counter()
+        (out if out.dim() == 0 else out.sum()).backward()
+        return start
+
+    one_pass()
+    forward = backward = 0.0
+    for _ in range(iterations):
+        for p in params:
+            p.grad = None
+        t0 = time.perf_counter()
+        middle = one_pass()
+        t1 = time.perf_counter()
+        forward += middle - t0
+        backward += t1 - middle
+    cfg = torch.__config__.parallel_info().splitlines()
+    print(json.dumps({"ms": (forward + backward) / iterations * 1e3,
+                      "forward_ms": forward / iterations * 1e3,
+                      "backward_ms": backward / iterations * 1e3,
+                      "setup": f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+                               f"{'; '.join(c.strip() for c in cfg if 'ATen' in c or 'MKL' in c)}"
+                               f", CPU capability {torch.backends.cpu.get_cpu_capability()}"}))
+
+
+# -- the report
+def fmt(ms) -> str:
+    return "-" if ms is None else (f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}")
+
+
+def report(results: dict, nets: list, engines: list, conditions: list, rounds: int,
+           flops: dict, rate: float, setups: dict) -> None:
+    print("\n## Engines")
+    for engine in engines:
+        print(f"- {engine}: {setups.get(engine, '?')}")
+    print(f"\nmatmul rate measured in this run: {rate:.1f} GFLOP/s (1024^3 float32, numpy)")
+    for name in nets:
+        print(f"\n## {name} (forward+backward per iteration, ms; rounds 1..{rounds})")
+        print("| condition | engine | per round | best | spread max/min | peak RSS MB "
+              "| / Caffe per round | / PyTorch per round |")
+        print("|---|---|---|---|---|---|---|---|")
+        for cond in conditions:
+            for engine in engines:
+                runs = results[name][cond][engine]
+                ms = [r.get("ms") for r in runs]
+                ok = [m for m in ms if m is not None]
+                ratios = {}
+                for ref in ("caffe", "torch"):
+                    if ref in engines and ref != engine:
+                        pairs = zip(ms, [r.get("ms") for r in results[name][cond][ref]])
+                        ratios[ref] = ", ".join(f"{a / b:.2f}" if a and b else "-"
+                                                for a, b in pairs)
+                errors = [r["error"] for r in runs if "error" in r]
+                spread = f"{max(ok) / min(ok):.2f}" if len(ok) > 1 else "-"
+                rss = max((r.get("rss_mb", 0) for r in runs), default=0)
+                print(f"| {cond} | {engine} | {', '.join(fmt(m) for m in ms)} | "
+                      f"{fmt(min(ok) if ok else None)} | {spread} | {rss:.0f} | "
+                      f"{ratios.get('caffe', '')} | {ratios.get('torch', '')} |")
+                if errors:
+                    print(f"|  | {engine} error | {errors[0]} |")
+        if "idle" in conditions and "loaded" in conditions:
+            parts = []
+            for engine in engines:
+                idle = [r.get("ms") for r in results[name]["idle"][engine] if r.get("ms")]
+                busy = [r.get("ms") for r in results[name]["loaded"][engine] if r.get("ms")]
+                if idle and busy:
+                    slowdown = statistics.median(busy) / statistics.median(idle)
+                    parts.append(f"{engine} {slowdown:.2f}")
+            print(f"\nloaded / idle (medians): {', '.join(parts)}")
+        mg = [r.get("ms") for r in results[name].get("idle", {}).get("mgcaffe", [])
+              if r.get("ms")]
+        if mg and flops.get(name):
+            gflops = flops[name] / (min(mg) / 1e3) / 1e9
+            print(f"mgcaffe conv+ip (whole pass, best idle): {gflops:.1f} GFLOP/s = "
+                  f"{gflops / rate:.2f} of the matmul rate")
+        if "caffe" in engines and "mgcaffe" in engines:
+            layer_table(results[name], conditions[0])
+
+
+def layer_table(result: dict, cond: str) -> None:
+    best = {}
+    for engine in ("caffe", "mgcaffe"):
+        for run in result[cond][engine]:
+            for layer, times in run.get("layers", {}).items():
+                for which, ms in times.items():
+                    key = (layer, which)
+                    best.setdefault(key, {}).setdefault(engine, ms)
+                    best[key][engine] = min(best[key][engine], ms)
+    rows = [(k, v) for k, v in best.items() if "caffe" in v and "mgcaffe" in v]
+    if not rows:
+        return
+    rows.sort(key=lambda kv: -max(kv[1].values()))
+    print(f"\nper layer ({cond}, best of rounds, ms; slowest 12):")
+    print("| layer | pass | caffe | mgcaffe | mgcaffe / caffe |")
+    print("|---|---|---|---|---|")
+    for (layer, which), v in rows[:12]:
+        ratio = v["mgcaffe"] / v["caffe"] if v["caffe"] > 0 else float("inf")
+        print(f"| {layer} | {which} | {fmt(v['caffe'])} | {fmt(v['mgcaffe'])} | {ratio:.2f} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--caffe", default=shutil.which("caffe"),
+                        help="path of a real Caffe `caffe` binary (default: on PATH)")
+    parser.add_argument("--caffe-coretype", default=None,
+                        help="OPENBLAS_CORETYPE for Caffe (default: numpy's OpenBLAS's)")
+    parser.add_argument("--nets", default=",".join(NETS))
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--conditions", default="idle,loaded")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply each net's iterations (at least 1)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    parser.add_argument("--out", default=None, help="where the prototxt files go")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--torch-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--iterations", type=int, default=5, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.torch_worker:
+        torch_worker(args.torch_worker, args.iterations)
+        return 0
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    nets = [n for n in args.nets.split(",") if n]
+    unknown = [n for n in nets if n not in NETS]
+    if unknown:
+        parser.error(f"unknown net(s) {unknown}; choose from {', '.join(NETS)}")
+    engines = [e for e in args.engines.split(",") if e]
+    setups = {}
+    if "caffe" in engines and not (args.caffe and os.access(args.caffe, os.X_OK)):
+        print("no Caffe binary given or on PATH: its column is skipped")
+        engines.remove("caffe")
+    if "torch" in engines:
+        try:
+            import torch  # noqa: F401, PLC0415
+        except ImportError:
+            print("torch does not import: its column is skipped")
+            engines.remove("torch")
+    args.caffe_coretype = args.caffe_coretype or numpy_coretype()
+    if "caffe" in engines:
+        setups["caffe"] = describe_caffe(args.caffe, args.caffe_coretype)
+    conditions = [c for c in args.conditions.split(",") if c]
+    out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench_vs_caffe_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {n: generate(n, out_dir) for n in nets}
+    flops = {n: conv_ip_flops(files[n]) for n in nets}
+    rate = matmul_rate()
+    cores = len(os.sched_getaffinity(0))
+    results = {n: {c: {e: [] for e in engines} for c in conditions} for n in nets}
+    print(f"nets in {out_dir}; {len(engines)} engines, {args.rounds} rounds, conditions "
+          f"{conditions} (loaded: {cores} busy processes)", flush=True)
+    for r in range(args.rounds):
+        order = engines[r % len(engines):] + engines[:r % len(engines)]
+        for cond in conditions:
+            with (Load(cores) if cond == "loaded" else _Nothing()):
+                for name in nets:
+                    iterations = max(1, round(NETS[name][2] * args.scale))
+                    for engine in order:
+                        res = run_engine(engine, files[name], iterations, args)
+                        if "setup" in res:
+                            setups.setdefault(engine, res["setup"])
+                        results[name][cond][engine].append(res)
+                        print(f"round {r + 1} {cond:6s} {name:13s} {engine:7s} "
+                              f"{fmt(res.get('ms'))} ms  rss {res.get('rss_mb', 0):.0f} MB"
+                              f"{'  ' + res['error'] if 'error' in res else ''}", flush=True)
+    report(results, nets, engines, conditions, args.rounds, flops, rate, setups)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "setups": setups,
+                                               "matmul_gflops": rate}, indent=1))
+    return 0
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -336,27 +336,29 @@ def torch_worker(prototxt: str, iterations: int) -> None:  # noqa: C901, PLR0915
             outs = f(*[torch.zeros(shapes[x]) for x in b])
         shapes[layer.top[0]] = tuple(outs.shape) if outs.dim() else ()
 
+    inputs = [t for layer in net.layer if layer.type == "Input" for t in layer.top]
+
     def one_pass():
-        for top, s in shapes.items():
-            if top in [t for layer in net.layer if layer.type == "Input" for t in layer.top]:
-                blobs[top] = (torch.zeros(s) if len(s) == 1 else torch.randn(*s, generator=g))
+        """(seconds forward, seconds backward); inputs drawn and grads dropped untimed."""
+        for top in inputs:
+            s = shapes[top]
+            blobs[top] = (torch.zeros(s) if len(s) == 1 else torch.randn(*s, generator=g))
+        for p in params:
+            p.grad = None
+        t0 = time.perf_counter()
         for f, b, tops in steps:
             blobs[tops[0]] = f(*[blobs[x] for x in b])
         out = blobs[steps[-1][2][0]]
-        start = time.perf_counter()
+        t1 = time.perf_counter()
         (out if out.dim() == 0 else out.sum()).backward()
-        return start
+        return t1 - t0, time.perf_counter() - t1
 
     one_pass()
     forward = backward = 0.0
     for _ in range(iterations):
-        for p in params:
-            p.grad = None
-        t0 = time.perf_counter()
-        middle = one_pass()
-        t1 = time.perf_counter()
-        forward += middle - t0
-        backward += t1 - middle
+        f, b = one_pass()
+        forward += f
+        backward += b
     cfg = torch.__config__.parallel_info().splitlines()
     print(json.dumps({"ms": (forward + backward) / iterations * 1e3,
                       "forward_ms": forward / iterations * 1e3,

@@ -82,7 +82,7 @@ class LayerWay:
         site = self._sites.get(key)
         if site is None or min(site.trials.values()) < parallel.TRIALS:
             return None
-        return site.estimate[True] <= site.estimate[False]
+        return site.threaded_wins()
 
 
 _default: LayerWay | None = None

@@ -22,10 +22,11 @@ by the ranks on this node); `set_default_threads` replaces it (what `threads.con
 Fall back to one thread when it does not pay. A hand-off to helper threads pays on an idle
 machine for long passes, but on a busy one each helper may wait a scheduler slice for a core
 while the caller waits for the helper. So a runner times each call site (the body's code and
-the sizes): its first calls alternate between the threads and the calling thread alone, then
-it runs the faster way, and tries the other way again every `RETRY_EVERY` calls so that it
-follows the load as it changes. Both ways run the same chunks in the same order of
-boundaries, so the results are identical; only who runs them differs.
+the sizes): its first calls alternate between the threads and the calling thread alone; then
+it runs the threads only where they took at most `THREADED_MARGIN` of the serial time, and
+tries the other way again every `RETRY_EVERY` calls so that it follows the load as it
+changes. Both ways run the same chunks with the same boundaries, so the results are
+identical; only who runs them differs.
 
 Two limits, measured on the 2-core reference machine. (1) The GIL: a thread holds it between
 numpy calls, so calls shorter than ~20 us (32K-element passes) do not overlap at all; only
@@ -60,6 +61,9 @@ TRIALS = 2
 RETRY_EVERY = 32
 #: Weight of the newest timing in a way's running estimate.
 SMOOTHING = 0.3
+#: The threads must be this much faster to be used: they take more CPU time (a second core
+#: that other work could use) and their time varies more with the load.
+THREADED_MARGIN = 0.9
 
 _in_chunk = threading.local()
 
@@ -81,8 +85,11 @@ class _Site:
         for way in (True, False):  # threaded first: it starts the helpers once
             if self.trials[way] < TRIALS:
                 return way
-        best = self.estimate[True] <= self.estimate[False]
+        best = self.threaded_wins()
         return (not best) if self.calls % RETRY_EVERY == 0 else best
+
+    def threaded_wins(self) -> bool:
+        return self.estimate[True] <= THREADED_MARGIN * self.estimate[False]
 
     def record(self, threaded: bool, seconds: float) -> None:
         old = self.estimate[threaded]
@@ -161,7 +168,7 @@ class ChunkRunner:
         site = self._sites.get((getattr(body, "__code__", type(body)), count, grain))
         if site is None or min(site.trials.values()) < TRIALS:
             return None
-        return site.estimate[True] <= site.estimate[False]
+        return site.threaded_wins()
 
     @staticmethod
     def _serial(count: int, body: Callable[[int, int], None], grain: int) -> None:

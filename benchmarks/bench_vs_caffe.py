@@ -457,12 +457,20 @@ def main(argv=None) -> int:
                         help="multiply each net's iterations (at least 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
     parser.add_argument("--out", default=None, help="where the prototxt files go")
-    parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--json", default=None,
+                        help="also write the raw results here (after every round)")
+    parser.add_argument("--report-from", default=None, metavar="RESULTS.json",
+                        help="print the report of a saved --json file and exit")
     parser.add_argument("--torch-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torch_worker:
         torch_worker(args.torch_worker, args.iterations)
+        return 0
+    if args.report_from:
+        saved = json.loads(Path(args.report_from).read_text())
+        report(saved["results"], saved["nets"], saved["engines"], saved["conditions"],
+               saved["rounds"], saved["flops"], saved["matmul_gflops"], saved["setups"])
         return 0
     sys.path.insert(0, str(ROOT / "benchmarks"))
     nets = [n for n in args.nets.split(",") if n]
@@ -507,10 +515,12 @@ def main(argv=None) -> int:
                         print(f"round {r + 1} {cond:6s} {name:13s} {engine:7s} "
                               f"{fmt(res.get('ms'))} ms  rss {res.get('rss_mb', 0):.0f} MB"
                               f"{'  ' + res['error'] if 'error' in res else ''}", flush=True)
+            if args.json:  # a run cut short keeps its finished rounds
+                Path(args.json).write_text(json.dumps(
+                    {"results": results, "setups": setups, "matmul_gflops": rate,
+                     "flops": flops, "nets": nets, "engines": engines,
+                     "conditions": conditions, "rounds": r + 1}, indent=1))
     report(results, nets, engines, conditions, args.rounds, flops, rate, setups)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "setups": setups,
-                                               "matmul_gflops": rate}, indent=1))
     return 0
 
 

@@ -160,7 +160,7 @@ def engine_command(engine: str, prototxt: Path, iterations: int, args) -> tuple[
                 str(iterations)], env
     if engine == "mgcaffe":
         return [sys.executable, "-m", "mgcaffe", "time", "--model", str(prototxt),
-                "--iterations", str(iterations)], env
+                "--iterations", str(iterations), "--threads", str(args.mgcaffe_threads)], env
     return [sys.executable, __file__, "--torch-worker", str(prototxt), "--iterations",
             str(iterations)], env
 
@@ -447,6 +447,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--caffe", default=shutil.which("caffe"),
                         help="path of a real Caffe `caffe` binary (default: on PATH)")
+    parser.add_argument("--mgcaffe-threads", default="adaptive",
+                        help="mgcaffe's --threads (default `adaptive`: steadier on a busy node)")
     parser.add_argument("--caffe-coretype", default=None,
                         help="OPENBLAS_CORETYPE for Caffe (default: numpy's OpenBLAS's)")
     parser.add_argument("--nets", default=",".join(NETS))

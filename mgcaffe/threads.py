@@ -28,6 +28,8 @@ log = logging.getLogger("mgcaffe.threads")
 
 #: The user's thread settings, first found wins (OpenBLAS reads its own variable before OMP's).
 USER_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+#: The `--threads` value that lets layers switch the BLAS to one thread when that pays.
+ADAPTIVE = "adaptive"
 #: Launcher variables holding the number of ranks on this node.
 LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                         "MV2_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
@@ -45,6 +47,10 @@ class ThreadChoice:
     local_ranks: int
     local_ranks_from: str             # the variable, "MPI shared-memory split" or "one process"
     blas: list[str] = field(default_factory=list)  # filled in by `apply`
+    #: `--threads adaptive`: a layer call may run on one BLAS thread when that is faster now
+    #: (kernels/layer_way.py). Off by default: a GEMM's last bits can depend on its thread
+    #: count, and runs (and resumes) must repeat bit for bit unless the user trades that away.
+    adaptive: bool = False
 
     def describe(self) -> str:
         """The one log line."""
@@ -53,6 +59,8 @@ class ThreadChoice:
                   f"{self.usable_cores} usable cores / {self.local_ranks} rank(s) on this node "
                   f"({self.local_ranks_from})")
         blas = ", ".join(self.blas) if self.blas else "no BLAS found by threadpoolctl"
+        if self.adaptive:
+            origin += "; adaptive: one BLAS thread where a layer runs faster so"
         return (f"Threads: {self.threads} for BLAS and chunk work, {origin}; affinity "
                 f"{self.affinity_cpus} CPUs, cgroup quota {quota}; BLAS: {blas}")
 
@@ -175,10 +183,15 @@ def user_setting(flag: int | None = None, environ=None) -> tuple[int, str] | Non
     return None
 
 
-def choose(flag: int | None = None, comm=None, environ=None, *, affinity: int | None = None,
-           proc_cgroup: str | Path = "/proc/self/cgroup",
+def choose(flag: int | str | None = None, comm=None, environ=None, *,
+           affinity: int | None = None, proc_cgroup: str | Path = "/proc/self/cgroup",
            cgroup_root: str | Path = "/sys/fs/cgroup") -> ThreadChoice:
-    """The thread count for this process (see the module docstring); changes nothing."""
+    """The thread count for this process (see the module docstring); changes nothing.
+    `flag` is `--threads`: a count, "adaptive" (the default count, and ThreadChoice.adaptive)
+    or None."""
+    adaptive = flag == ADAPTIVE
+    if adaptive:
+        flag = None
     if flag is not None and int(flag) < 1:
         from .errors import MgcaffeError  # noqa: PLC0415
 
@@ -189,7 +202,8 @@ def choose(flag: int | None = None, comm=None, environ=None, *, affinity: int | 
     ranks, ranks_from = local_rank_count(environ, comm)
     chosen = user_setting(flag, environ)
     threads, reason = chosen if chosen else (max(1, usable // ranks), "cores / ranks")
-    return ThreadChoice(threads, reason, cpus, limit, usable, ranks, ranks_from)
+    return ThreadChoice(threads, reason, cpus, limit, usable, ranks, ranks_from,
+                        adaptive=adaptive and reason == "cores / ranks")
 
 
 def apply(choice: ThreadChoice) -> ThreadChoice:
@@ -197,7 +211,7 @@ def apply(choice: ThreadChoice) -> ThreadChoice:
     from .kernels import parallel  # noqa: PLC0415 - parallel asks this module for its default
 
     parallel.set_default_threads(choice.threads,
-                                 adaptive_blas=choice.reason == "cores / ranks")
+                                 adaptive_blas=choice.adaptive)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits  # noqa: PLC0415
     except ImportError:  # pragma: no cover - a dependency; without it the BLAS keeps its own
@@ -210,7 +224,7 @@ def apply(choice: ThreadChoice) -> ThreadChoice:
     return choice
 
 
-def configure(flag: int | None = None, comm=None) -> ThreadChoice:
+def configure(flag: int | str | None = None, comm=None) -> ThreadChoice:
     """Choose, apply and log (one INFO line) this process's thread count; call it once at
     start, after the distributed world exists and before any net is built."""
     import numpy  # noqa: F401, PLC0415 - load the BLAS so that threadpoolctl finds it
@@ -222,7 +236,22 @@ def configure(flag: int | None = None, comm=None) -> ThreadChoice:
 
 def add_argument(parser) -> None:
     """The `--threads N` flag of train, test and time."""
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
+    parser.add_argument("--threads", type=_threads_flag, default=None, metavar="N|adaptive",
                         help="threads for the BLAS and mgcaffe's own CPU work (default: the "
                              "usable cores divided by the ranks on this node, unless "
-                             "OPENBLAS_NUM_THREADS/MKL_NUM_THREADS/OMP_NUM_THREADS is set)")
+                             "OPENBLAS_NUM_THREADS/MKL_NUM_THREADS/OMP_NUM_THREADS is set); "
+                             "`adaptive`: that count, but each layer runs on one BLAS thread "
+                             "when that is faster (steadier on a busy node; results then may "
+                             "differ from run to run in the last bits)")
+
+
+def _threads_flag(text: str) -> int | str:
+    import argparse  # noqa: PLC0415
+
+    if text == ADAPTIVE:
+        return ADAPTIVE
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a count or `{ADAPTIVE}`, found {text!r}") from None

@@ -179,3 +179,27 @@ def test_the_commands_take_a_threads_flag():
         args = parser.parse_args(["--threads", "2"] + (
             ["--model", "m"] if module is time_cmd else []))
         assert args.threads == 2
+
+
+def test_adaptive_blas_only_when_asked(tmp_path):
+    """The thread-count switching that can change a GEMM's last bits is opt-in: a default
+    run must repeat (and resume) bit for bit."""
+    where = {"environ": {}, "affinity": 4, "proc_cgroup": tmp_path / "x",
+             "cgroup_root": tmp_path / "x"}
+    default = threads.choose(None, **where)
+    adaptive = threads.choose("adaptive", **where)
+    assert not default.adaptive and default.threads == 4
+    assert adaptive.adaptive and adaptive.threads == 4 and adaptive.reason == "cores / ranks"
+    # a count the user fixed is used as given, never switched
+    assert not threads.choose("adaptive", **{**where, "environ": {"OMP_NUM_THREADS": "2"}}).adaptive
+
+
+def test_the_threads_flag_takes_a_count_or_adaptive():
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser()
+    threads.add_argument(parser)
+    assert parser.parse_args(["--threads", "3"]).threads == 3
+    assert parser.parse_args(["--threads", "adaptive"]).threads == "adaptive"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--threads", "many"])

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""A cluster of H hosts on one machine: Linux network namespaces joined by a bridge.
+
+    sudo tools/netns_cluster.py run --hosts 2 --rate 1gbit -- \\
+        -n 2 .venv/bin/python -m mgcaffe bench-comm
+
+creates (names carry a tag, so several clusters can coexist):
+
+    <tag>-sw    a namespace holding the bridge `br0` (the switch)
+    <tag>-ctl   the control host (unshaped link): mpiexec runs here
+    <tag>-h0..  the compute hosts, each with `eth0` (10.77.0.<i+1>/24) on the bridge
+
+Each compute host's link is shaped in both directions (a `tbf` at `rate` on the host's
+`eth0` and on its switch port); `latency_ms` adds a one-way delay per link with `netem`, which
+needs a kernel that has it (the tool says so and stops otherwise). The control host's link is
+left unshaped: Hydra's control traffic does not use the shaped network.
+
+`mpiexec` runs in the control namespace with `-localhost <control address>` and starts one
+Hydra proxy per host through `-launcher ssh -launcher-exec <script>`: the script enters the
+host's namespace and a new UTS namespace with the host's own hostname (so MPI sees distinct
+nodes), then runs the proxy. `UCX_TLS=tcp,self` (and `FI_PROVIDER=tcp`) keep MPICH off shared
+memory, so every byte between ranks crosses the shaped links; `link_bytes()` counts them.
+
+`down()` removes every namespace of the tag and is idempotent (`remove_stale()` removes those
+of a tag left behind by a killed run). Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN);
+`unavailable()` says why a cluster cannot be made here, or returns None.
+
+Traffic goes only between the cluster's own namespaces; nothing is routed to the outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SUBNET = "10.77.0"
+CONTROL_ADDRESS = f"{SUBNET}.254"
+MAX_HOSTS = 16
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
+                          timeout=30)
+
+
+def _tc(ns: str, *args: str) -> None:
+    subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True, check=True,
+                   timeout=30)
+
+
+def unavailable() -> str | None:
+    """Why a namespace cluster cannot be made on this machine, or None if it can."""
+    for tool in ("ip", "tc", "unshare", "hostname"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    probe = f"mgcprobe{os.getpid()}"
+    try:
+        made = _ip("netns", "add", probe, check=False)
+        if made.returncode != 0:
+            return f"cannot create a network namespace: {made.stderr.strip()}"
+        veth = _ip("-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "a1",
+                   check=False)
+        if veth.returncode != 0:
+            return f"cannot create a veth pair: {veth.stderr.strip()}"
+        br = _ip("-n", probe, "link", "add", "b0", "type", "bridge", check=False)
+        if br.returncode != 0:
+            return f"cannot create a bridge: {br.stderr.strip()}"
+        return None
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+def has_netem() -> bool:
+    """Whether the kernel can add a netem qdisc (latency emulation)."""
+    probe = f"mgcnetem{os.getpid()}"
+    try:
+        if _ip("netns", "add", probe, check=False).returncode != 0:
+            return False
+        _ip("-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "a1", check=False)
+        r = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "a0", "root", "netem",
+                            "delay", "1ms"], capture_output=True, timeout=30)
+        return r.returncode == 0
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+_LAUNCHER = """#!/bin/sh
+# Hydra's ssh launcher calls `<this> [options] <host> <command...>`: enter the host's
+# namespace, give it its own hostname, run the command as ssh would (through a shell).
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+host="$1"; shift
+case "$host" in
+{cases}
+  *) echo "netns_cluster launcher: unknown host $host" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
+"""
+
+
+class Cluster:
+    """H hosts in network namespaces on one bridge, each link shaped (see module docstring).
+
+    Use as a context manager (`with Cluster(2, rate="1gbit") as c:`), or `up()` / `down()`."""
+
+    def __init__(self, hosts: int = 2, rate: str | None = "1gbit", latency_ms: float = 0.0,
+                 tag: str | None = None, burst: str = "256kb"):
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ValueError(f"hosts: between 1 and {MAX_HOSTS}, got {hosts}")
+        if latency_ms < 0:
+            raise ValueError(f"latency_ms: must be >= 0, got {latency_ms}")
+        self.hosts = hosts
+        self.rate = rate
+        self.latency_ms = float(latency_ms)
+        self.burst = burst
+        self.tag = tag or f"mgc{os.getpid()}"
+        self.switch = f"{self.tag}-sw"
+        self.control = f"{self.tag}-ctl"
+        self.namespaces = [f"{self.tag}-h{i}" for i in range(hosts)]
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
+        self.hostnames = [f"{self.tag}-host{i}" for i in range(hosts)]
+        self.workdir: Path | None = None
+
+    # -------------------------------------------------------------- set-up and removal
+    def all_namespaces(self) -> list[str]:
+        return [self.switch, self.control, *self.namespaces]
+
+    def up(self) -> Cluster:
+        """Create the namespaces, the bridge, the links and their shaping (removing any left
+        from an earlier run with the same tag first)."""
+        why = unavailable()
+        if why:
+            raise RuntimeError(f"netns cluster: {why}")
+        if self.latency_ms and not has_netem():
+            raise RuntimeError("netns cluster: latency needs the netem qdisc, which this kernel "
+                               "lacks (rate shaping with tbf works)")
+        self.down()
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        for ns in self.all_namespaces():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        ends = [(ns, addr, f"p{i}") for i, (ns, addr) in
+                enumerate(zip(self.namespaces, self.addresses))]
+        ends.append((self.control, CONTROL_ADDRESS, "pc"))
+        for ns, addr, port in ends:
+            _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+                "netns", ns)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+        for i, ns in enumerate(self.namespaces):
+            self._shape(ns, "eth0")
+            self._shape(self.switch, f"p{i}")
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        cases = "\n".join(f"  {addr}|{name}) ns={ns}; name={name} ;;"
+                          for ns, addr, name in zip(self.namespaces, self.addresses,
+                                                    self.hostnames))
+        launcher = self.workdir / "launcher.sh"
+        launcher.write_text(_LAUNCHER.format(cases=cases), encoding="utf-8")
+        launcher.chmod(0o755)
+
+    def _shape(self, ns: str, dev: str) -> None:
+        if self.latency_ms:
+            args = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+                    f"{self.latency_ms}ms"]
+            if self.rate:
+                args += ["rate", self.rate]
+            _tc(ns, *args)
+        elif self.rate:
+            _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate, "burst",
+                self.burst, "latency", "50ms")
+
+    def down(self) -> None:
+        """Remove every namespace of this cluster (and so its links); safe to repeat."""
+        listed = _ip("netns", "list", check=False).stdout.split()
+        for ns in self.all_namespaces():
+            if ns in listed:
+                _ip("netns", "del", ns, check=False)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> Cluster:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # -------------------------------------------------------------- use
+    def link_bytes(self) -> dict[str, dict[str, int]]:
+        """Per compute host, the bytes its eth0 has sent and received so far."""
+        out = {}
+        for ns, name in zip(self.namespaces, self.hostnames):
+            stats = json.loads(_ip("-j", "-s", "-n", ns, "link", "show", "dev", "eth0").stdout)
+            s = stats[0]["stats64"]
+            out[name] = {"tx": int(s["tx"]["bytes"]), "rx": int(s["rx"]["bytes"])}
+        return out
+
+    def mpiexec_command(self, mpiexec: str, ranks_per_host: int = 1) -> list[str]:
+        """`ip netns exec <ctl> mpiexec ...` that places ranks_per_host ranks on each host;
+        append `-n N program args...`."""
+        if self.workdir is None:
+            raise RuntimeError("netns cluster: not up")
+        hosts = ",".join(f"{a}:{ranks_per_host}" for a in self.addresses)
+        return ["ip", "netns", "exec", self.control, mpiexec, "-launcher", "ssh",
+                "-launcher-exec", str(self.workdir / "launcher.sh"), "-localhost",
+                CONTROL_ADDRESS, "-hosts", hosts,
+                "-genv", "UCX_TLS", "tcp,self", "-genv", "FI_PROVIDER", "tcp",
+                "-genv", "UCX_NET_DEVICES", "eth0", "-genv", "MPIR_CVAR_NOLOCAL", "1"]
+
+    def run(self, mpiexec: str, args: list[str], *, timeout: float = 120.0,
+            env: dict | None = None, ranks_per_host: int = 1) -> tuple[int | None, str]:
+        """Run `mpiexec <placement> args...` across the hosts; (exit status, output). A run
+        past `timeout` is killed with its process group (status None)."""
+        cmd = self.mpiexec_command(mpiexec, ranks_per_host) + list(args)
+        full_env = dict(os.environ, **(env or {}))
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=full_env, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            self._kill_leftovers()
+            return None, out
+
+    def _kill_leftovers(self) -> None:
+        # proxies started through the launcher live in the hosts' namespaces
+        for ns in self.namespaces:
+            pids = _ip("netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+def remove_stale(tag: str) -> None:
+    """Remove the namespaces of a cluster `tag` left behind (e.g. by a killed run)."""
+    for ns in _ip("netns", "list", check=False).stdout.split():
+        if ns.startswith(f"{tag}-"):
+            _ip("netns", "del", ns, check=False)
+
+
+# ---------------------------------------------------------------------- command line
+def _mpiexec_default() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="make the cluster, run mpiexec across it, remove it")
+    r.add_argument("--hosts", type=int, default=2)
+    r.add_argument("--rate", default="1gbit", help="link rate (tc units), or `none`")
+    r.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay (netem)")
+    r.add_argument("--ranks-per-host", type=int, default=1)
+    r.add_argument("--timeout", type=float, default=600.0)
+    r.add_argument("--mpiexec", default=_mpiexec_default())
+    r.add_argument("mpi_args", nargs=argparse.REMAINDER,
+                   help="after --: mpiexec's own arguments (-n N program ...)")
+    c = sub.add_parser("clean", help="remove a cluster left behind")
+    c.add_argument("--tag", required=True)
+    sub.add_parser("check", help="say whether a cluster can be made here")
+    args = p.parse_args(argv)
+    if args.cmd == "check":
+        why = unavailable()
+        print(f"netns cluster: {why or 'available'}; netem: {has_netem()}")
+        return 1 if why else 0
+    if args.cmd == "clean":
+        remove_stale(args.tag)
+        return 0
+    mpi_args = args.mpi_args[1:] if args.mpi_args[:1] == ["--"] else args.mpi_args
+    if not mpi_args:
+        p.error("give mpiexec's arguments after --, e.g. -- -n 2 python prog.py")
+    rate = None if args.rate.lower() == "none" else args.rate
+    try:
+        with Cluster(args.hosts, rate, args.latency_ms) as cluster:
+            before = cluster.link_bytes()
+            t0 = time.perf_counter()
+            status, out = cluster.run(args.mpiexec, mpi_args, timeout=args.timeout,
+                                      ranks_per_host=args.ranks_per_host)
+            wall = time.perf_counter() - t0
+            after = cluster.link_bytes()
+    except (RuntimeError, ValueError, subprocess.CalledProcessError) as exc:
+        print(f"netns_cluster: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(out)
+    sent = {h: after[h]["tx"] - before[h]["tx"] for h in after}
+    print(f"netns_cluster: {args.hosts} hosts, rate {rate or 'unshaped'}, latency "
+          f"{args.latency_ms} ms; {wall:.1f} s; bytes sent per host: "
+          f"{', '.join(f'{h}={n}' for h, n in sent.items())}"
+          f"{'; TIMED OUT' if status is None else ''}", file=sys.stderr)
+    cmd = " ".join(shlex.quote(a) for a in mpi_args)
+    if status:
+        print(f"netns_cluster: `{cmd}` exited with {status}", file=sys.stderr)
+    return 124 if status is None else status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

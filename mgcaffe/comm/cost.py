@@ -39,7 +39,7 @@ from ..errors import PlanError
 from .profile import as_float, as_int, read_json, require_mapping
 
 __all__ = ["ALGORITHMS", "CostModel", "Network", "canonical_algorithm", "cost_for",
-           "fit_linear", "formula", "load_network"]
+           "fit_linear", "fit_relative", "formula", "load_network"]
 
 ALGORITHMS = ("ring", "binary_tree", "recursive_doubling", "recursive_halving_doubling")
 
@@ -216,13 +216,16 @@ def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
                      origin=origin)
 
 
-def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[CostModel, float]:
+def fit_linear(sizes: Sequence[float], times: Sequence[float],
+               weights: Sequence[float] | None = None) -> tuple[CostModel, float]:
     """Least-squares fit of times = a + b*sizes (bytes, seconds): returns (CostModel(a, b), rms)
-    with rms the root-mean-square residual in seconds.
+    with rms the root-mean-square residual in seconds (unweighted).
 
-    A negative a or b, which noise can produce, is replaced by the constrained optimum (the best
-    fit with that coefficient at 0), as non-negative least squares gives: a cost model never
-    has negative terms. Needs at least two distinct sizes."""
+    `weights` (default all 1) weigh each point's squared residual: `fit_relative` passes
+    1/t^2 so that the relative error is what is minimised. A negative a or b, which noise can
+    produce, is replaced by the constrained optimum (the best fit with that coefficient at 0),
+    as non-negative least squares gives: a cost model never has negative terms. Needs at least
+    two distinct sizes."""
     xs = [float(x) for x in sizes]
     ys = [float(y) for y in times]
     if len(xs) != len(ys):
@@ -230,22 +233,38 @@ def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[CostMode
     n = len(xs)
     if n == 0:
         raise PlanError("fit_linear: no points")
-    mx = math.fsum(xs) / n
-    my = math.fsum(ys) / n
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    ws = [1.0] * n if weights is None else [float(w) for w in weights]
+    if len(ws) != n or not all(math.isfinite(w) and w > 0 for w in ws):
+        raise PlanError(f"fit_linear: need {n} positive finite weights")
+    sw = math.fsum(ws)
+    mx = math.fsum(w * x for w, x in zip(ws, xs)) / sw
+    my = math.fsum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = math.fsum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    sxy = math.fsum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
     if not sxx > 0:
         raise PlanError("fit_linear: need at least two distinct message sizes")
     b = sxy / sxx
     a = my - b * mx
     if a < 0 or b < 0:
         candidates = []
-        x2 = math.fsum(x * x for x in xs)
+        x2 = math.fsum(w * x * x for w, x in zip(ws, xs))
         if x2 > 0:  # a = 0
-            bb = max(0.0, math.fsum(x * y for x, y in zip(xs, ys)) / x2)
+            bb = max(0.0, math.fsum(w * x * y for w, x, y in zip(ws, xs, ys)) / x2)
             candidates.append((0.0, bb))
         candidates.append((max(0.0, my), 0.0))  # b = 0
         a, b = min(candidates, key=lambda ab: math.fsum(
-            (y - ab[0] - ab[1] * x) ** 2 for x, y in zip(xs, ys)))
+            w * (y - ab[0] - ab[1] * x) ** 2 for w, x, y in zip(ws, xs, ys)))
     rms = math.sqrt(math.fsum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / n)
     return CostModel(a, b, origin="fit"), rms
+
+
+def fit_relative(sizes: Sequence[float], times: Sequence[float]) -> tuple[CostModel, float]:
+    """The fit of times = a + b*sizes that minimises the squared RELATIVE error (weights
+    1/t^2), so that a microsecond-long small message counts as much as a 100 ms large one;
+    returns (CostModel, worst relative error |fit - t| / t over the points)."""
+    ys = [float(y) for y in times]
+    if any(not y > 0 for y in ys):
+        raise PlanError("fit_relative: every time must be > 0")
+    fit, _ = fit_linear(sizes, ys, [1.0 / (y * y) for y in ys])
+    worst = max(abs(fit.time(x) - y) / y for x, y in zip(sizes, ys))
+    return fit, worst

@@ -340,9 +340,11 @@ class DistributedTraining:
                 bench = measure_allreduce(self.base_comm, sizes, iterations=10)
             cost = bench.fit
             origin = (f"measured all-reduce of {len(sizes)} sizes from {sizes[0]} B to "
-                      f"{sizes[-1] / 1e6:.1f} MB, rms residual {bench.rms * 1e6:.2f} us")
+                      f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
             if self.rank == 0:
                 log.info("All-reduce benchmark among %d ranks:\n%s", self.size, bench.table())
+                if bench.warning():
+                    log.warning("%s", bench.warning())
         if self.rank == 0:
             log.info("All-reduce cost T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte [%s]",
                      cost.a * 1e6, cost.b * 1e9, origin)

@@ -66,13 +66,10 @@ def run(args) -> int:
     result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
     if comm.rank == 0:
         log.info("all-reduce among %d ranks (%s):\n%s", comm.size, comm.name, result.table())
-        log.info("fit T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte (%.3f GB/s), rms residual "
-                 "%.3f us", result.fit.a * 1e6, result.fit.b * 1e9,
-                 (1 / result.fit.b / 1e9) if result.fit.b > 0 else float("inf"),
-                 result.rms * 1e6)
-        warning = fit_warning(result.fit.a, result.rms)
-        if warning:
-            log.warning("%s", warning)
+        log.info("fit T(M) = a + b*M (least relative error): %s", result.describe_fit())
+        for warning in (result.warning(), fit_warning(result.fit.a, result.rms)):
+            if warning:
+                log.warning("%s", warning)
         if args.out:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")

@@ -68,3 +68,19 @@ def test_bench_comm_command_writes_a_network_the_planner_reads(tmp_path):
     times = np.array([t for _, t in doc["measurements"]["2"]])
     assert np.all(times > 0) and times[-1] > times[0]  # 1 MB takes longer than 4 bytes
     assert "fit T(M) = a + b*M" in log
+
+
+def test_poor_fit_is_flagged_with_the_worst_point():
+    from mgcaffe.comm.benchmark import AllreduceBenchmark  # noqa: PLC0415
+    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
+
+    sizes, times = [4, 1024, 1 << 20], [5e-6, 6e-6, 1e-3]
+    good = AllreduceBenchmark(2, sizes, times, CostModel(5e-6, 1e-9), 0.0,
+                              [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.1e-3)], 0.05)
+    assert not good.poor and good.warning() is None
+    assert good.outside_spread() == []
+    assert "worst 5.0%" in good.describe_fit() and "a = 5.000 us" in good.describe_fit()
+    bad = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9), 0.0,
+                             [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.2e-3)], 24.0)
+    assert bad.poor and bad.outside_spread() == [4, 1024]
+    assert "at 4 B it predicts 125.0 us where 5.0 us" in bad.warning()

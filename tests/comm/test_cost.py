@@ -15,6 +15,7 @@ from mgcaffe.comm.cost import (
     canonical_algorithm,
     cost_for,
     fit_linear,
+    fit_relative,
     formula,
     load_network,
 )
@@ -210,3 +211,30 @@ def test_fit_linear_errors():
         fit_linear([1, 2], [1])
     with pytest.raises(PlanError, match="two distinct message sizes"):
         fit_linear([8, 8], [1e-3, 2e-3])
+
+
+def test_fit_relative_predicts_small_messages_that_plain_least_squares_misses():
+    # Small messages cost ~5 us; large ones follow 100 us + 1 ns/B with +-5% noise. Plain
+    # least squares is dominated by the large points and misses the small ones by far more
+    # than their size; the relative fit must get each small one within 25%.
+    sizes = [4, 64, 1024, 16 << 10, 256 << 10, 4 << 20, 16 << 20, 64 << 20]
+    times = [5e-6, 5.2e-6, 6e-6, 20e-6, 300e-6, 4.3e-3 * 0.95, 16.9e-3 * 1.05, 67.2e-3 * 0.98]
+    plain, _ = fit_linear(sizes, times)
+    rel, worst = fit_relative(sizes, times)
+    assert abs(plain.time(4) - 5e-6) / 5e-6 > 2  # the failure this fit exists for
+    for m, t in zip(sizes[:3], times[:3]):
+        assert abs(rel.time(m) - t) / t < 0.25
+    assert worst == pytest.approx(max(abs(rel.time(m) - t) / t for m, t in zip(sizes, times)))
+
+
+def test_fit_linear_weights_reduce_to_a_hand_computed_case():
+    # Two points, any weights: the line goes through both. Three points with one weight ~0:
+    # the line goes through the other two.
+    c, _ = fit_linear([0, 10], [1.0, 3.0], [5.0, 0.1])
+    assert (c.a, c.b) == pytest.approx((1.0, 0.2))
+    c, _ = fit_linear([0, 10, 20], [1.0, 3.0, 100.0], [1.0, 1.0, 1e-12])
+    assert (c.a, c.b) == pytest.approx((1.0, 0.2), rel=1e-6)
+    with pytest.raises(PlanError, match="positive finite weights"):
+        fit_linear([0, 10], [1.0, 3.0], [1.0, 0.0])
+    with pytest.raises(PlanError, match="> 0"):
+        fit_relative([0, 10], [0.0, 3.0])

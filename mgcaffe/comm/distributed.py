@@ -74,6 +74,7 @@ __all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_argume
 log = logging.getLogger("mgcaffe.comm")
 
 _SOLVER_ACTION_NONE, _STOP, _SNAPSHOT = "none", "stop", "snapshot"  # SolverAction values
+PROFILE_EXTENSION = 4  # profiling may run up to this many times profile_iters while drifting
 
 
 def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
@@ -367,9 +368,10 @@ class DistributedTraining:
             return plan
         self.profiler = OnlineProfile(self.net.name, self.names, self.counts, skip=1)
         if self.rank == 0:
-            log.info("Profiling the first %d iterations (the first one is not counted); "
-                     "meanwhile all gradients go in one all-reduce after backward",
-                     self.options.profile_iters)
+            log.info("Profiling the first %d iterations (the first one is not counted; up to "
+                     "%d while the times still drift); meanwhile all gradients go in one "
+                     "all-reduce after backward", self.options.profile_iters,
+                     PROFILE_EXTENSION * self.options.profile_iters)
         return synceasgd_groups(self.names)
 
     def _make_and_share(self, get_profile, where: str):
@@ -466,19 +468,31 @@ class DistributedTraining:
         self._profiled_iters += 1  # counted alike on every rank: the switch is a collective
         if len(self._ready) == len(self.names):
             prof.add(self.timer.forward_start, self.timer.forward_end, self._ready)
-        if self._profiled_iters < self.options.profile_iters:
+        wanted_iters = self.options.profile_iters
+        if self._profiled_iters < wanted_iters:
             return
+        if self._profiled_iters < PROFILE_EXTENSION * wanted_iters:
+            # Warm-up may outlast the first iterations: go on (all ranks alike) while any
+            # rank's older and newer samples disagree, then plan from the newest ones.
+            with self._guard("agreement on the profile's stability"):
+                drifting = self.base_comm.any_true([not prof.stable()])[0]
+            if drifting:
+                return
         if not len(prof):
             raise CommError(f"rank {self.rank}: no complete profile in {self._profiled_iters} "
                             f"iterations (the backward hook did not report every layer)")
+        recent = max(1, wanted_iters - 1)
+        if self.rank == 0:
+            log.info("%s", prof.describe_spread(recent))
         self.profiler = None
         if self.tracer is None:
             self.timer.remove()
         # The step waits for the slowest rank: plan with the latest ready time of each layer.
         with self._guard("gathering the ranks' profiles"):
-            profiles = self.base_comm.allgather(prof.profile())
+            profiles = self.base_comm.allgather(prof.profile(recent))
         plan = self._make_and_share(lambda: slowest(profiles),
-                                    f"profile of {len(prof)} iteration(s), slowest of "
+                                    f"median profile of the last {min(recent, len(prof))} of "
+                                    f"{self._profiled_iters} iteration(s), slowest of "
                                     f"{self.size} rank(s)")
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(self.base_comm, self.names, self.counts, plan)

@@ -14,6 +14,7 @@ themselves (instead of extra passes) leaves the data order untouched.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -111,12 +112,49 @@ class OnlineProfile:
     def __len__(self) -> int:
         return len(self.samples)
 
-    def profile(self) -> Profile:
-        """The median over the collected iterations (robust to one slow iteration)."""
-        forward = statistics.median(s[0] for s in self.samples)
-        layers = [LayerProfile(n, p, statistics.median(s[1][i] for s in self.samples))
+    def profile(self, recent: int | None = None) -> Profile:
+        """The per-layer median over the collected iterations (robust to one slow iteration),
+        or over the `recent` latest ones (after a drift the older ones are stale)."""
+        samples = self.samples[-recent:] if recent else self.samples
+        forward = statistics.median(s[0] for s in samples)
+        layers = [LayerProfile(n, p, statistics.median(s[1][i] for s in samples))
                   for i, (n, p) in enumerate(zip(self.names, self.params))]
         return Profile(self.model, self.batch_size, 4, forward, tuple(layers))
+
+    def _totals(self, samples) -> list[float]:
+        return [f + math.fsum(b) for f, b in samples]
+
+    def stable(self, tolerance: float = 0.1) -> bool:
+        """Whether the median forward+backward time of the older half of the samples and of
+        the newer half agree within `tolerance` (relative): the warm-up is over. Fewer than
+        4 samples cannot be judged and count as stable (a short profile was asked for)."""
+        n = len(self.samples)
+        if n < 4:
+            return True
+        old = statistics.median(self._totals(self.samples[:n // 2]))
+        new = statistics.median(self._totals(self.samples[n // 2:]))
+        return abs(old - new) <= tolerance * max(old, new)
+
+    def describe_spread(self, recent: int | None = None) -> str:
+        """One line: the forward+backward time's median and 10-90th percentile range over the
+        iterations, and how many layers' backward times vary by more than half their median
+        (interquartile range)."""
+        samples = self.samples[-recent:] if recent else self.samples
+        totals = sorted(self._totals(samples))
+
+        def pct(q):
+            return totals[min(len(totals) - 1, int(q * (len(totals) - 1) + 0.5))]
+
+        wide = 0
+        for i in range(len(self.names)):
+            xs = sorted(s[1][i] for s in samples)
+            med = statistics.median(xs)
+            iqr = xs[(3 * (len(xs) - 1)) // 4] - xs[(len(xs) - 1) // 4]
+            wide += iqr > 0.5 * med
+        return (f"profile spread over {len(samples)} iteration(s): t_f + t_b median "
+                f"{statistics.median(totals) * 1e3:.2f} ms, p10-p90 {pct(0.1) * 1e3:.2f}-"
+                f"{pct(0.9) * 1e3:.2f} ms; {wide} of {len(self.names)} layer(s) with an "
+                f"interquartile range above half their median")
 
 
 def slowest(profiles: list[Profile]) -> Profile:

@@ -12,6 +12,10 @@ byte):
 - `fits` (optional): measured (a, b) per number of nodes; they take precedence over the formula
   for the N they list (`cost_for(..., use_formula=True)` ignores them). alpha and beta may be
   left out when fits cover every N asked for.
+- `interference` (optional, inside a fit): how much backward slows while an all-reduce is in
+  flight, as measured points `[[bytes, slowdown], ...]`: backward runs at 1/(1 + slowdown) of
+  its speed while a message of that size is being all-reduced (docs/planner.md). Sizes in
+  between are interpolated linearly in log2(bytes), sizes outside take the nearest point.
 - Unknown extra keys (`source`, `units`, `fits_all_sizes`, ... and `rms_s` etc. inside a fit)
   are ignored.
 
@@ -77,6 +81,7 @@ class CostModel:
     b: float
     nodes: int | None = field(default=None, compare=False)
     origin: str = field(default="", compare=False)
+    interference: tuple[tuple[int, float], ...] = ()  # (bytes, backward slowdown), sorted
 
     def __post_init__(self):
         for name in ("a", "b"):
@@ -86,13 +91,53 @@ class CostModel:
             if v < 0:
                 raise PlanError(f"cost model: {name}: must be >= 0, got {v!r}")
             object.__setattr__(self, name, float(v))
+        points = []
+        for i, point in enumerate(self.interference):
+            try:
+                m, rho = point
+            except (TypeError, ValueError):
+                raise PlanError(f"cost model: interference[{i}]: expected [bytes, slowdown], "
+                                f"got {point!r}") from None
+            m = as_int(m, "cost model", f"interference[{i}][0]", minimum=1)
+            rho = as_float(rho, "cost model", f"interference[{i}][1]")
+            points.append((m, rho))
+        points.sort()
+        object.__setattr__(self, "interference", tuple(points))
 
     def time(self, nbytes: float) -> float:
         """Seconds to all-reduce a message of `nbytes` bytes."""
         return self.a + self.b * nbytes
 
+    @property
+    def interferes(self) -> bool:
+        """Whether any all-reduce slows backward (a non-zero slowdown was measured)."""
+        return any(rho > 0 for _, rho in self.interference)
+
+    def slowdown(self, nbytes: float) -> float:
+        """rho(M): while an all-reduce of M bytes is in flight backward runs at 1/(1 + rho)
+        of its speed; interpolated linearly in log2(M) between the measured points."""
+        pts = self.interference
+        if not pts:
+            return 0.0
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        x = math.log2(nbytes)
+        for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
+            if nbytes <= m1:
+                x0, x1 = math.log2(m0), math.log2(m1)
+                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]  # not reached
+
+    def with_interference(self, points) -> CostModel:
+        """The same a and b with measured (bytes, slowdown) points."""
+        return CostModel(self.a, self.b, self.nodes, self.origin, tuple(points))
+
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"a": self.a, "b": self.b}
+        if self.interference:
+            d["interference"] = [[m, rho] for m, rho in self.interference]
         if self.nodes is not None:
             d["nodes"] = self.nodes
         if self.origin:
@@ -158,7 +203,16 @@ class Network:
                         raise PlanError(f"{source}: fits.{key}.{name}: missing")
                 a = as_float(fit["a"], source, f"fits.{key}.a")
                 b = as_float(fit["b"], source, f"fits.{key}.b")
-                fits[n] = CostModel(a, b, nodes=n, origin="fit")
+                points = fit.get("interference") or ()
+                if not isinstance(points, (list, tuple)):
+                    raise PlanError(f"{source}: fits.{key}.interference: must be a list of "
+                                    f"[bytes, slowdown]")
+                try:
+                    fits[n] = CostModel(a, b, nodes=n, origin="fit",
+                                        interference=tuple(points))
+                except PlanError as exc:
+                    raise PlanError(f"{source}: fits.{key}.{str(exc).split(': ', 1)[1]}") \
+                        from None
         if (alpha is None) != (beta is None):
             missing = "beta" if beta is None else "alpha"
             raise PlanError(f"{source}: {missing}: missing (alpha and beta go together)")
@@ -172,7 +226,10 @@ class Network:
             d.update(alpha=self.alpha, beta=self.beta, gamma=self.gamma)
         d["algorithm"] = self.algorithm
         if self.fits:
-            d["fits"] = {str(n): {"a": c.a, "b": c.b} for n, c in sorted(self.fits.items())}
+            d["fits"] = {str(n): c.to_dict() for n, c in sorted(self.fits.items())}
+            for fit in d["fits"].values():
+                fit.pop("nodes", None)
+                fit.pop("origin", None)
         return d
 
 
@@ -213,7 +270,7 @@ def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
     if a is not None or b is not None:
         origin += " with --a" if a is not None else " with --b"
     return CostModel(base.a if a is None else a, base.b if b is None else b, nodes=nodes,
-                     origin=origin)
+                     origin=origin, interference=base.interference)
 
 
 def fit_linear(sizes: Sequence[float], times: Sequence[float],

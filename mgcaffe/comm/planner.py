@@ -93,6 +93,7 @@ class Plan:
     b: float
     nodes: int | None = None
     bucket_bytes: int | None = field(default=None)
+    interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
 
     # -- derived
     @property
@@ -158,6 +159,8 @@ class Plan:
             "comm_start": list(self.comm_start),
             "comm_end": list(self.comm_end),
             "digest": self.digest(),
+            **({"interference": [[m, r] for m, r in self.interference]}
+               if self.interference else {}),
         }
 
     @classmethod
@@ -228,7 +231,8 @@ class Plan:
             ideal=as_float(require(d, "ideal", source), source, "ideal"),
             a=as_float(require(d, "a", source), source, "a"),
             b=as_float(require(d, "b", source), source, "b"),
-            nodes=nodes, bucket_bytes=bucket)
+            nodes=nodes, bucket_bytes=bucket,
+            interference=_interference_from(d.get("interference"), source))
         digest = d.get("digest")
         if digest is not None and digest != plan.digest():
             raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
@@ -240,6 +244,17 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _interference_from(raw: Any, source: str) -> tuple[tuple[int, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise PlanError(f"{source}: interference: must be a list of [bytes, slowdown]")
+    try:
+        return CostModel(0.0, 0.0, interference=tuple(raw)).interference
+    except PlanError as exc:
+        raise PlanError(f"{source}: {str(exc).split(': ', 1)[1]}") from None
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -307,15 +322,21 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
     bend = tuple(ready[1:])
     index = {n: i + 1 for i, n in enumerate(names)}
     by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
-    sizes, cstart, cend = [], [], []
-    free = 0.0  # F(L+1): the channel is free from the start
-    for group in groups:
-        size = sum(by_name[n] for n in group)
-        start = max(free, ready[index[group[-1]]])
-        free = start + cost.time(size)
-        sizes.append(size)
-        cstart.append(start)
-        cend.append(free)
+    interference = getattr(cost, "interference", ())
+    if any(rho > 0 for _, rho in interference):
+        sizes, cstart, cend, ready = _interfered_timeline(profile, cost, groups, index, by_name)
+        bstart = tuple([ready[l + 1] for l in range(1, L)] + [profile.forward_time])
+        bend = tuple(ready[1:])
+    else:
+        sizes, cstart, cend = [], [], []
+        free = 0.0  # F(L+1): the channel is free from the start
+        for group in groups:
+            size = sum(by_name[n] for n in group)
+            start = max(free, ready[index[group[-1]]])
+            free = start + cost.time(size)
+            sizes.append(size)
+            cstart.append(start)
+            cend.append(free)
     t_iter = cend[-1]
     return Plan(
         scheme=scheme, model=profile.model, layers=tuple(names),
@@ -324,7 +345,58 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
         backward_start=bstart, backward_end=bend, comm_start=tuple(cstart),
         comm_end=tuple(cend), iteration_time=t_iter, ideal=ready[1], a=cost.a, b=cost.b,
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
-        bucket_bytes=bucket_bytes)
+        bucket_bytes=bucket_bytes, interference=tuple(interference))
+
+
+def _interfered_timeline(profile: Profile, cost: CostModel, groups, index, by_name):
+    """The timeline when backward runs at 1/(1 + rho(M)) of its speed while a message of M
+    bytes is in flight (docs/planner.md): an event simulation of backward's progress through
+    the channel's busy intervals. Returns (sizes, comm starts, comm ends, ready[0..L])."""
+    L = profile.num_layers
+    ready = [0.0] * (L + 1)
+    busy: list[tuple[float, float, float]] = []  # (start, end, speed) of each message so far
+    t, work, nxt = profile.forward_time, 0.0, 0  # backward's clock, work done, next interval
+
+    def advance(target: float) -> float:
+        """Run backward from (t, work) until `target` seconds of work are done."""
+        nonlocal t, work, nxt
+        while work < target:
+            while nxt < len(busy) and busy[nxt][1] <= t:
+                nxt += 1
+            if nxt < len(busy) and busy[nxt][0] <= t:  # inside a message: slowed
+                end, speed = busy[nxt][1], busy[nxt][2]
+                if work + (end - t) * speed >= target:
+                    t += (target - work) / speed
+                    work = target
+                else:
+                    work += (end - t) * speed
+                    t = end
+            else:  # the channel is idle (until the next message, if any)
+                gap = busy[nxt][0] - t if nxt < len(busy) else math.inf
+                if work + gap >= target:
+                    t += target - work
+                    work = target
+                else:
+                    work += gap
+                    t = busy[nxt][0]
+        return t
+
+    done = [0.0] * (L + 2)  # done[l]: work at which layer l's gradient is ready
+    for l in range(L, 0, -1):
+        done[l] = done[l + 1] + profile.layers[l - 1].backward_time
+    sizes, cstart, cend = [], [], []
+    free = 0.0
+    for group in groups:
+        for n in group:
+            ready[index[n]] = advance(done[index[n]])
+        size = sum(by_name[n] for n in group)
+        start = max(free, ready[index[group[-1]]])
+        free = start + cost.time(size)
+        busy.append((start, free, 1.0 / (1.0 + cost.slowdown(size))))
+        sizes.append(size)
+        cstart.append(start)
+        cend.append(free)
+    return sizes, cstart, cend, ready
 
 
 # ----------------------------------------------------------------------------- schemes
@@ -415,6 +487,67 @@ def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
     return runs
 
 
+def _optimal_interfered_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+    """Exact optimum over groupings of consecutive layers when messages slow backward.
+
+    Messages go in backward order, so after the groups holding layers L..k+1 the future
+    depends only on the state (F, w): the time F the channel becomes free and the backward
+    work w done by then (backward runs at full speed while the channel is idle). The next
+    group j..k starts at s = F if w >= W(j) (the work after which layer j is ready), else at
+    s = F + W(j) - w; it ends at s + T and leaves w' = min(W_total, w(s) + T / (1 + rho)).
+    State A dominates B when F_A <= F_B and min(W_total, w_A + F_B - F_A) >= w_B: from A every
+    continuation ends no later than from B (docs/planner.md proves it), so keeping, per k, the
+    non-dominated states only is exact. The fronts stay small (a few states per layer on
+    real profiles); the brute-force test checks small L against every grouping."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    p = [0] + [layer.params for layer in profile.layers]
+    W = [0.0] * (L + 2)
+    for l in range(L, 0, -1):
+        W[l] = W[l + 1] + profile.layers[l - 1].backward_time
+    total = W[1]
+    # fronts[k]: states after sending layers L..k+1: (F, w, parent k, parent state, j)
+    fronts: list[list[tuple]] = [[] for _ in range(L + 1)]
+    fronts[L] = [(profile.forward_time, 0.0, None, None, None)]
+    for k in range(L, 0, -1):
+        front = _pareto(fronts[k], total)
+        fronts[k] = front
+        for si, (F, w, *_) in enumerate(front):
+            params = 0
+            for j in range(k, 0, -1):
+                params += p[j]
+                size = nb * params
+                if w >= W[j]:
+                    s, ws = F, w
+                else:
+                    s, ws = F + W[j] - w, W[j]
+                T = cost.time(size)
+                w2 = min(total, ws + T / (1.0 + cost.slowdown(size)))
+                fronts[j - 1].append((s + T, w2, k, si, j))
+    final = min(fronts[0], key=lambda st: st[0])
+    runs, state = [], final
+    while state[2] is not None:
+        k, si, j = state[2], state[3], state[4]
+        runs.append((k, j))
+        state = fronts[k][si]
+    runs.reverse()
+    return runs
+
+
+def _pareto(states: list[tuple], total: float) -> list[tuple]:
+    """The states not dominated by another (see _optimal_interfered_runs)."""
+    states = sorted(states, key=lambda st: (st[0], -st[1]))
+    kept: list[tuple] = []
+    best_u = -math.inf  # max over kept states of w - F
+    for st in states:
+        F, w = st[0], st[1]
+        if best_u >= w - F:  # a kept A (F_A <= F) has w_A + F - F_A >= w: A dominates
+            continue
+        kept.append(st)
+        best_u = max(best_u, w - F)
+    return kept
+
+
 def _threshold_runs(profile: Profile, bucket_bytes: int) -> list[tuple[int, int]]:
     L = profile.num_layers
     runs, hi, acc = [], L, 0
@@ -442,7 +575,8 @@ def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int 
     elif scheme == "mgwfbp":
         runs = _mgwfbp_runs(profile, cost)
     elif scheme == "optimal":
-        runs = _optimal_runs(profile, cost)
+        runs = (_optimal_interfered_runs(profile, cost) if getattr(cost, "interferes", False)
+                else _optimal_runs(profile, cost))
     else:
         bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
             bucket_bytes, "threshold", "bucket_bytes")

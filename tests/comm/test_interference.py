@@ -1,0 +1,132 @@
+"""The interference-aware cost model: backward slows while a message is in flight.
+
+The timeline is checked against hand-computed cases, `optimal` against every grouping of
+small profiles (brute force through `timeline`)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from mgcaffe.comm import planner
+from mgcaffe.comm.cost import CostModel, Network, cost_for
+from mgcaffe.comm.planner import SCHEMES, Plan, make_plan, timeline
+from mgcaffe.comm.profile import LayerProfile, Profile
+from mgcaffe.errors import PlanError
+
+
+def toy(params, backward, forward=0.0) -> Profile:
+    layers = [LayerProfile(f"l{i + 1}", p, float(t))
+              for i, (p, t) in enumerate(zip(params, backward))]
+    return Profile("toy", 1, 4, float(forward), tuple(layers))
+
+
+def groupings(profile: Profile):
+    back = profile.names[::-1]
+    for cuts in itertools.product((False, True), repeat=len(back) - 1):
+        groups, cur = [], [back[0]]
+        for name, cut in zip(back[1:], cuts):
+            if cut:
+                groups.append(cur)
+                cur = []
+            cur.append(name)
+        groups.append(cur)
+        yield groups
+
+
+def test_slowdown_interpolates_in_log_size_and_clamps():
+    c = CostModel(1e-5, 1e-9, interference=((1 << 20, 0.4), (1 << 10, 0.0)))
+    assert c.interference == ((1024, 0.0), (1 << 20, 0.4))  # sorted
+    assert c.slowdown(4) == 0.0 and c.slowdown(1 << 30) == 0.4
+    assert c.slowdown(1 << 15) == pytest.approx(0.2)  # halfway in log2: 10 .. 20
+    assert c.interferes and not CostModel(1, 1).interferes
+    assert not CostModel(1, 1, interference=((4, 0.0),)).interferes
+    with pytest.raises(PlanError, match=r"interference\[0\]"):
+        CostModel(1, 1, interference=((4, -0.5),))
+
+
+def test_hand_computed_two_layer_timeline():
+    # backward l2 on [0, 2]; l1 needs 2 s of work; each message takes 1 s (a = 1, b = 0) and
+    # halves backward's speed (rho = 1).
+    profile = toy([1, 1], [2, 2])
+    cost = CostModel(1.0, 0.0, interference=((4, 1.0),))
+    wfbp = make_plan(profile, cost, "wfbp")
+    # l2 sent on [2, 3]: l1 does 0.5 s of work meanwhile, the other 1.5 s after: ready 4.5
+    assert wfbp.comm_start == (2.0, 4.5) and wfbp.comm_end == (3.0, 5.5)
+    assert wfbp.backward_end == (4.5, 2.0) and wfbp.ideal == 4.5
+    sync = make_plan(profile, cost, "synceasgd")
+    assert sync.iteration_time == 5.0
+    opt = make_plan(profile, cost, "optimal")
+    assert opt.iteration_time == 5.0 and opt.groups == (("l2", "l1"),)
+    # without interference both take 5 s and the paper's model cannot tell them apart
+    plain = CostModel(1.0, 0.0)
+    assert make_plan(profile, plain, "wfbp").iteration_time == 5.0
+
+
+def test_backward_inside_one_long_message():
+    # l3's message (8 s) outlasts backward: l2 and l1 run wholly inside it at half speed
+    profile = toy([1, 1, 1], [1, 1, 4])  # backward order: l3 (4 s), l2 (1 s), l1 (1 s)
+    cost = CostModel(8.0, 0.0, interference=((4, 1.0),))
+    plan = timeline(profile, cost, [["l3"], ["l2", "l1"]])
+    # l3 ready at 4, sent [4, 12]; l2 and l1 run at half speed: ready 6 and 8, both inside
+    assert plan.backward_end == (8.0, 6.0, 4.0)
+    assert plan.comm_start == (4.0, 12.0) and plan.iteration_time == 20.0
+
+
+@pytest.mark.parametrize("L", range(1, 9))
+def test_optimal_equals_brute_force_under_interference(L, make_random_profile):
+    rng = random.Random(500 + L)
+    for _ in range(10 if L < 7 else 4):
+        profile = make_random_profile(rng, L, zero_params=True)
+        points = tuple((int(10 ** rng.uniform(2, 7)), rng.uniform(0, 2.0)) for _ in range(2))
+        cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8),
+                         interference=points)
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        opt = make_plan(profile, cost, "optimal")
+        assert opt.iteration_time == pytest.approx(best, rel=1e-12)
+        for s in SCHEMES:
+            assert opt.iteration_time <= make_plan(profile, cost, s).iteration_time * (1 + 1e-12)
+
+
+def test_optimal_exact_with_integer_times_and_ties():
+    rng = random.Random(3)
+    for _ in range(300):
+        L = rng.randint(1, 6)
+        profile = toy([rng.randint(0, 4) for _ in range(L)],
+                      [rng.randint(0, 4) for _ in range(L)], forward=rng.randint(0, 3))
+        # speeds 1/2 and 1/4: binary fractions, so every time is exact
+        cost = CostModel(rng.randint(0, 4), 0.25 * rng.randint(0, 2),
+                         interference=((4, rng.choice((1.0, 3.0))),))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        assert make_plan(profile, cost, "optimal").iteration_time == best
+
+
+def test_state_dp_without_interference_matches_the_paper_dp(make_random_profile):
+    rng = random.Random(11)
+    for _ in range(30):
+        profile = make_random_profile(rng, rng.randint(1, 40))
+        cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8))
+        runs = planner._optimal_interfered_runs(profile, cost)
+        t = timeline(profile, cost, planner._groups_from_runs(profile, runs)).iteration_time
+        assert t == pytest.approx(make_plan(profile, cost, "optimal").iteration_time,
+                                  rel=1e-12)
+
+
+def test_interference_travels_through_network_json_and_plans(tmp_path):
+    net = Network.from_dict({"fits": {"2": {"a": 1e-4, "b": 1e-9,
+                                            "interference": [[1024, 0.1], [1 << 20, 0.5]]}}})
+    cost = cost_for(net, 2)
+    assert cost.interference == ((1024, 0.1), (1 << 20, 0.5))
+    assert Network.from_dict(net.to_dict()) == net
+    with pytest.raises(PlanError, match=r"fits.2.interference\[0\]\[1\]"):
+        Network.from_dict({"fits": {"2": {"a": 1, "b": 1, "interference": [[4, "x"]]}}})
+    profile = toy([1000, 2000, 3000], [1e-3, 2e-3, 3e-3], forward=1e-3)
+    plan = make_plan(profile, cost, "optimal")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.from_dict(json.loads(path.read_text()))
+    assert again.interference == cost.interference
+    assert again.iteration_time == plan.iteration_time

@@ -346,10 +346,27 @@ class DistributedTraining:
                 log.info("All-reduce benchmark among %d ranks:\n%s", self.size, bench.table())
                 if bench.warning():
                     log.warning("%s", bench.warning())
+            cost = self._with_interference(cost)
         if self.rank == 0:
             log.info("All-reduce cost T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte [%s]",
                      cost.a * 1e6, cost.b * 1e9, origin)
         return cost
+
+    def _with_interference(self, cost):
+        """`cost` with the measured slowdown of computation while an all-reduce is in flight
+        (the planner's extended model; see mgcaffe.comm.interference)."""
+        from .interference import interference_sizes, measure_interference  # noqa: PLC0415
+
+        points = []
+        for m in interference_sizes(4 * sum(self.counts)):
+            # a few fixed-length rounds per size: a deadline of its own, not the comm timeout
+            with self._guard(f"interference measurement at {m} bytes",
+                             max(self.options.timeout, 20.0)):
+                points += measure_interference(self.base_comm, cost, [m])
+        if self.rank == 0:
+            log.info("Computation slows while an all-reduce is in flight: %s",
+                     ", ".join(f"{m / 1e6:.3g} MB +{rho * 100:.0f}%" for m, rho in points))
+        return cost.with_interference(points)
 
     def _initial_plan(self):
         """The plan to start with: final (--plan, --profile) or provisional (profiling)."""

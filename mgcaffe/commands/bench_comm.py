@@ -41,6 +41,9 @@ def add_arguments(parser) -> None:
                         help="timed all-reduces per size (fewer for large sizes; default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
     parser.add_argument("--out", default=None, help="write the network JSON here (rank 0)")
+    parser.add_argument("--interference", action="store_true",
+                        help="also measure how much computation slows while an all-reduce is "
+                             "in flight (written as fits.N.interference)")
 
 
 def fit_warning(a: float, rms: float) -> str | None:
@@ -64,16 +67,26 @@ def run(args) -> int:
     if comm.size == 1:
         log.warning("bench-comm: one rank: nothing to exchange (start it with mpiexec -n N)")
     result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
+    points = None
+    if args.interference and comm.size > 1:
+        from ..comm.interference import interference_sizes, measure_interference  # noqa: PLC0415
+
+        points = measure_interference(comm, result.fit, interference_sizes(max(sizes)))
     if comm.rank == 0:
         log.info("all-reduce among %d ranks (%s):\n%s", comm.size, comm.name, result.table())
         log.info("fit T(M) = a + b*M (least relative error): %s", result.describe_fit())
         for warning in (result.warning(), fit_warning(result.fit.a, result.rms)):
             if warning:
                 log.warning("%s", warning)
+        doc = result.network_json()
+        if points is not None:
+            log.info("computation slows while an all-reduce is in flight: %s",
+                     ", ".join(f"{m} B +{rho * 100:.0f}%" for m, rho in points))
+            doc["fits"][str(comm.size)]["interference"] = [[m, rho] for m, rho in points]
         if args.out:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(result.network_json(), indent=1) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
             tmp.replace(path)
             log.info("wrote %s", path)
     comm.barrier()

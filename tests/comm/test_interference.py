@@ -130,3 +130,21 @@ def test_interference_travels_through_network_json_and_plans(tmp_path):
     again = Plan.from_dict(json.loads(path.read_text()))
     assert again.interference == cost.interference
     assert again.iteration_time == plan.iteration_time
+
+
+def test_measure_interference_is_a_collective_with_one_answer():
+    from mgcaffe.comm.interference import interference_sizes, measure_interference  # noqa: PLC0415
+    from mgcaffe.comm.local import LocalWorld  # noqa: PLC0415
+    from mgcaffe.comm.testing import run_ranks  # noqa: PLC0415
+
+    assert interference_sizes(100) == [100]
+    assert interference_sizes(64 << 20) == [64 << 10, 1 << 20, 16 << 20]
+    world = LocalWorld(2, timeout=20)
+    comms = world.communicators()
+    cost = CostModel(1e-5, 1e-9)
+    results, errors = run_ranks(2, lambda r: measure_interference(
+        comms[r], cost, [1024, 1 << 16], duration=0.02, rounds=1))
+    assert errors == [None, None]
+    assert results[0] == results[1]  # every rank keeps the slowest rank's slowdown
+    assert [m for m, _ in results[0]] == [1024, 1 << 16]
+    assert all(rho >= 0 for _, rho in results[0])

@@ -15,6 +15,13 @@ iterations (the first after each switch not counted), of forward start to reduce
 which is what the planner predicts (the update is outside both). The ideal t_f + t_b is also
 measured on one process alone with the same per-rank batch.
 
+`--netns-hosts H` runs the same over real TCP between H network namespaces on this machine
+(tools/netns_cluster.py, root only; `--rate`, `--latency-ms`): no emulation, the all-reduce
+cost and the slowdown of computation during an all-reduce are measured at start-up, and
+"predicted" is the interference-aware model (docs/planner.md) beside "meas/paper", the
+ratio to the paper's model on the same groups; "optimal (no interf.)" is the optimum of the
+paper's model, for comparison.
+
 Targets (issue 5): measured within 10% of predicted for every scheme; MG-WFBP's measured
 speed-ups over WFBP and SyncEASGD at least the predicted ones minus 5%. BLAS runs one thread
 per rank so that the ranks do not fight over cores. The exit status is 0 even when a target
@@ -39,13 +46,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
+          "resnet50": REPO / "models" / "resnet50" / "train_val.prototxt",
           "cifar10_quick": REPO / "models" / "cifar10_quick" / "cifar10_quick_train_test.prototxt"}
 SCHEMES = {  # label: planner scheme (--comm mgwfbp --merge paper|optimal for the last two)
     "wfbp": "wfbp",
     "synceasgd": "synceasgd",
     "mgwfbp (paper)": "mgwfbp",
     "mgwfbp (optimal)": "optimal",
+    "optimal (no interf.)": "optimal",  # planned with the paper's model (no interference)
 }
+PAPER_MODEL = {"optimal (no interf.)"}
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -70,8 +80,9 @@ def worker(a) -> int:
     Profile once, plan every scheme from that profile, then run the schemes in turn for
     `--rounds` rounds of `--iters` iterations each: on a machine shared with other work the
     load drifts, and interleaving exposes every scheme to the same drift."""
+    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
     from mgcaffe.comm.distributed import attach, world  # noqa: PLC0415
-    from mgcaffe.comm.planner import Plan, make_plan  # noqa: PLC0415
+    from mgcaffe.comm.planner import Plan, make_plan, timeline  # noqa: PLC0415
     from mgcaffe.comm.profile import Profile  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
@@ -91,14 +102,17 @@ def worker(a) -> int:
     args = SimpleNamespace(comm="synceasgd", merge=None, bucket_mb=None, profile=None,
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
-                           emulate_network=a.network, emulate_nodes=a.nodes, check_sync=None,
+                           emulate_network=a.network or None, emulate_nodes=a.nodes or None,
+                           check_sync=None,
                            comm_timeout=300.0, pack_gradients=a.pack_gradients or None)
     with attach(solver, args, comm) as h:
         solver.step(a.profile_iters)
         plans = None
+        plain = CostModel(h.cost.a, h.cost.b)
         if rank == 0:
             profile = Profile.from_dict(h.profile_dict)
-            plans = {label: make_plan(profile, h.cost, SCHEMES[label], nodes=a.nodes).to_dict()
+            plans = {label: make_plan(profile, plain if label in PAPER_MODEL else h.cost,
+                                      SCHEMES[label], nodes=a.nodes or size).to_dict()
                      for label in a.schemes}
         plans = {k: Plan.from_dict(v) for k, v in comm.broadcast(plans, root=0).items()}
         samples = {label: [] for label in a.schemes}
@@ -114,11 +128,14 @@ def worker(a) -> int:
         if rank == 0:
             first = plans[a.schemes[0]]
             out = {"ideal_profile": first.ideal, "schemes": {}, "a": h.cost.a, "b": h.cost.b,
+                   "interference": [list(x) for x in h.cost.interference],
                    "layers": list(first.layers), "layer_bytes": list(first.layer_bytes)}
             for label in a.schemes:
+                groups = [list(g) for g in plans[label].groups]
                 out["schemes"][label] = {
                     "measured": statistics.median(samples[label]), "samples": samples[label],
-                    "predicted": plans[label].iteration_time,
+                    "predicted": timeline(profile, h.cost, groups).iteration_time,
+                    "predicted_paper": timeline(profile, plain, groups).iteration_time,
                     "messages": len(plans[label].groups),
                     "comm_thread_cpu": cpu[label] / (a.rounds * a.iters),
                     "groups": [list(g) for g in plans[label].groups]}
@@ -211,7 +228,8 @@ def window_predictions(trace_path: str, run: dict, a) -> dict[str, float]:
                      tuple(LayerProfile(n, c, statistics.median(
                          p.layers[i].backward_time for p in per_iter))
                            for i, (n, c) in enumerate(zip(names, params))))
-    cost = CostModel(run["a"], run["b"])
+    cost = CostModel(run["a"], run["b"],
+                     interference=tuple(tuple(x) for x in run.get("interference", ())))
     return {label: timeline(median, cost, r["groups"]).iteration_time
             for label, r in run["schemes"].items()}
 
@@ -222,6 +240,30 @@ def launch(cmd, env, timeout):
     if proc.returncode != 0 or not m:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"{' '.join(map(str, cmd[:4]))}...: failed (exit {proc.returncode})")
+    return json.loads(m.group(1))
+
+
+def launch_on_cluster(a, mpi_args, env, timeout):
+    """Run `mpiexec mpi_args` across a namespace cluster; checks that the bytes went over
+    the shaped links."""
+    import importlib.util  # noqa: PLC0415
+
+    from mgcaffe.comm.testing import mpiexec  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("netns_cluster",
+                                                  REPO / "tools" / "netns_cluster.py")
+    netns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(netns)
+    with netns.Cluster(a.netns_hosts, a.rate, a.latency_ms) as cluster:
+        before = cluster.link_bytes()
+        status, out = cluster.run(mpiexec(), mpi_args, timeout=timeout, env=env)
+        after = cluster.link_bytes()
+    sent = {h: after[h]["tx"] - before[h]["tx"] for h in after}
+    print(f"bytes sent per host over the shaped links: {sent}", flush=True)
+    m = re.search(r"RESULT (\{.*?\})\s*$", out, re.M)
+    if status != 0 or not m:
+        sys.stderr.write(out)
+        raise SystemExit(f"namespace cluster run failed (exit {status})")
     return json.loads(m.group(1))
 
 
@@ -242,6 +284,13 @@ def main() -> int:
     p.add_argument("--pack-gradients", action="store_true",
                    help="copy gradients into the executor's buffer to reduce them (the path "
                         "before the flat gradient buffer), for comparison")
+    p.add_argument("--netns-hosts", type=int, default=0,
+                   help="run on a namespace cluster of this many hosts (tools/netns_cluster.py, "
+                        "needs root) over real TCP instead of emulating --network; the cost "
+                        "and the interference are then measured at start-up")
+    p.add_argument("--rate", default="1gbit", help="namespace cluster link rate (tc units)")
+    p.add_argument("--latency-ms", type=float, default=0.0,
+                   help="namespace cluster one-way delay per link (needs netem)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -252,19 +301,25 @@ def main() -> int:
 
     env = dict(os.environ, **ONE_THREAD, PYTHONPATH=str(REPO))
     me = [sys.executable, str(Path(__file__).resolve())]
+    if a.netns_hosts:
+        a.network, a.nodes, a.ranks = "", 0, a.netns_hosts
     common = ["--model", a.model, "--batch", str(a.batch), "--iters", str(a.iters),
               "--rounds", str(a.rounds), "--profile-iters", str(a.profile_iters),
               "--network", a.network, "--nodes", str(a.nodes), "--schemes", *a.schemes]
     if a.pack_gradients:
         common.append("--pack-gradients")
-    print(f"{a.model}, batch {a.batch} per rank, {a.ranks} ranks, emulating {a.nodes} nodes "
-          f"of {Path(a.network).name}; gradients "
+    where = (f"{a.netns_hosts} namespace hosts over TCP, links {a.rate}, +{a.latency_ms} ms"
+             if a.netns_hosts else f"emulating {a.nodes} nodes of {Path(a.network).name}")
+    print(f"{a.model}, batch {a.batch} per rank, {a.ranks} ranks, {where}; gradients "
           f"{'packed' if a.pack_gradients else 'reduced in place'}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     ideal = launch(me + ["--worker", "--single"] + common, env, 1800)["ideal"]
     trace = a.timeline or str(Path(tempfile.mkdtemp()) / "bench-trace.json")
-    run = launch([mpiexec(), "-n", str(a.ranks)] + me + ["--worker", "--timeline", trace] +
-                 common, env, 7200)
+    worker_cmd = ["-n", str(a.ranks)] + me + ["--worker", "--timeline", trace] + common
+    if a.netns_hosts:
+        run = launch_on_cluster(a, worker_cmd, env, 7200)
+    else:
+        run = launch([mpiexec()] + worker_cmd, env, 7200)
     results = run["schemes"]
     replays = replay(trace, run["a"], run["b"])
     window = window_predictions(trace, run, a)
@@ -277,18 +332,28 @@ def main() -> int:
           f"{run['ideal_profile'] * 1e3:.1f} ms\n")
     print("predicted: from the start-up profile; window: from a profile of the synceasgd "
           "rounds;\nreplay: the model's schedule on each iteration's actual ready times\n")
-    print(f"{'scheme':17} {'msgs':>4} {'measured':>9} {'predicted':>10} {'meas/pred':>9} "
-          f"{'window':>7} {'meas/win':>8} {'meas/replay':>11} {'n':>3} {'thread CPU':>10}")
+    if run.get("interference"):
+        print("measured slowdown of computation during an all-reduce: " + ", ".join(
+            f"{m} B +{rho * 100:.0f}%" for m, rho in run["interference"]) + "\n")
+    print(f"{'scheme':20} {'msgs':>4} {'measured':>9} {'predicted':>10} {'meas/pred':>9} "
+          f"{'meas/paper':>10} {'window':>7} {'meas/win':>8} {'meas/replay':>11} {'n':>3} "
+          f"{'thread CPU':>10}")
     ok = True
     for label, r in results.items():
         ratio = r["measured"] / r["predicted"]
         ok &= abs(ratio - 1) <= 0.10
         win = r.get("predicted_window") or float("nan")
         rep = r["replay_ratio"] if r["replay_ratio"] is not None else float("nan")
-        print(f"{label:17} {r['messages']:4d} {r['measured'] * 1e3:7.1f}ms "
-              f"{r['predicted'] * 1e3:8.1f}ms {ratio:9.3f} {win * 1e3:5.1f}ms "
+        print(f"{label:20} {r['messages']:4d} {r['measured'] * 1e3:7.1f}ms "
+              f"{r['predicted'] * 1e3:8.1f}ms {ratio:9.3f} "
+              f"{r['measured'] / r['predicted_paper']:10.3f} {win * 1e3:5.1f}ms "
               f"{r['measured'] / win:8.3f} {rep:11.3f} {len(r['samples']):3d} "
               f"{r['comm_thread_cpu'] * 1e3:8.1f}ms")
+    fastest_pred = min(results, key=lambda k: results[k]["predicted"])
+    fastest_meas = min(results, key=lambda k: results[k]["measured"])
+    gap = results[fastest_pred]["measured"] / results[fastest_meas]["measured"] - 1
+    print(f"\npredicted fastest: {fastest_pred}; measured fastest: {fastest_meas} "
+          f"(the predicted one measured {gap * 100:+.1f}% slower)")
     print()
     for mg in ("mgwfbp (paper)", "mgwfbp (optimal)"):
         for base in ("wfbp", "synceasgd"):

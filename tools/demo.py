@@ -1,13 +1,18 @@
-"""`make demo`: the main job on built-in defaults.
+"""`make demo`: the main job on built-in defaults, and what MG-WFBP is for.
 
 1. Convert scikit-learn's bundled handwritten digits into Caffe LMDBs (data/digits/).
-2. Train the LeNet-style digits net (models/digits/) on 2 MPI ranks with MG-WFBP
-   (`mpiexec -n 2 mgcaffe train --solver models/digits/solver.prototxt --comm=mgwfbp`),
-   logging the measured profile, the fitted all-reduce cost, the plan and the measured
-   against predicted iteration time.
-3. Plot the training log to demo-output/training.png and print the final test accuracy.
+2. Train the LeNet-style digits net (models/digits/) on 2 MPI ranks as if they were 2 of a
+   32-node 10GbE cluster (`--emulate-network models/paper/network-10gbe.json --emulate-nodes
+   32`: every all-reduce lasts at least that cluster's a + b*M by the ring formula, a = 2.8
+   ms, several times a layer's backward), where merging pays: briefly with `--comm=wfbp` and `--comm=synceasgd`, then in full with
+   `--comm=mgwfbp` (the exact optimum of the merge model). Each run logs its profile, plan
+   and measured against predicted iteration time.
+3. Print a table of the three modes (messages, measured and predicted iteration time) with
+   the groups MG-WFBP chose, plot the MG-WFBP training log to demo-output/training.png and
+   print the final test accuracy.
 
-Run from the repository root (the Makefile does). `--ranks 1` trains in one process.
+Run from the repository root (the Makefile does). `--ranks 1` trains in one process;
+`--no-emulation` uses the real (shared-memory) all-reduce, where nothing needs merging.
 """
 
 from __future__ import annotations
@@ -39,30 +44,85 @@ def run(cmd: list[str], log_path: Path | None = None) -> None:
                              f"log in {log_path}")
 
 
+SUMMARY = re.compile(r"measured ([0-9.]+) ms \(median of (\d+)\), predicted ([0-9.]+) ms by "
+                     r"plan (\w+)")
+PLAN = re.compile(r"plan (\w+) \(\w+\): (\d+) all-reduce\(s\) for (\d+) learnable layers")
+GROUP = re.compile(r"^\s+group \d+: ([0-9.]+) MB\s+(.*)$", re.M)
+
+
+def summarise(mode: str, log_path: Path) -> dict:
+    """Messages, groups, measured and predicted iteration time from one training log."""
+    text = log_path.read_text()
+    plans = list(PLAN.finditer(text))
+    summary = SUMMARY.search(text)
+    if not plans or not summary:
+        raise SystemExit(f"demo: no plan or no timing summary in {log_path}")
+    last = plans[-1]
+    groups = [g.group(2) for g in GROUP.finditer(text, last.end())][:int(last.group(2))]
+    return {"mode": mode, "messages": int(last.group(2)), "groups": groups,
+            "measured": float(summary.group(1)), "iterations": int(summary.group(2)),
+            "predicted": float(summary.group(3))}
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'--comm':10} {'messages':>8} {'measured':>10} {'predicted':>10} "
+             f"{'meas/pred':>9}  (forward start to reduced gradients, median)"]
+    for r in rows:
+        lines.append(f"{r['mode']:10} {r['messages']:8d} {r['measured']:8.2f}ms "
+                     f"{r['predicted']:8.2f}ms {r['measured'] / r['predicted']:9.2f}")
+    mg = next((r for r in rows if r["mode"] == "mgwfbp"), None)
+    if mg is not None:
+        lines.append("MG-WFBP's groups (output side first): " +
+                     " | ".join(g.replace(", ", "+") for g in mg["groups"]))
+        for base in ("wfbp", "synceasgd"):
+            other = next((r for r in rows if r["mode"] == base), None)
+            if other is not None:
+                measured = other["measured"] / mg["measured"]
+                predicted = other["predicted"] / mg["predicted"]
+                lines.append(f"MG-WFBP over {base}: measured {measured:.2f}x, predicted "
+                             f"{predicted:.2f}x")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2, help="MPI ranks (default 2)")
-    parser.add_argument("--comm", default="mgwfbp",
-                        help="wfbp | synceasgd | mgwfbp | threshold (default mgwfbp)")
+    parser.add_argument("--short-iters", type=int, default=120,
+                        help="iterations of the wfbp and synceasgd runs (default 120)")
+    parser.add_argument("--no-emulation", action="store_true",
+                        help="the real all-reduce instead of an emulated 32-node 10GbE cluster")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     python = sys.executable
     run([python, "tools/convert_digits.py", "--out", "data/digits"])
 
-    train = [python, "-m", "mgcaffe", "train", "--solver", "models/digits/solver.prototxt"]
+    base = [python, "-m", "mgcaffe", "train", "--solver", "models/digits/solver.prototxt"]
     if args.ranks > 1:
         mpiexec = Path(python).with_name("mpiexec")
-        train = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(args.ranks),
-                 *train, f"--comm={args.comm}"]
-    log_path = OUT / "train.log"
-    run(train, log_path)
+        base = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(args.ranks), *base]
+    if not args.no_emulation:
+        base += ["--emulate-network", "models/paper/network-10gbe.json", "--emulate-nodes", "32"]
+    rows = []
+    for mode in ("wfbp", "synceasgd", "mgwfbp"):
+        cmd = base + [f"--comm={mode}"]
+        if mode != "mgwfbp":  # the full training (plot, accuracy) is MG-WFBP's
+            cmd += ["--iterations", str(args.short_iters)]
+        log_path = OUT / ("train.log" if mode == "mgwfbp" else f"train-{mode}.log")
+        run(cmd, log_path)
+        if args.ranks > 1:
+            rows.append(summarise(mode, log_path))
 
+    log_path = OUT / "train.log"
     plot = OUT / "training.png"
     run([python, "tools/plot_training_log.py", str(log_path), "-o", str(plot)])
     accuracies = re.findall(r"Test net output #\d+: accuracy = ([0-9.]+)", log_path.read_text())
     if not accuracies:
         raise SystemExit(f"demo: no test accuracy in {log_path}")
-    print(f"\nFinal test accuracy: {float(accuracies[-1]):.4f} "
+    if rows:
+        where = ("real all-reduce" if args.no_emulation
+                 else "emulated 32-node 10GbE cluster (models/paper/network-10gbe.json, ring formula)")
+        print(f"\n{args.ranks} ranks, {where}:\n{table(rows)}")
+    print(f"\nFinal test accuracy (mgwfbp): {float(accuracies[-1]):.4f} "
           f"(log: {log_path.relative_to(ROOT)}, plot: {plot.relative_to(ROOT)})")
     return 0
 

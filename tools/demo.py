@@ -4,9 +4,9 @@
 2. Train the LeNet-style digits net (models/digits/) on 2 MPI ranks as if they were 2 of a
    32-node 10GbE cluster (`--emulate-network models/paper/network-10gbe.json --emulate-nodes
    32`: every all-reduce lasts at least that cluster's a + b*M by the ring formula, a = 2.8
-   ms, several times a layer's backward), where merging pays: briefly with `--comm=wfbp` and `--comm=synceasgd`, then in full with
-   `--comm=mgwfbp` (the exact optimum of the merge model). Each run logs its profile, plan
-   and measured against predicted iteration time.
+   ms, several times a layer's backward), where merging pays: briefly with `--comm=wfbp` and
+   `--comm=synceasgd`, then in full with `--comm=mgwfbp` (the exact optimum of the merge
+   model). Each run logs its profile, plan and measured against predicted iteration time.
 3. Print a table of the three modes (messages, measured and predicted iteration time) with
    the groups MG-WFBP chose, plot the MG-WFBP training log to demo-output/training.png and
    print the final test accuracy.
@@ -101,7 +101,8 @@ def main() -> int:
         mpiexec = Path(python).with_name("mpiexec")
         base = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(args.ranks), *base]
     if not args.no_emulation:
-        base += ["--emulate-network", "models/paper/network-10gbe.json", "--emulate-nodes", "32"]
+        base += ["--emulate-network", "models/paper/network-10gbe.json",
+                 "--emulate-nodes", "32"]
     rows = []
     for mode in ("wfbp", "synceasgd", "mgwfbp"):
         cmd = base + [f"--comm={mode}"]
@@ -120,7 +121,8 @@ def main() -> int:
         raise SystemExit(f"demo: no test accuracy in {log_path}")
     if rows:
         where = ("real all-reduce" if args.no_emulation
-                 else "emulated 32-node 10GbE cluster (models/paper/network-10gbe.json, ring formula)")
+                 else "emulated 32-node 10GbE cluster (models/paper/network-10gbe.json, "
+                      "ring formula)")
         print(f"\n{args.ranks} ranks, {where}:\n{table(rows)}")
     print(f"\nFinal test accuracy (mgwfbp): {float(accuracies[-1]):.4f} "
           f"(log: {log_path.relative_to(ROOT)}, plot: {plot.relative_to(ROOT)})")

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -191,20 +192,38 @@ class Cluster:
                 self.burst, "latency", "50ms")
 
     def down(self) -> None:
-        """Remove every namespace of this cluster (and so its links); safe to repeat."""
+        """End every process left in the cluster's namespaces, then remove the namespaces (and
+        so their links); safe to repeat."""
         listed = _ip("netns", "list", check=False).stdout.split()
-        for ns in self.all_namespaces():
-            if ns in listed:
-                _ip("netns", "del", ns, check=False)
+        present = [ns for ns in self.all_namespaces() if ns in listed]
+        _kill_in(present)
+        for ns in present:
+            _ip("netns", "del", ns, check=False)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
     def __enter__(self) -> Cluster:
-        return self.up()
+        # SIGTERM (e.g. `timeout`) must unwind through __exit__, not leave namespaces behind
+        self._old_term = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_term = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return self.up()
+        except BaseException:
+            self._restore_signal()
+            raise
 
     def __exit__(self, *exc) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            self._restore_signal()
+
+    def _restore_signal(self) -> None:
+        if getattr(self, "_old_term", None) is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
 
     # -------------------------------------------------------------- use
     def link_bytes(self) -> dict[str, dict[str, int]]:
@@ -248,20 +267,38 @@ class Cluster:
 
     def _kill_leftovers(self) -> None:
         # proxies started through the launcher live in the hosts' namespaces
-        for ns in self.namespaces:
-            pids = _ip("netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        _kill_in(self.namespaces + [self.control])
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _kill_in(namespaces: list[str]) -> None:
+    """SIGKILL every process inside these namespaces (each was started by this tool), with a
+    bounded number of rounds."""
+    for _ in range(5):
+        pids = [int(p) for ns in namespaces
+                for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
+        pids = [p for p in pids if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
 
 
 def remove_stale(tag: str) -> None:
-    """Remove the namespaces of a cluster `tag` left behind (e.g. by a killed run)."""
-    for ns in _ip("netns", "list", check=False).stdout.split():
-        if ns.startswith(f"{tag}-"):
-            _ip("netns", "del", ns, check=False)
+    """Remove the namespaces of a cluster `tag` left behind (e.g. by a killed run), ending
+    the processes still inside them first."""
+    stale = [ns for ns in _ip("netns", "list", check=False).stdout.split()
+             if ns.startswith(f"{tag}-")]
+    _kill_in(stale)
+    for ns in stale:
+        _ip("netns", "del", ns, check=False)
 
 
 # ---------------------------------------------------------------------- command line

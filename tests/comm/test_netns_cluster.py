@@ -87,3 +87,37 @@ def test_allreduce_crosses_the_shaped_tcp_link(tmp_path):
     # and the shaping holds: M bytes per call at 100 Mbit/s is a lower bound on the time
     elapsed = max(float(r[5]) for r in rows)
     assert elapsed >= 0.8 * reps * nbytes * 8 / rate_bits, elapsed
+
+
+@pytest.mark.slow
+@needs_netns
+def test_sigterm_mid_run_leaves_no_namespace_behind(tmp_path):
+    # A run killed by `timeout` (SIGTERM) must unwind and remove its namespaces and the
+    # processes inside them.
+    tag = "mgcterm"
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib.util, subprocess, time
+        spec = importlib.util.spec_from_file_location("n", {str(TOOL)!r})
+        n = importlib.util.module_from_spec(spec); spec.loader.exec_module(n)
+        with n.Cluster(2, rate=None, tag={tag!r}) as c:
+            inside = subprocess.Popen(["ip", "netns", "exec", c.namespaces[0], "sleep", "30"])
+            time.sleep(0.3)
+            print("UP", inside.pid, flush=True)
+            time.sleep(30)
+    """), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        word, pid = proc.stdout.readline().split()
+        assert word == "UP"
+        proc.terminate()
+        assert proc.wait(timeout=20) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        netns.remove_stale(tag)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tag not in listed
+    # the process inside the namespace was ended (a zombie until its parent is reaped at most)
+    status = Path(f"/proc/{pid}/status")
+    assert not status.exists() or "State:\tZ" in status.read_text()

@@ -324,9 +324,10 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
     by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
     interference = getattr(cost, "interference", ())
     if any(rho > 0 for _, rho in interference):
-        sizes, cstart, cend, ready = _interfered_timeline(profile, cost, groups, index, by_name)
-        bstart = tuple([ready[l + 1] for l in range(1, L)] + [profile.forward_time])
-        bend = tuple(ready[1:])
+        sizes, cstart, cend, slowed = _interfered_timeline(profile, cost, groups, index,
+                                                           by_name)
+        bstart = tuple([slowed[l + 1] for l in range(1, L)] + [profile.forward_time])
+        bend = tuple(slowed[1:])
     else:
         sizes, cstart, cend = [], [], []
         free = 0.0  # F(L+1): the channel is free from the start

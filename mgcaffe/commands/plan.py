@@ -87,8 +87,12 @@ def describe_profile(profile: Profile) -> str:
 def describe_cost(cost: CostModel, network: Network | None) -> str:
     where = f"; {network.source}" if network is not None else ""
     nodes = f"N = {cost.nodes}: " if cost.nodes is not None else ""
+    interference = ""
+    if cost.interference:
+        interference = "; backward slowed during an all-reduce: " + ", ".join(
+            f"{fmt_bytes(m)} +{rho * 100:.0f}%" for m, rho in cost.interference)
     return (f"{nodes}a = {cost.a * 1e6:.2f} us, b = {cost.b * 1e9:.4f} ns/B "
-            f"({cost.origin or 'given'}{where})")
+            f"({cost.origin or 'given'}{where}){interference}")
 
 
 # ----------------------------------------------------------------------------- output
@@ -97,6 +101,8 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
     out = {"model": profile.model, "nodes": cost.nodes, "a": cost.a, "b": cost.b,
            "cost_origin": cost.origin, "ideal": next(iter(plans.values())).ideal,
            "schemes": {}}
+    if cost.interference:
+        out["interference"] = [[m, rho] for m, rho in cost.interference]
     for s, p in plans.items():
         d = {"groups": [list(g) for g in p.groups], "group_sizes": list(p.group_sizes),
              "messages": p.num_messages, "iteration_time": p.iteration_time,

@@ -56,7 +56,7 @@ def test_hand_computed_two_layer_timeline():
     wfbp = make_plan(profile, cost, "wfbp")
     # l2 sent on [2, 3]: l1 does 0.5 s of work meanwhile, the other 1.5 s after: ready 4.5
     assert wfbp.comm_start == (2.0, 4.5) and wfbp.comm_end == (3.0, 5.5)
-    assert wfbp.backward_end == (4.5, 2.0) and wfbp.ideal == 4.5
+    assert wfbp.backward_end == (4.5, 2.0) and wfbp.ideal == 4.0  # ideal: undisturbed
     sync = make_plan(profile, cost, "synceasgd")
     assert sync.iteration_time == 5.0
     opt = make_plan(profile, cost, "optimal")

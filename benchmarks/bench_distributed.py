@@ -80,14 +80,21 @@ def worker(a) -> int:
     Profile once, plan every scheme from that profile, then run the schemes in turn for
     `--rounds` rounds of `--iters` iterations each: on a machine shared with other work the
     load drifts, and interleaving exposes every scheme to the same drift."""
+    from mgcaffe.comm.distributed import failing_together, world  # noqa: PLC0415
+
+    comm, rank, size = world("WARNING")
+    with failing_together(comm):  # an exception on one rank ends all, never a hang
+        return _worker(a, comm, rank, size)
+
+
+def _worker(a, comm, rank, size) -> int:
     from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.distributed import attach, world  # noqa: PLC0415
+    from mgcaffe.comm.distributed import PROFILE_EXTENSION, attach  # noqa: PLC0415
     from mgcaffe.comm.planner import Plan, make_plan, timeline  # noqa: PLC0415
     from mgcaffe.comm.profile import Profile  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
-    comm, rank, size = world("WARNING")
-    total = a.profile_iters + a.rounds * len(a.schemes) * a.iters
+    total = PROFILE_EXTENSION * a.profile_iters + a.rounds * len(a.schemes) * a.iters
     solver = get_solver(synthetic_solver(a.model, a.batch, total), rank=rank, world_size=size)
     if a.single:
         net, times = solver.net, []
@@ -107,6 +114,9 @@ def worker(a) -> int:
                            comm_timeout=300.0, pack_gradients=a.pack_gradients or None)
     with attach(solver, args, comm) as h:
         solver.step(a.profile_iters)
+        while h.profiler is not None:  # profiling goes on while the times drift (bounded)
+            solver.step(1)
+        start_iter = solver.iter
         plans = None
         plain = CostModel(h.cost.a, h.cost.b)
         if rank == 0:
@@ -129,6 +139,7 @@ def worker(a) -> int:
             first = plans[a.schemes[0]]
             out = {"ideal_profile": first.ideal, "schemes": {}, "a": h.cost.a, "b": h.cost.b,
                    "interference": [list(x) for x in h.cost.interference],
+                   "start_iter": start_iter,
                    "layers": list(first.layers), "layer_bytes": list(first.layer_bytes)}
             for label in a.schemes:
                 groups = [list(g) for g in plans[label].groups]
@@ -198,8 +209,9 @@ def window_predictions(trace_path: str, run: dict, a) -> dict[str, float]:
     names, params = run["layers"], [nb // 4 for nb in run["layer_bytes"]]
     n_s = len(a.schemes)
     wanted = set()
-    for it in range(a.profile_iters, a.profile_iters + a.rounds * n_s * a.iters):
-        block, j = divmod(it - a.profile_iters, a.iters)
+    first = run.get("start_iter", a.profile_iters)
+    for it in range(first, first + a.rounds * n_s * a.iters):
+        block, j = divmod(it - first, a.iters)
         if a.schemes[block % n_s] == "synceasgd" and j > 0:
             wanted.add(it)
     per: dict[tuple[int, int], dict] = {}

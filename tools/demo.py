@@ -4,9 +4,10 @@
 2. Train the LeNet-style digits net (models/digits/) on 2 MPI ranks as if they were 2 of a
    32-node 10GbE cluster (`--emulate-network models/paper/network-10gbe.json --emulate-nodes
    32`: every all-reduce lasts at least that cluster's a + b*M by the ring formula, a = 2.8
-   ms, several times a layer's backward), where merging pays: briefly with `--comm=wfbp` and
-   `--comm=synceasgd`, then in full with `--comm=mgwfbp` (the exact optimum of the merge
-   model). Each run logs its profile, plan and measured against predicted iteration time.
+   ms, several times a layer's backward), where merging pays: in full with `--comm=mgwfbp`
+   (the exact optimum of the merge model), which measures the profile, then briefly with
+   `--comm=wfbp` and `--comm=synceasgd` planned from that same profile. Each run logs its
+   plan and measured against predicted iteration time.
 3. Print a table of the three modes (messages, measured and predicted iteration time) with
    the groups MG-WFBP chose, plot the MG-WFBP training log to demo-output/training.png and
    print the final test accuracy.
@@ -64,6 +65,18 @@ def summarise(mode: str, log_path: Path) -> dict:
             "predicted": float(summary.group(3))}
 
 
+def profile_from_plan(plan_path: Path, profile_path: Path) -> None:
+    """The profile a saved plan was made from (its per-layer backward spans)."""
+    sys.path.insert(0, str(ROOT))
+    from mgcaffe.comm.planner import load_plan  # noqa: PLC0415
+    from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: PLC0415
+
+    plan = load_plan(plan_path)
+    layers = tuple(LayerProfile(n, nb // 4, max(0.0, e - s)) for n, nb, s, e in
+                   zip(plan.layers, plan.layer_bytes, plan.backward_start, plan.backward_end))
+    Profile(plan.model, None, 4, plan.forward_time, layers).save(profile_path)
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'--comm':10} {'messages':>8} {'measured':>10} {'predicted':>10} "
              f"{'meas/pred':>9}  (forward start to reduced gradients, median)"]
@@ -104,14 +117,24 @@ def main() -> int:
         base += ["--emulate-network", "models/paper/network-10gbe.json",
                  "--emulate-nodes", "32"]
     rows = []
-    for mode in ("wfbp", "synceasgd", "mgwfbp"):
+    plan_path, profile_path = OUT / "plan-mgwfbp.json", OUT / "profile.json"
+    # MG-WFBP trains in full first (plot, accuracy) and measures the profile; the other two
+    # modes then plan from that same profile, so that the predictions are comparable.
+    for mode in ("mgwfbp", "wfbp", "synceasgd"):
         cmd = base + [f"--comm={mode}"]
-        if mode != "mgwfbp":  # the full training (plot, accuracy) is MG-WFBP's
+        if mode == "mgwfbp":
+            cmd += ["--save-plan", str(plan_path)]
+        else:
             cmd += ["--iterations", str(args.short_iters)]
+            if profile_path.exists():
+                cmd += ["--profile", str(profile_path)]
         log_path = OUT / ("train.log" if mode == "mgwfbp" else f"train-{mode}.log")
         run(cmd, log_path)
+        if mode == "mgwfbp" and plan_path.exists():
+            profile_from_plan(plan_path, profile_path)
         if args.ranks > 1:
             rows.append(summarise(mode, log_path))
+    rows.sort(key=lambda r: ("wfbp", "synceasgd", "mgwfbp").index(r["mode"]))
 
     log_path = OUT / "train.log"
     plot = OUT / "training.png"

@@ -122,13 +122,18 @@ def test_blas_releases_the_gil():
             n += 1
         return n
 
-    baseline = spin(0.3) / 0.3
-    a = np.random.default_rng(0).standard_normal((1500, 1500), dtype=np.float32)
-    counted = []
-    t = threading.Thread(target=lambda: counted.append(spin(0.4) / 0.4))
-    t.start()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.4:  # GEMMs for the whole time the thread counts
-        a @ a
-    t.join()
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    # one BLAS thread: the question is the GIL, and a second BLAS thread would take the core
+    # the counting thread needs on a 2-core machine
+    with threadpool_limits(limits=1, user_api="blas"):
+        baseline = spin(0.3) / 0.3
+        a = np.random.default_rng(0).standard_normal((1500, 1500), dtype=np.float32)
+        counted = []
+        t = threading.Thread(target=lambda: counted.append(spin(0.4) / 0.4))
+        t.start()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.4:  # GEMMs for the whole time the thread counts
+            a @ a
+        t.join()
     assert counted[0] > 0.2 * baseline, (counted, baseline)

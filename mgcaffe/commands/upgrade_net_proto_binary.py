@@ -19,9 +19,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..proto import caffe_pb2  # noqa: PLC0415
     from ..protoio import read_message, write_message  # noqa: PLC0415
-    from .upgrade_net_proto_text import upgrade_and_log  # noqa: PLC0415
+    from .upgrade_net_proto_text import finish, upgrade_and_log  # noqa: PLC0415
 
     net = read_message(args.input, caffe_pb2.NetParameter())
-    write_message(upgrade_and_log(net, args.input), args.output)
-    log.info("Wrote upgraded NetParameter binary proto to %s", args.output)
-    return 0
+    problems = upgrade_and_log(net, args.input)
+    write_message(net, args.output)
+    return finish(problems, "binary", args.output)

@@ -65,3 +65,15 @@ def test_unreadable_input_is_one_line(tmp_path, cli):
     lines = [line for line in err.splitlines() if "error:" in line]
     assert rc == 1 and len(lines) == 1 and "bad.prototxt:" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_problem_while_upgrading_writes_the_file_and_exits_1(tmp_path, cli):
+    """Caffe's tool writes the upgraded net even when a V0 field had to be dropped (a concat
+    layer's num_output), and says so with exit status 1 so that scripts notice."""
+    out = tmp_path / "net.prototxt"
+    rc, err = cli("upgrade_net_proto_text", FIXTURES / "v0_data.prototxt", out)
+    assert rc == 1, err
+    assert "num_output does not apply to layer type 'concat'" in err
+    assert "Encountered error(s) while upgrading prototxt" in err
+    net = _raw_text(out, caffe_pb2.NetParameter())
+    assert [layer.type for layer in net.layer if layer.name == "cat"] == ["Concat"]

@@ -81,6 +81,7 @@ class PeerState:
     busy: bool = False
     changed_at: float = 0.0  # when `progress` last changed, as seen here
     done: bool = False  # said goodbye after the end of training
+    heard: bool = False  # a heartbeat of it has arrived (the path works)
 
     def name(self, rank: int) -> str:
         return f"rank {rank} ({self.host}, pid {self.pid})"
@@ -200,7 +201,7 @@ class Liveness:
             return  # another job's datagram
         with self._lock:
             p = self.peers[rank]
-            p.last_seen = now
+            p.last_seen, p.heard = now, True
             if progress != p.progress:
                 p.progress, p.changed_at = progress, now
             p.reached, p.what, p.busy = reached, what, bool(busy)
@@ -254,6 +255,11 @@ class Liveness:
         log.error("%s", message)
         self.comm.abort(ABORT_TIMEOUT)
 
+    def unheard(self) -> list[int]:
+        """The peers none of whose heartbeats has arrived yet."""
+        with self._lock:
+            return sorted(r for r, p in self.peers.items() if not p.heard)
+
     def close(self) -> None:
         """Say goodbye (the others stop watching this rank) and stop the thread."""
         if self._closed:
@@ -264,11 +270,16 @@ class Liveness:
         self._sock.close()
 
 
+#: How long start-up waits for the first heartbeat of every peer (at most half the timeout).
+HANDSHAKE_SECONDS = 5.0
+
+
 def start_liveness(comm: Communicator, timeout: float, *, busy_limit: float = 3600.0,
                    interval: float | None = None,
                    on_dead: Callable[[str], None] | None = None) -> Liveness | None:
     """Open this rank's heartbeat socket, exchange addresses (a collective) and start the
-    thread; None with one rank, or on every rank when any rank could not open a socket."""
+    thread; None with one rank, or on every rank when any rank could not open a socket or
+    any rank heard no heartbeat of some peer within the start-up handshake."""
     if comm.size == 1:
         return None
     sock = None
@@ -299,5 +310,22 @@ def start_liveness(comm: Communicator, timeout: float, *, busy_limit: float = 36
         if r != comm.rank:
             peers[r] = PeerState(h, pid, ("127.0.0.1" if h == host else addr, port),
                                  last_seen=now, changed_at=now)
-    return Liveness(comm, sock, token, peers, timeout, interval=interval,
+    live = Liveness(comm, sock, token, peers, timeout, interval=interval,
                     busy_limit=busy_limit, on_dead=on_dead)
+    # Every path must carry heartbeats before silence may count as death: where a firewall
+    # drops UDP between nodes, every rank would otherwise be "dead" after --comm-timeout.
+    deadline = time.monotonic() + min(HANDSHAKE_SECONDS, timeout / 2)
+    while live.unheard() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    unheard = comm.allgather(live.unheard())
+    pairs = [(r, p) for r, missing in enumerate(unheard) for p in missing]
+    if pairs:
+        live.close()
+        if comm.rank == 0:
+            shown = ", ".join(f"rank {r} heard nothing from rank {p}" for r, p in pairs[:4])
+            log.warning("No heartbeats: UDP datagrams do not pass between ranks (%s%s; a "
+                        "firewall?): a stopped rank is found only when a collective "
+                        "outlives --comm-timeout, and a long test or snapshot on rank 0 must "
+                        "fit in it", shown, ", ..." if len(pairs) > 4 else "")
+        return None
+    return live

@@ -173,3 +173,36 @@ def test_ctrl_c_while_the_program_imports_prints_one_line():
                           timeout=25, env={k: v for k, v in os.environ.items()
                                            if k not in _launch._LAUNCHER_VARIABLES})
     assert proc.returncode == 130 and proc.stderr == "mgcaffe: interrupted\n", proc.stderr
+
+
+def test_blocked_datagrams_fall_back_on_every_rank_instead_of_killing_the_job(monkeypatch,
+                                                                              caplog):
+    """Where a firewall drops the heartbeats of one rank, silence would look like death after
+    --comm-timeout on a perfectly healthy job: start-up finds it and every rank goes without
+    heartbeats, with one warning."""
+    from mgcaffe.comm import progress  # noqa: PLC0415
+
+    real_send = progress.Liveness._send
+
+    def send_unless_rank_1(self, bye=False):
+        if self.rank != 1:
+            real_send(self, bye)
+
+    monkeypatch.setattr(progress.Liveness, "_send", send_unless_rank_1)
+    monkeypatch.setattr(progress, "HANDSHAKE_SECONDS", 0.3)
+    dead = []
+    with caplog.at_level("WARNING", logger="mgcaffe"):
+        out = two_livenesses(5.0, lambda r, m: dead.append(m))
+    assert out == [None, None]  # both ranks agree: no liveness checks
+    assert "rank 0 heard nothing from rank 1" in caplog.text
+    time.sleep(0.2)
+    assert dead == []
+
+
+def test_the_handshake_keeps_heartbeats_where_datagrams_pass():
+    a, b = two_livenesses(5.0, lambda r, m: None)
+    try:
+        assert a is not None and b is not None and a.unheard() == [] == b.unheard()
+    finally:
+        a.close()
+        b.close()

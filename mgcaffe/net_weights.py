@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 
 from .backend import to_host
 from .errors import NetError
@@ -58,6 +59,8 @@ def is_hdf5_file(path) -> bool:
     """Whether `path` is an HDF5 file (H5Fis_hdf5's test: the signature at byte 0, 512,
     1024, 2048, ...), which is how Caffe tells .caffemodel.h5 weights from binary ones."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # a FIFO would block in open(); the binary reader refuses it
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             offset = 0

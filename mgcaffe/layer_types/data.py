@@ -6,6 +6,8 @@ Pillow) by a prefetch thread and copied once into the tops on the layer's device
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..backend import to_device
@@ -15,11 +17,32 @@ from ..data.prefetch import Prefetcher
 from ..data.seeding import host_rng, stream_seed
 from ..data.transformer import DataTransformer
 from ..errors import DataError
+from ..jsonio import read_regular_file
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register_layer
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
+
+
+#: A data layer's list file (image paths, HDF5 paths) beyond this is not one.
+MAX_LIST_BYTES = 1 << 30
+
+
+def read_list_file(source: str, what: str, kind: str) -> str:
+    """The text of a data layer's list file `source` (`kind`: "image list", "HDF5 list"):
+    only a regular file is read (a FIFO would block forever), of at most MAX_LIST_BYTES."""
+    if not os.path.lexists(source):
+        raise DataError(f"{what}: {kind} file {source!r} not found")
+    try:
+        data = read_regular_file(source, MAX_LIST_BYTES, DataError, f"{kind} file")
+    except DataError as exc:
+        raise DataError(f"{what}: {exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{what}: {kind} file {source!r} is not UTF-8 text (byte "
+                        f"{exc.start})") from None
 
 
 def transform_param_of(param: caffe_pb2.LayerParameter, legacy=None):

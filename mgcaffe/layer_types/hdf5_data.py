@@ -8,19 +8,13 @@ import h5py
 import numpy as np
 
 from ..errors import DataError
-from .data import BasePrefetchingDataLayer
+from .data import BasePrefetchingDataLayer, read_list_file
 from .registry import register_layer
 
 
 def read_file_list(source: str, what: str) -> list[str]:
     """The non-blank lines (stripped) of a list file of HDF5 paths."""
-    try:
-        with open(source, encoding="utf-8") as f:
-            names = [line.strip() for line in f]
-    except FileNotFoundError:
-        raise DataError(f"{what}: HDF5 list file {source!r} not found") from None
-    except OSError as exc:
-        raise DataError(f"{what}: cannot read HDF5 list {source!r} ({exc.strerror})") from None
+    names = [n.strip() for n in read_list_file(source, what, "HDF5 list").splitlines()]
     names = [n for n in names if n]
     if not names:
         raise DataError(f"{what}: HDF5 list {source!r} names no files")

@@ -7,7 +7,7 @@ import numpy as np
 from ..data.image import decode_image
 from ..data.transformer import DataTransformer
 from ..errors import DataError
-from .data import BasePrefetchingDataLayer, transform_param_of
+from .data import BasePrefetchingDataLayer, read_list_file, transform_param_of
 from .registry import register_layer
 
 
@@ -16,13 +16,7 @@ def read_image_list(source: str, what: str) -> list[tuple[str, int, int]]:
 
     As Caffe does, the label is whatever follows the LAST space, so paths may hold spaces.
     """
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise DataError(f"{what}: image list file {source!r} not found") from None
-    except OSError as exc:
-        raise DataError(f"{what}: cannot read image list {source!r} ({exc.strerror})") from None
+    text = read_list_file(source, what, "image list")
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.rstrip()

@@ -94,3 +94,15 @@ def test_train_weights_from_two_files_in_turn(model, cli):
     np.testing.assert_array_equal(np.asarray(layer.blobs[0].data).reshape(weight.shape),
                                   weight)
     np.testing.assert_array_equal(layer.blobs[1].data, bias)
+
+
+@pytest.mark.timeout(20)
+def test_copy_from_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os  # noqa: PLC0415
+
+    from mgcaffe.errors import MgcaffeError  # noqa: PLC0415
+
+    fifo = tmp_path / "w.caffemodel"
+    os.mkfifo(fifo)
+    with pytest.raises(MgcaffeError, match="not a regular file"):
+        _net().copy_from(str(fifo))

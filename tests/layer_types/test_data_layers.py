@@ -352,3 +352,18 @@ def test_train_phase_crop_stays_inside_record(tmp_path, closing):
     crops = [xs[0][:, h:h + 3, w:w + 3] for h in range(3) for w in range(3)]
     candidates = crops + [c[:, :, ::-1] for c in crops]
     assert all(any(np.array_equal(d, c) for c in candidates) for d in data)
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_as_list_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO with no writer would block open() forever: ImageData and HDF5Data refuse it."""
+    import os  # noqa: PLC0415
+
+    fifo = tmp_path / "list.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="list.fifo: not a regular file"):
+        build('name: "i" type: "ImageData" top: "d" top: "l" '
+              f'image_data_param {{ source: "{fifo}" }}')
+    with pytest.raises(DataError, match="list.fifo: not a regular file"):
+        build(f'name: "h" type: "HDF5Data" top: "data" hdf5_data_param '
+              f'{{ source: "{fifo}" batch_size: 1 }}', n_top=1)

@@ -26,6 +26,23 @@ def _pycaffe_net():
     return mgcaffe.Net
 
 
+def input_transformer(net, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+    """The Transformer of `net`'s first input that Classifier and Detector preprocess with:
+    H x W x K images to K x H x W, then each option that is given."""
+    in_ = net.inputs[0]
+    transformer = caffe_io.Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 class Classifier(_pycaffe_net()):
     """See the module docstring. `mean`: per channel (K,) or K x H x W, in the net's
     channel order; scales and channel_swap as in `mgcaffe.io.Transformer`."""
@@ -34,16 +51,7 @@ class Classifier(_pycaffe_net()):
                  input_scale=None, raw_scale=None, channel_swap=None, **net_options):
         super().__init__(model_file, TEST, weights=pretrained_file, **net_options)
         in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = np.array(image_dims if image_dims is not None else self.crop_dims)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import io as caffe_io
+from .classifier import input_transformer
 from .layer_types.base import TEST
 
 
@@ -32,17 +33,7 @@ class Detector(_pycaffe_net()):
     def __init__(self, model_file, pretrained_file, mean=None, input_scale=None,
                  raw_scale=None, channel_swap=None, context_pad=None, **net_options):
         super().__init__(model_file, TEST, weights=pretrained_file, **net_options)
-        in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def configure_crop(self, context_pad) -> None:

@@ -110,7 +110,7 @@ def _worker(a, comm, rank, size) -> int:
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
                            emulate_network=a.network or None, emulate_nodes=a.nodes or None,
-                           check_sync=None,
+                           check_sync=None, replan_after=0,  # the benchmark sets plans
                            comm_timeout=300.0, pack_gradients=a.pack_gradients or None)
     with attach(solver, args, comm) as h:
         solver.step(a.profile_iters)

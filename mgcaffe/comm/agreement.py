@@ -32,8 +32,8 @@ SOLVER_FIELDS = ("type", "base_lr", "lr_policy", "gamma", "power", "stepsize", "
                  "snapshot_format", "snapshot_diff", "snapshot_after_train")
 
 # distributed Options fields; save_plan and thread_nice concern one rank only
-COMM_FIELDS = ("comm", "merge", "bucket_mb", "profile_iters", "timeout", "emulate_nodes",
-               "check_sync", "test_timeout", "backend", "pack_gradients")
+COMM_FIELDS = ("comm", "merge", "bucket_mb", "profile_iters", "replan_after", "timeout",
+               "emulate_nodes", "check_sync", "test_timeout", "backend", "pack_gradients")
 # Options holding a path: whether one is given must agree (it decides which collectives run
 # at start), not the path (a node may hold its copy elsewhere; a plan's content is compared
 # by its digest later)

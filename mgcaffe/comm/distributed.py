@@ -63,7 +63,7 @@ from .startup import (
     synceasgd_groups,
 )
 from .startup_deadline import DEFAULT_STARTUP_TIMEOUT, StartupDeadline
-from .timing import NetTimer, OnlineProfile, slowest
+from .timing import NetTimer, OnlineProfile, slowest_by_iteration
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
 # options and start-up pieces are re-exported: `distributed` is the module callers use
@@ -214,6 +214,10 @@ class DistributedTraining:
         self.profile_dict: dict | None = None
         self.profiler: OnlineProfile | None = None
         self._profiled_iters = 0
+        self._replan_at: int | None = None  # iteration at which the re-plan's profile starts
+        self._replanning = False  # the current profile is the re-plan's (after warm-up)
+        self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
+        self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -473,6 +477,8 @@ class DistributedTraining:
             self.iteration_times.append(t_end - self._t_start)
         if self.profiler is not None:
             self._profile_step()
+        elif self._replan_at is not None and it >= self._replan_at:
+            self._start_replan_profile()
         self._agree_on_requests()
         k = self.options.check_sync
         if k and it % k == 0 and self.size > 1:
@@ -486,9 +492,11 @@ class DistributedTraining:
         if len(self._ready) == len(self.names):
             prof.add(self.timer.forward_start, self.timer.forward_end, self._ready)
         wanted_iters = self.options.profile_iters
+        if self._replanning:  # after warm-up: a fixed, longer window for a stable median
+            wanted_iters = PROFILE_EXTENSION * self.options.profile_iters
         if self._profiled_iters < wanted_iters:
             return
-        if self._profiled_iters < PROFILE_EXTENSION * wanted_iters:
+        if not self._replanning and self._profiled_iters < PROFILE_EXTENSION * wanted_iters:
             # Warm-up may outlast the first iterations: go on (all ranks alike) while any
             # rank's older and newer samples disagree, then plan from the newest ones.
             with self._guard("agreement on the profile's stability"):
@@ -498,22 +506,61 @@ class DistributedTraining:
         if not len(prof):
             raise CommError(f"rank {self.rank}: no complete profile in {self._profiled_iters} "
                             f"iterations (the backward hook did not report every layer)")
-        recent = max(1, wanted_iters - 1)
+        recent = max(1, wanted_iters - 1)  # the first of a phase is skipped
         if self.rank == 0:
             log.info("%s", prof.describe_spread(recent))
         self.profiler = None
         if self.tracer is None:
             self.timer.remove()
-        # The step waits for the slowest rank: plan with the latest ready time of each layer.
+        it = self.solver.iter
+        first = it - self._profiled_iters
+        # The step waits for the slowest rank: plan with the latest ready time of each layer,
+        # iteration by iteration.
         with self._guard("gathering the ranks' profiles"):
-            profiles = self.base_comm.allgather(prof.profile(recent))
-        plan = self._make_and_share(lambda: slowest(profiles),
-                                    f"median profile of the last {min(recent, len(prof))} of "
-                                    f"{self._profiled_iters} iteration(s), slowest of "
-                                    f"{self.size} rank(s)")
+            windows = self.base_comm.allgather(prof.window(recent))
+        before = self.plan
+        where = (f"median profile of the last {min(recent, len(prof))} of "
+                 f"{self._profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
+                 f"{self.size} rank(s)")
+        plan = self._make_and_share(lambda: slowest_by_iteration(
+                                        windows, self.net.name, self.names, self.counts),
+                                    f"re-plan after warm-up, {where}" if self._replanning
+                                    else where)
         with self._guard("agreement on the plan and the learnable layers"):
-            agree_on_layers_and_plan(self.base_comm, self.names, self.counts, plan)
+            agree_on_layers_and_plan(self.base_comm, self.names, self.counts, plan, it)
+        # Switched here, between iterations, on every rank alike (the agreement above
+        # compared the iteration): the next iteration communicates by the new plan.
         self.executor.set_plan(plan)
+        self.plan_switches.append((it, plan.digest()))
+        self.grad_times.clear()  # measured against this plan's prediction from here on
+        self.iteration_times.clear()
+        if self._replanning:
+            self._replanning = False
+            self.startup_prediction = before.iteration_time
+            if self.rank == 0:
+                log.info("Re-planned at iteration %d: predicted iteration %.2f ms (the "
+                         "start-up profile predicted %.2f ms); plan %s %s the start-up plan's "
+                         "groups", it, plan.iteration_time * 1e3, before.iteration_time * 1e3,
+                         plan.digest()[:12],
+                         "keeps" if plan.groups == before.groups else "changes")
+        elif self.options.replan_after > 0:
+            self._replan_at = it + self.options.replan_after
+
+    def _start_replan_profile(self) -> None:
+        """Warm-up is over: profile again (as at start-up: one all-reduce after backward, so
+        backward is timed undisturbed) on the iterations from here, then re-plan once. Every
+        rank starts at the same iteration (the count is the same everywhere)."""
+        self._replan_at = None
+        self._replanning = True
+        self._profiled_iters = 0
+        self.profiler = OnlineProfile(self.net.name, self.names, self.counts, skip=1)
+        self.timer.install()
+        self.executor.set_plan(synceasgd_groups(self.names))
+        if self.rank == 0:
+            log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
+                     "one is not counted) to re-plan once; meanwhile all gradients go in one "
+                     "all-reduce after backward", self.solver.iter,
+                     PROFILE_EXTENSION * self.options.profile_iters)
 
     def _agree_on_requests(self) -> None:
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE

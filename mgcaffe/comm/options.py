@@ -36,6 +36,7 @@ class Options:
     plan: str | None = None
     save_plan: str | None = None
     profile_iters: int = 5
+    replan_after: int = 50  # re-plan once this many iterations after the start-up plan
     timeout: float = 120.0
     timeline: str | None = None
     emulate_network: str | None = None
@@ -66,6 +67,9 @@ class Options:
         if self.profile_iters < 2:
             raise CommError(f"profile_iters: must be >= 2 (the first is skipped), got "
                             f"{self.profile_iters}")
+        if self.replan_after < 0:
+            raise CommError(f"--replan-after: must be >= 0 (0: never), got "
+                            f"{self.replan_after}")
         if not self.timeout > 0:
             raise CommError(f"--comm-timeout: must be > 0 seconds, got {self.timeout}")
         if self.check_sync < 0:
@@ -106,6 +110,9 @@ def add_arguments(parser) -> None:
                    help="write the plan used (rank 0)")
     g.add_argument("--profile-iters", type=int, default=None, metavar="N",
                    help="iterations timed for the profile (the first is skipped; default 5)")
+    g.add_argument("--replan-after", type=int, default=None, metavar="N",
+                   help="profile again N iterations after the start-up plan (warm-up over) "
+                        "and re-plan once from that profile; 0: never (default 50)")
     g.add_argument("--timeline", default=None, metavar="TRACE.json",
                    help="write a Chrome/Perfetto trace of every rank (rank 0 writes)")
     g.add_argument("--emulate-network", default=None, metavar="NET.json",
@@ -153,7 +160,8 @@ def options_from(args: Any, comm_param: Any = None, solver_path: str | None = No
                 setattr(o, name, _resolve_path(getattr(comm_param, name), solver_path))
     flags = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
              "network": "network", "plan": "plan", "save_plan": "save_plan",
-             "profile_iters": "profile_iters", "timeline": "timeline",
+             "profile_iters": "profile_iters", "replan_after": "replan_after",
+             "timeline": "timeline",
              "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
              "check_sync": "check_sync", "comm_timeout": "timeout",
              "comm_backend": "backend", "pack_gradients": "pack_gradients",

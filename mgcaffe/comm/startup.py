@@ -60,15 +60,16 @@ def _first_difference(a: list, b: list) -> str:
 
 
 def agree_on_layers_and_plan(comm: Communicator, names: list[str], counts: list[int],
-                             plan: Any) -> None:
-    """Every rank holds the same learnable layers and the same plan, or every rank raises a
-    CommError naming the ranks that differ from rank 0 and how."""
+                             plan: Any, iteration: int | None = None) -> None:
+    """Every rank holds the same learnable layers and the same plan (and, for a plan switched
+    to during training, switches at the same `iteration`), or every rank raises a CommError
+    naming the ranks that differ from rank 0 and how."""
     check_plan_layers([list(g) for g in plan.groups], names, comm.rank)
     digest = plan.digest() if hasattr(plan, "digest") else repr([list(g) for g in plan.groups])
-    everyone = comm.allgather((names, counts, digest))
-    ref_names, ref_counts, ref_digest = everyone[0]
+    everyone = comm.allgather((names, counts, digest, iteration))
+    ref_names, ref_counts, ref_digest, ref_iteration = everyone[0]
     problems = []
-    for r, (n, c, d) in enumerate(everyone[1:], start=1):
+    for r, (n, c, d, i) in enumerate(everyone[1:], start=1):
         if n != ref_names:
             problems.append(f"rank {r}'s learnable layers differ from rank 0's "
                             f"({_first_difference(n, ref_names)})")
@@ -77,6 +78,9 @@ def agree_on_layers_and_plan(comm: Communicator, names: list[str], counts: list[
                             f"({_first_difference(c, ref_counts)})")
         elif d != ref_digest:
             problems.append(f"rank {r} holds plan {d[:12]} but rank 0 holds {ref_digest[:12]}")
+        elif i != ref_iteration:
+            problems.append(f"rank {r} switches to plan {d[:12]} at iteration {i} but rank 0 "
+                            f"at iteration {ref_iteration}")
     if problems:
         raise CommError(f"rank {comm.rank}: ranks disagree: {'; '.join(problems)}")
 

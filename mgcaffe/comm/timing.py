@@ -22,7 +22,7 @@ from typing import Any
 from .profile import LayerProfile, Profile
 from .trace import COMPUTE
 
-__all__ = ["NetTimer", "OnlineProfile", "slowest"]
+__all__ = ["NetTimer", "OnlineProfile", "median_profile", "slowest", "slowest_by_iteration"]
 
 
 class NetTimer:
@@ -113,13 +113,16 @@ class OnlineProfile:
         return len(self.samples)
 
     def profile(self, recent: int | None = None) -> Profile:
-        """The per-layer median over the collected iterations (robust to one slow iteration),
-        or over the `recent` latest ones (after a drift the older ones are stale)."""
+        """The median over the collected iterations (robust to one slow iteration), or over
+        the `recent` latest ones (after a drift the older ones are stale): see
+        `median_profile`."""
         samples = self.samples[-recent:] if recent else self.samples
-        forward = statistics.median(s[0] for s in samples)
-        layers = [LayerProfile(n, p, statistics.median(s[1][i] for s in samples))
-                  for i, (n, p) in enumerate(zip(self.names, self.params))]
-        return Profile(self.model, self.batch_size, 4, forward, tuple(layers))
+        return median_profile(samples, self.model, self.names, self.params, self.batch_size)
+
+    def window(self, recent: int | None = None) -> list[tuple[float, list[float]]]:
+        """The `recent` latest samples (all without it): (t_f, [t_b per layer]) each, to be
+        gathered from every rank for `slowest_by_iteration`."""
+        return list(self.samples[-recent:] if recent else self.samples)
 
     def _totals(self, samples) -> list[float]:
         return [f + math.fsum(b) for f, b in samples]
@@ -157,6 +160,34 @@ class OnlineProfile:
                 f"interquartile range above half their median")
 
 
+def _ready_times(sample: tuple[float, list[float]]) -> list[float]:
+    """[t_f, ready(L), ready(L-1), ..., ready(1)] of one iteration's (t_f, [t_b per layer])."""
+    forward, backward = sample
+    out, t = [forward], forward
+    for bt in reversed(backward):
+        t += bt
+        out.append(t)
+    return out
+
+
+def median_profile(samples: list[tuple[float, list[float]]], model: str, names: list[str],
+                   params: list[int], batch_size: int | None = None) -> Profile:
+    """The profile whose t_f and gradient ready times are the medians of the iterations'.
+
+    The median of each ready time, not of each layer's backward time: under load a slow
+    moment lands on a different layer each iteration, and the sum of per-layer medians then
+    falls short of the median iteration (the last ready time here is the median t_f + t_b).
+    Coordinate-wise medians of ordered sequences are ordered, so no time is negative."""
+    readies = [_ready_times(s) for s in samples]
+    med = [statistics.median(r[i] for r in readies) for i in range(len(readies[0]))]
+    L = len(names)
+    backward = [0.0] * L
+    for i in range(1, L + 1):  # med[i] is ready(L + 1 - i)
+        backward[L - i] = max(0.0, med[i] - med[i - 1])
+    layers = tuple(LayerProfile(n, p, bt) for n, p, bt in zip(names, params, backward))
+    return Profile(model, batch_size, 4, med[0], layers)
+
+
 def slowest(profiles: list[Profile]) -> Profile:
     """The profile of the synchronous step: gradient l is ready on EVERY rank only at the
     latest of the ranks' ready times, ready(l) = max over ranks of t_f + sum_{j>=l} t_b(j),
@@ -179,3 +210,25 @@ def slowest(profiles: list[Profile]) -> Profile:
     for layer, bt in zip(first.layers, backward):
         layers.append(LayerProfile(layer.name, layer.params, bt))
     return Profile(first.model, first.batch_size, first.dtype_bytes, forward, tuple(layers))
+
+
+def slowest_by_iteration(windows: list[list[tuple[float, list[float]]]], model: str,
+                         names: list[str], params: list[int],
+                         batch_size: int | None = None) -> Profile:
+    """The synchronous step's profile from every rank's samples of the same iterations
+    (`OnlineProfile.window`, aligned at their newest end): per iteration the slowest rank's
+    t_f and ready times, then their medians (`median_profile`). The median of the
+    per-iteration maximum, not the maximum of per-rank medians: when the ranks' times vary
+    independently, the step waits each iteration for whichever rank is late then."""
+    n = min(len(w) for w in windows)
+    if n == 0:
+        raise ValueError("slowest_by_iteration: a rank has no samples")
+    steps = []
+    for i in range(n):
+        readies = [_ready_times(w[len(w) - n + i]) for w in windows]
+        latest = [max(r[j] for r in readies) for j in range(len(readies[0]))]
+        backward = [0.0] * len(names)
+        for j in range(1, len(latest)):  # latest[j] is ready(L + 1 - j)
+            backward[len(names) - j] = latest[j] - latest[j - 1]
+        steps.append((latest[0], backward))
+    return median_profile(steps, model, names, params, batch_size)

@@ -20,7 +20,9 @@ plan optimal (0123456789ab): 2 all-reduce(s) for 3 learnable layers, a = 2800.00
   group 0: 0.200 MB  ip2, ip1
   group 1: 0.100 MB  conv1
 predicted iteration 5.00 ms (t_f + t_b = 4.00 ms, not overlapped communication 1.00 ms)
-I1201 x distributed.py:9] [rank 0] Re-planned at iteration 75: predicted iteration 5.00 ms (the start-up profile predicted 9.00 ms); plan 0123456789ab changes the start-up plan's groups
+I1201 x distributed.py:9] [rank 0] Re-planned at iteration 75: predicted iteration \
+5.00 ms (the start-up profile predicted 9.00 ms); plan 0123456789ab changes the start-up \
+plan's groups
 I1201 x distributed.py:3] [rank 0] iteration (forward start to reduced gradients): \
 measured 5.50 ms (median of 480), predicted 5.00 ms by plan optimal (+10.0%); whole \
 iteration with the update 5.9 ms

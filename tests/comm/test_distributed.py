@@ -4,6 +4,7 @@ two ranks as threads of one process (LocalWorld)."""
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -42,7 +43,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc3" bottom: "label" top: 
 
 FLAGS = ("comm", "merge", "bucket_mb", "profile", "network", "plan", "save_plan",
          "profile_iters", "timeline", "emulate_network", "emulate_nodes", "check_sync",
-         "comm_timeout")
+         "comm_timeout", "replan_after")
 
 
 def flags(**given):
@@ -143,6 +144,19 @@ def test_layer_and_plan_agreement_names_the_rank_that_differs():
     assert all("ranks disagree: rank 2 holds plan" in str(e) for e in errors)
 
 
+def test_a_plan_switch_at_different_iterations_stops_every_rank():
+    comms = LocalWorld(2, timeout=10).communicators()
+    names = ["conv1", "fc1"]
+
+    def rank_main(r):
+        agree_on_layers_and_plan(comms[r], names, [1, 2], plan(["fc1", "conv1"]), 60 + r)
+
+    _, errors = run_ranks(2, rank_main)
+    assert all(isinstance(e, CommError) for e in errors)
+    assert all("rank 1 switches to plan" in str(e) and "at iteration 61 but rank 0 at "
+               "iteration 60" in str(e) for e in errors)
+
+
 def test_layer_agreement_reports_a_different_net():
     comms = LocalWorld(2, timeout=10).communicators()
     nets = [["conv1", "fc1"], ["conv1", "fc9"]]
@@ -171,6 +185,55 @@ def test_ranks_start_and_stay_identical(comm):
     assert len(handles[0].grad_times) == 6 - 3  # timed after the plan was in place
     assert "predicted" in handles[0].summary()
     assert solvers[0].gradient_sync is None  # close() unhooked it
+
+
+def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank(tmp_path):
+    # fc2's backward sleeps DELAY in iterations 0..SLOW_UNTIL-1: longer than the start-up
+    # profile can extend (profile_iters 2: at most 8 iterations), so without the re-plan the
+    # plan is made from slow iterations only.
+    delay, slow_until, profile_iters, replan_after, iters = 0.03, 10, 2, 4, 16
+    network = tmp_path / "n.json"
+    network.write_text(json.dumps({"fits": {"2": {"a": 1e-4, "b": 1e-9}}}))
+
+    def slow_at_first(r, solver):
+        layer = solver.net.layers[solver.net.layer_names.index("fc2")]
+        backward = layer.backward
+
+        def slow(*args, **kwargs):
+            if solver.iter < slow_until:
+                time.sleep(delay)
+            return backward(*args, **kwargs)
+
+        layer.backward = slow
+
+    def fc2_time(handle):
+        return next(layer["backward_time"] for layer in handle.profile_dict["layers"]
+                    if layer["name"] == "fc2")
+
+    def run(replan):
+        return train(2, flags(comm="wfbp", profile_iters=profile_iters, network=str(network),
+                              replan_after=replan), iters=iters, per_rank=slow_at_first)
+
+    _, handles, errors = run(0)  # never re-planned: the start-up profile is the slow one
+    assert errors == [None, None]
+    assert [it for it, _ in handles[0].plan_switches] == [profile_iters]
+    assert fc2_time(handles[0]) >= delay
+
+    solvers, handles, errors = run(replan_after)
+    assert errors == [None, None]
+    # start-up plan after profile_iters iterations; the re-plan's profile starts replan_after
+    # iterations later and lasts 4 x profile_iters; both ranks switch at the same iterations
+    replan_at = profile_iters + replan_after + 4 * profile_iters
+    assert [it for it, _ in handles[0].plan_switches] == [profile_iters, replan_at]
+    assert handles[0].plan_switches == handles[1].plan_switches
+    # the re-plan's profile: the median of iterations replan_at-7..replan_at-1, 3 slow of 7
+    assert fc2_time(handles[0]) < delay / 2
+    assert handles[0].startup_prediction >= delay > 2 * handles[0].plan.iteration_time
+    assert [list(g) for g in handles[1].plan.groups] == [g.names for g in
+                                                         handles[1].executor.groups]
+    assert len(handles[0].grad_times) == iters - replan_at  # measured against the re-plan
+    for a, b in zip(weights(solvers[0]), weights(solvers[1])):
+        assert np.array_equal(a, b)
 
 
 def test_a_stop_request_on_one_rank_stops_every_rank_at_the_same_iteration():

@@ -108,6 +108,32 @@ def check_trace(doc, n, mode):
             assert overlapped > (ITERS - PROFILE_ITERS) / 2, (rank, overlapped)
 
 
+def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
+    root, solver = digits
+    profile_iters, replan_after = 2, 3
+    replan_at = profile_iters + replan_after + 4 * profile_iters  # 13
+    iters = replan_at + 3
+    trace = root / "trace_replan.json"
+    status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(8, iters), "--comm", "wfbp",
+                                 "--profile-iters", profile_iters, "--replan-after",
+                                 replan_after, "--timeline", trace], timeout=240)
+    assert status == 0, log
+    assert f"Re-planned at iteration {replan_at}:" in log
+    assert log.count("Re-planned at iteration") == 1  # once
+    doc = load_trace(trace)
+    backward_order = ["ip2", "ip1", "conv2", "conv1"]  # the digits net's learnable layers
+    every_layer, per_layer = [backward_order], [[name] for name in backward_order]
+    # what each iteration all-reduced, from the trace: the start-up profile and the re-plan's
+    # profile send one message after backward, the plans (wfbp) one per layer
+    want = {it: every_layer if it < profile_iters or
+            profile_iters + replan_after <= it < replan_at else per_layer
+            for it in range(iters)}
+    for rank in range(2):
+        its = iterations(doc, rank)
+        got = {it: [e["args"]["layers"] for e in ars] for it, (_, ars) in its.items()}
+        assert got == want, rank
+
+
 @pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp-optimal")])
 def test_every_mode_matches_one_process_with_the_combined_batch(digits, reference, n, mode):
     root, solver = digits

@@ -46,3 +46,30 @@ def test_too_few_samples_count_as_stable():
     _feed(prof, 1.0, [1.0])
     _feed(prof, 9.0, [9.0])
     assert prof.stable()
+
+
+def test_profile_is_the_median_of_ready_times_not_the_sum_of_layer_medians():
+    from mgcaffe.comm.timing import median_profile  # noqa: PLC0415
+
+    # ready times [t_f, ready(2), ready(1)]: [1, 2, 3], [1, 2, 7], [1, 6, 7]; the slow
+    # moment falls on another layer each time. Per-layer medians would say 1 + 1 + 1 = 3
+    # although two of the three iterations took 7.
+    samples = [(1.0, [1.0, 1.0]), (1.0, [5.0, 1.0]), (1.0, [1.0, 5.0])]
+    p = median_profile(samples, "m", ["a", "b"], [10, 20])
+    assert p.forward_time == 1.0
+    assert [layer.backward_time for layer in p.layers] == [5.0, 1.0]  # ready medians 2, 7
+    assert [layer.params for layer in p.layers] == [10, 20]
+
+
+def test_slowest_by_iteration_waits_for_whichever_rank_is_late_in_each_iteration():
+    from mgcaffe.comm.timing import slowest_by_iteration  # noqa: PLC0415
+
+    fast, late = (1.0, [1.0, 1.0]), (1.0, [6.0, 1.0])  # iterations of 3 and of 8
+    rank0 = [(100.0, [100.0, 100.0]), fast, late, fast]  # one older sample: not aligned
+    rank1 = [late, fast, fast]
+    # per iteration the step takes 8, 8, 3 (median 8); each rank's own median is 3
+    p = slowest_by_iteration([rank0, rank1], "m", ["a", "b"], [10, 20])
+    assert p.forward_time == 1.0
+    assert [layer.backward_time for layer in p.layers] == [6.0, 1.0]
+    with pytest.raises(ValueError, match="no samples"):
+        slowest_by_iteration([rank0, []], "m", ["a", "b"], [10, 20])

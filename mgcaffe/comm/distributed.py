@@ -19,7 +19,9 @@ How `mgcaffe train` uses it (see docs/distributed.md):
    profile measured on the first `profile_iters` training iterations (communicating the whole
    gradient after backward meanwhile, so backward is timed undisturbed), then broadcast; every
    rank compares the plan's digest and its learnable layers with every other rank's, and any
-   difference stops every rank with a message naming the rank and what differs;
+   difference stops every rank with a message naming the rank and what differs; a measured
+   plan is re-made once after warm-up (`replan_after` iterations later) from a second,
+   longer profile, and every rank switches to it between the same two iterations;
 4. starts the communication thread (`GradientExecutor`) and hooks into the solver.
 
 Each iteration every rank then OR-s its stop/snapshot requests with the others' (one tiny

@@ -65,7 +65,7 @@ from .startup import (
     synceasgd_groups,
 )
 from .startup_deadline import DEFAULT_STARTUP_TIMEOUT, StartupDeadline
-from .timing import NetTimer, OnlineProfile, slowest_by_iteration
+from .timing import NetTimer, OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .trace import COMPUTE, Tracer, merge_traces, save_trace
 
 # options and start-up pieces are re-exported: `distributed` is the module callers use
@@ -220,6 +220,7 @@ class DistributedTraining:
         self._replanning = False  # the current profile is the re-plan's (after warm-up)
         self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
         self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
+        self.median_prediction: float | None = None  # median of the plan's per-iteration times
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -519,13 +520,13 @@ class DistributedTraining:
         # The step waits for the slowest rank: plan with the latest ready time of each layer,
         # iteration by iteration.
         with self._guard("gathering the ranks' profiles"):
-            windows = self.base_comm.allgather(prof.window(recent))
+            steps = per_iteration_slowest(self.base_comm.allgather(prof.window(recent)))
         before = self.plan
         where = (f"median profile of the last {min(recent, len(prof))} of "
                  f"{self._profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
                  f"{self.size} rank(s)")
-        plan = self._make_and_share(lambda: slowest_by_iteration(
-                                        windows, self.net.name, self.names, self.counts),
+        plan = self._make_and_share(lambda: median_profile(
+                                        steps, self.net.name, self.names, self.counts),
                                     f"re-plan after warm-up, {where}" if self._replanning
                                     else where)
         with self._guard("agreement on the plan and the learnable layers"):
@@ -533,20 +534,34 @@ class DistributedTraining:
         # Switched here, between iterations, on every rank alike (the agreement above
         # compared the iteration): the next iteration communicates by the new plan.
         self.executor.set_plan(plan)
+        before_median = self.median_prediction
+        self.median_prediction = self._median_prediction(plan, steps)
         self.plan_switches.append((it, plan.digest()))
         self.grad_times.clear()  # measured against this plan's prediction from here on
         self.iteration_times.clear()
         if self._replanning:
             self._replanning = False
-            self.startup_prediction = before.iteration_time
+            self.startup_prediction = before_median
             if self.rank == 0:
                 log.info("Re-planned at iteration %d: predicted iteration %.2f ms (the "
                          "start-up profile predicted %.2f ms); plan %s %s the start-up plan's "
-                         "groups", it, plan.iteration_time * 1e3, before.iteration_time * 1e3,
+                         "groups", it, self.median_prediction * 1e3, before_median * 1e3,
                          plan.digest()[:12],
                          "keeps" if plan.groups == before.groups else "changes")
         elif self.options.replan_after > 0:
             self._replan_at = it + self.options.replan_after
+
+    def _median_prediction(self, plan: Any, steps: list) -> float:
+        """The median over the profiled iterations of the plan's timeline on each one's own
+        times: what the measured median is compared with. Not the timeline of the median
+        profile: where communication and backward end close together (where merging pays),
+        each iteration ends with whichever is later that time, and the median of those
+        maxima exceeds the maximum of the medians."""
+        from .planner import timeline  # noqa: PLC0415
+
+        return statistics.median(
+            timeline(as_profile(s, self.net.name, self.names, self.counts), self.cost,
+                     plan.groups).iteration_time for s in steps)
 
     def _start_replan_profile(self) -> None:
         """Warm-up is over: profile again (as at start-up: one all-reduce after backward, so
@@ -600,11 +615,14 @@ class DistributedTraining:
             return None
         times = self.grad_times[1:] or self.grad_times  # the first after a plan change warms
         measured = statistics.median(times)
-        predicted = self.plan.iteration_time
+        predicted = self.median_prediction or self.plan.iteration_time
         whole = statistics.median(self.iteration_times[1:] or self.iteration_times)
+        how = ("" if self.median_prediction is None else
+               f"; median over the profiled iterations, {self.plan.iteration_time * 1e3:.2f} "
+               f"ms at the median profile")
         return (f"iteration (forward start to reduced gradients): measured {measured * 1e3:.2f}"
                 f" ms (median of {len(times)}), predicted {predicted * 1e3:.2f} ms by plan "
-                f"{self.plan.scheme} ({(measured / predicted - 1) * 100:+.1f}%); whole "
+                f"{self.plan.scheme} ({(measured / predicted - 1) * 100:+.1f}%{how}); whole "
                 f"iteration with the update {whole * 1e3:.2f} ms")
 
     def close(self) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 from .profile import LayerProfile, Profile
 from .trace import COMPUTE
 
-__all__ = ["NetTimer", "OnlineProfile", "median_profile", "slowest", "slowest_by_iteration"]
+__all__ = ["NetTimer", "OnlineProfile", "as_profile", "median_profile", "per_iteration_slowest",
+           "slowest", "slowest_by_iteration"]
 
 
 class NetTimer:
@@ -170,6 +171,14 @@ def _ready_times(sample: tuple[float, list[float]]) -> list[float]:
     return out
 
 
+def as_profile(sample: tuple[float, list[float]], model: str, names: list[str],
+               params: list[int], batch_size: int | None = None) -> Profile:
+    """One iteration's (t_f, [t_b per layer]) as a Profile."""
+    forward, backward = sample
+    return Profile(model, batch_size, 4, forward, tuple(
+        LayerProfile(n, p, bt) for n, p, bt in zip(names, params, backward)))
+
+
 def median_profile(samples: list[tuple[float, list[float]]], model: str, names: list[str],
                    params: list[int], batch_size: int | None = None) -> Profile:
     """The profile whose t_f and gradient ready times are the medians of the iterations'.
@@ -220,6 +229,13 @@ def slowest_by_iteration(windows: list[list[tuple[float, list[float]]]], model: 
     t_f and ready times, then their medians (`median_profile`). The median of the
     per-iteration maximum, not the maximum of per-rank medians: when the ranks' times vary
     independently, the step waits each iteration for whichever rank is late then."""
+    return median_profile(per_iteration_slowest(windows), model, names, params, batch_size)
+
+
+def per_iteration_slowest(windows: list[list[tuple[float, list[float]]]]
+                          ) -> list[tuple[float, list[float]]]:
+    """Per iteration (the ranks' windows aligned at their newest end), the slowest rank's t_f
+    and ready times, as (t_f, [t_b per layer]) samples."""
     n = min(len(w) for w in windows)
     if n == 0:
         raise ValueError("slowest_by_iteration: a rank has no samples")
@@ -227,8 +243,9 @@ def slowest_by_iteration(windows: list[list[tuple[float, list[float]]]], model: 
     for i in range(n):
         readies = [_ready_times(w[len(w) - n + i]) for w in windows]
         latest = [max(r[j] for r in readies) for j in range(len(readies[0]))]
-        backward = [0.0] * len(names)
-        for j in range(1, len(latest)):  # latest[j] is ready(L + 1 - j)
-            backward[len(names) - j] = latest[j] - latest[j - 1]
+        L = len(latest) - 1
+        backward = [0.0] * L
+        for j in range(1, L + 1):  # latest[j] is ready(L + 1 - j)
+            backward[L - j] = latest[j] - latest[j - 1]
         steps.append((latest[0], backward))
-    return median_profile(steps, model, names, params, batch_size)
+    return steps

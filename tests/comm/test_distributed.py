@@ -232,6 +232,7 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
     assert [list(g) for g in handles[1].plan.groups] == [g.names for g in
                                                          handles[1].executor.groups]
     assert len(handles[0].grad_times) == iters - replan_at  # measured against the re-plan
+    assert "median over the profiled iterations" in handles[0].summary()
     for a, b in zip(weights(solvers[0]), weights(solvers[1])):
         assert np.array_equal(a, b)
 

@@ -73,3 +73,22 @@ def test_slowest_by_iteration_waits_for_whichever_rank_is_late_in_each_iteration
     assert [layer.backward_time for layer in p.layers] == [6.0, 1.0]
     with pytest.raises(ValueError, match="no samples"):
         slowest_by_iteration([rank0, []], "m", ["a", "b"], [10, 20])
+
+
+def test_prediction_is_the_median_of_each_iterations_timeline():
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.distributed import DistributedTraining  # noqa: PLC0415
+
+    # layers a (input side), b; every message takes 1 s; wfbp sends b, then a.
+    # Iterations (t_f, [t_b(a), t_b(b)]) and their timelines by hand:
+    #   ready(b) = 1, ready(a) = 1: b 1-2, a 2-3 -> 3
+    #   ready(b) = 0, ready(a) = 3: b 0-1, a 3-4 -> 4
+    #   ready(b) = 0, ready(a) = 1: b 0-1, a 1-2 -> 2      median 3
+    # while the median profile (ready(b) = 0, ready(a) = 1) would predict 2.
+    steps = [(0.0, [0.0, 1.0]), (0.0, [3.0, 0.0]), (0.0, [1.0, 0.0])]
+    handle = SimpleNamespace(net=SimpleNamespace(name="m"), names=["a", "b"], counts=[1, 1],
+                             cost=CostModel(1.0, 0.0))
+    plan = SimpleNamespace(groups=[["b"], ["a"]])
+    assert DistributedTraining._median_prediction(handle, plan, steps) == 3.0

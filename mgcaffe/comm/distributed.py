@@ -564,20 +564,30 @@ class DistributedTraining:
                      plan.groups).iteration_time for s in steps)
 
     def _start_replan_profile(self) -> None:
-        """Warm-up is over: profile again (as at start-up: one all-reduce after backward, so
-        backward is timed undisturbed) on the iterations from here, then re-plan once. Every
-        rank starts at the same iteration (the count is the same everywhere)."""
+        """Warm-up is over: profile again on the iterations from here, then re-plan once.
+        Every rank starts at the same iteration (the count is the same everywhere).
+
+        With a cost model that has no interference term, the profile is taken while the
+        start-up plan runs: backward then includes what its overlapped all-reduces cost it
+        (the communication thread's CPU time and wake-ups, the interpreter lock), which the
+        model cannot see otherwise. With measured interference, the model adds that itself,
+        so the profile is taken as at start-up (one all-reduce after backward, backward
+        undisturbed), so as not to count it twice."""
         self._replan_at = None
         self._replanning = True
         self._profiled_iters = 0
         self.profiler = OnlineProfile(self.net.name, self.names, self.counts, skip=1)
         self.timer.install()
-        self.executor.set_plan(synceasgd_groups(self.names))
+        in_situ = not getattr(self.cost, "interferes", False)
+        if not in_situ:
+            self.executor.set_plan(synceasgd_groups(self.names))
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
-                     "one is not counted) to re-plan once; meanwhile all gradients go in one "
-                     "all-reduce after backward", self.solver.iter,
-                     PROFILE_EXTENSION * self.options.profile_iters)
+                     "one is not counted) to re-plan once; meanwhile %s", self.solver.iter,
+                     PROFILE_EXTENSION * self.options.profile_iters,
+                     "the plan runs on (the profile includes what its overlapped "
+                     "all-reduces cost backward)" if in_situ else
+                     "all gradients go in one all-reduce after backward")
 
     def _agree_on_requests(self) -> None:
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE

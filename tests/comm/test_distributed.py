@@ -195,7 +195,17 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
     network = tmp_path / "n.json"
     network.write_text(json.dumps({"fits": {"2": {"a": 1e-4, "b": 1e-9}}}))
 
+    messages = [[], []]  # per rank, per iteration: the all-reduces the executor had planned
+
+    class Messages:
+        def __init__(self, r, handle):
+            self.r, self.handle = r, handle
+
+        def gradients_ready(self, solver):
+            messages[self.r].append(len(self.handle.executor.groups))
+
     def slow_at_first(r, solver):
+        solver.iteration_hooks.append(Messages(r, solver.gradient_sync))
         layer = solver.net.layers[solver.net.layer_names.index("fc2")]
         backward = layer.backward
 
@@ -219,6 +229,8 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
     assert [it for it, _ in handles[0].plan_switches] == [profile_iters]
     assert fc2_time(handles[0]) >= delay
 
+    messages[0].clear()
+    messages[1].clear()
     solvers, handles, errors = run(replan_after)
     assert errors == [None, None]
     # start-up plan after profile_iters iterations; the re-plan's profile starts replan_after
@@ -233,6 +245,9 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
                                                          handles[1].executor.groups]
     assert len(handles[0].grad_times) == iters - replan_at  # measured against the re-plan
     assert "median over the profiled iterations" in handles[0].summary()
+    # no interference in the model: the re-plan's profile ran under the start-up plan (wfbp,
+    # one message per layer) from the start-up plan's switch on
+    assert messages[0] == messages[1] == [1] * profile_iters + [3] * (iters - profile_iters)
     for a, b in zip(weights(solvers[0]), weights(solvers[1])):
         assert np.array_equal(a, b)
 

@@ -114,9 +114,15 @@ def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
     replan_at = profile_iters + replan_after + 4 * profile_iters  # 13
     iters = replan_at + 3
     trace = root / "trace_replan.json"
+    # a network with interference: the re-plan's profile is then taken undisturbed (one
+    # message after backward, as at start-up), which the trace shows
+    network = root / "network_interference.json"
+    network.write_text('{"fits": {"2": {"a": 1e-5, "b": 1e-9, '
+                       '"interference": [[1024, 0.5], [1048576, 0.5]]}}}')
     status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(8, iters), "--comm", "wfbp",
                                  "--profile-iters", profile_iters, "--replan-after",
-                                 replan_after, "--timeline", trace], timeout=240)
+                                 replan_after, "--timeline", trace, "--network", network],
+                             timeout=240)
     assert status == 0, log
     assert f"Re-planned at iteration {replan_at}:" in log
     assert log.count("Re-planned at iteration") == 1  # once

@@ -210,8 +210,42 @@ class _ConvolutionBase(Layer):
         else:
             c += self.xp.matmul(a, b)
 
-    #: Accumulate the weight gradient inside the GEMM (BLAS beta = 1; numpy only).
+    #: Accumulate the weight gradient inside the GEMM (BLAS beta = 1; numpy only) where
+    #: `_weight_diff_in_gemm` says it pays.
     weight_diff_in_gemm = True
+    #: ... always from this many weight elements per group (the scratch-and-add's memory
+    #: traffic then dominates), else only when the weight has at least as many rows as
+    #: columns. Measured (bench_conv_paths.py): beta = 1 writes the (rows, cols) product,
+    #: the orientation OpenBLAS runs 5-10% slower than the transposed one when there are few
+    #: rows (64x256, 64x576, 96x800: backward +5-10%), while a 512x2048 or 2048x1024 weight
+    #: gradient at 7x7 takes half the time.
+    weight_diff_in_gemm_from = 1 << 18
+
+    def _weight_diff_in_gemm(self) -> bool:
+        """Whether this layer's weight gradient goes into the diff inside the GEMM."""
+        if not self.weight_diff_in_gemm or self.xp is not np:
+            return False
+        weight = self.blobs[0]
+        rows = weight.shape[0] // self.group
+        cols = weight.count // weight.shape[0]
+        return rows >= cols or rows * cols >= self.weight_diff_in_gemm_from
+
+    def add_weight_diff_per_sample(self, diff4, columns):
+        """weight.diff += sum over samples s of diff4[s] @ columns[s]^T, per group:
+        diff4 (N, group, O/group, P), columns (N, group, K, P). Sample by sample, as Caffe
+        sums: inside the GEMM, or as one stack of transposed products and a sum."""
+        weight = self.blobs[0]
+        n, g, og = diff4.shape[:3]
+        grad = weight.diff.reshape(g, og, -1)
+        if self._weight_diff_in_gemm():
+            for s in range(n):
+                for k in range(g):
+                    self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k])
+            return
+        # Formed transposed, as in add_weight_diff (the faster orientation there).
+        per_sample = self.scratch(2, (n, g, columns.shape[2], og))
+        self.xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
+        grad[...] += per_sample.sum(axis=0).transpose(0, 2, 1)
 
     def add_bias_diff(self, top_diff):
         """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
@@ -229,7 +263,7 @@ class _ConvolutionBase(Layer):
         weight = self.blobs[0]
         g = self.group
         rows, cols = weight.shape[0] // g, weight.count // weight.shape[0]
-        if self.weight_diff_in_gemm and self.xp is np:
+        if self._weight_diff_in_gemm():
             grad = weight.diff.reshape(g, rows, cols)
             for k in range(g):
                 self.accumulate(a3[k], b3_transposed[k], grad[k])
@@ -415,18 +449,7 @@ class Convolution(_ConvolutionBase):
         diff4 = top_diff.reshape(n, g, o // g, p)
         columns = self._sample_columns(b, cols)
         if want_weight:
-            # Per-sample weight gradients, then their sum: Caffe accumulates the same way.
-            # Formed transposed, as in add_weight_diff (the faster GEMM orientation).
-            if self.weight_diff_in_gemm and xp is np:
-                grad = weight.diff.reshape(g, o // g, -1)
-                for s in range(n):
-                    for k in range(g):
-                        self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k])
-            else:
-                per_sample = self.scratch(2, (n, g, columns.shape[2], o // g))
-                xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
-                weight.diff.reshape(g, o // g, -1)[...] += (
-                    per_sample.sum(axis=0).transpose(0, 2, 1))
+            self.add_weight_diff_per_sample(diff4, columns)
         if down:
             w_t = self._weight3(weight.data).transpose(0, 2, 1)
             if cols is None:
@@ -481,10 +504,7 @@ class Convolution(_ConvolutionBase):
             diff4 = top_diff.reshape(n, g, o // g, p)
             x4 = self._direct_input(i, b)
             if want_weight:
-                grad = weight.diff.reshape(g, o // g, -1)
-                for s in range(n):
-                    for k in range(g):
-                        self.accumulate(diff4[s, k], x4[s, k].T, grad[k])
+                self.add_weight_diff_per_sample(diff4, x4)
             if not down:
                 continue
             w_t = self._weight3(weight.data).transpose(0, 2, 1)

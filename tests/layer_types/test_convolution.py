@@ -21,6 +21,16 @@ def conv_param(body: str, name: str = "conv", n_top: int = 1) -> caffe_pb2.Layer
     return text_format.Parse(text, caffe_pb2.LayerParameter())
 
 
+@pytest.fixture(autouse=True, params=["in GEMM", "scratch and add"])
+def weight_diff_way(request, monkeypatch):
+    """Run every test with the weight gradient added inside the GEMM (beta = 1) and with a
+    scratch product and an add (Convolution picks one per weight shape)."""
+    in_gemm = request.param == "in GEMM"
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    return request.param
+
+
 def naive_conv(x, w, b, stride, pad, dilation, group):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -273,3 +283,19 @@ def test_reshape_follows_new_input_shapes():
     bottom[0].reshape(1, 3, 6, 5)
     with pytest.raises(LayerError, match="2 channels"):
         layer.reshape(bottom, top)
+
+
+def test_weight_gradient_goes_into_the_gemm_for_tall_or_large_weights(monkeypatch):
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", True)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 1000)
+    cases = [("num_output: 8 kernel_size: 1", (1, 4, 3, 3), True),      # 8 x 4: tall
+             ("num_output: 4 kernel_size: 1", (1, 8, 3, 3), False),     # 4 x 8: wide, small
+             ("num_output: 10 kernel_size: 3", (1, 8, 5, 5), False),    # 10 x 72 < 1000
+             ("num_output: 20 kernel_size: 3", (1, 8, 5, 5), True),     # 20 x 72 >= 1000
+             ("num_output: 8 kernel_size: 1 group: 2", (1, 16, 3, 3), False)]  # 4 x 8 a group
+    for body, shape, expected in cases:
+        layer, bottom, top = make_layer(conv_param(body), [shape])
+        assert layer._weight_diff_in_gemm() == expected, body
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", False)
+    layer, bottom, top = make_layer(conv_param(cases[0][0]), [cases[0][1]])
+    assert not layer._weight_diff_in_gemm()

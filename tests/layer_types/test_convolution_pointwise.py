@@ -18,6 +18,16 @@ def direct_always(monkeypatch):
     monkeypatch.setattr(Convolution, "direct_from", 0)
 
 
+@pytest.fixture(autouse=True, params=["in GEMM", "scratch and add"])
+def weight_diff_way(request, monkeypatch):
+    """Run every test with the weight gradient added inside the GEMM (beta = 1) and with a
+    scratch product and an add (Convolution picks one per weight shape)."""
+    in_gemm = request.param == "in GEMM"
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    return request.param
+
+
 def conv_param(body: str) -> caffe_pb2.LayerParameter:
     text = ('name: "pw" type: "Convolution" top: "t" convolution_param { ' + body +
             ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')

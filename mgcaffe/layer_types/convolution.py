@@ -287,8 +287,9 @@ class Convolution(_ConvolutionBase):
     convolution, which then needs no im2col at all (its columns are the input itself).
     A 1x1 convolution (pad 0, dilation 1, any stride) with at least `direct_from` output
     positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
-    no im2col or col2im. Every layout adds the weight gradient into the diff inside the GEMM
-    (BLAS beta = 1, kernels.gemm) on numpy, sample by sample where the GEMMs are per sample.
+    no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside
+    the GEMM (BLAS beta = 1, kernels.gemm) where that measures faster (`_weight_diff_in_gemm`),
+    sample by sample where the GEMMs are per sample.
     """
 
     type = "Convolution"

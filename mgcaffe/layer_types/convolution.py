@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
 from ..kernels import col2im, conv_output_size, im2col
+from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
 from ..kernels.parallel import for_each_chunk
 from . import convolution_nd
@@ -200,6 +203,50 @@ class _ConvolutionBase(Layer):
         rows, cols = matrix.shape
         return matrix.reshape(self.group, rows // self.group, cols)
 
+    def accumulate(self, a, b, c):
+        """c += a @ b for 2-D views: inside the BLAS GEMM (beta = 1) on numpy, no temporary."""
+        if self.xp is np:
+            gemm_accumulate(a, b, c, lambda shape: self.scratch(2, shape))
+        else:
+            c += self.xp.matmul(a, b)
+
+    #: Accumulate the weight gradient inside the GEMM (BLAS beta = 1; numpy only) where
+    #: `_weight_diff_in_gemm` says it pays.
+    weight_diff_in_gemm = True
+    #: ... always from this many weight elements per group (the scratch-and-add's memory
+    #: traffic then dominates), else only when the weight has at least as many rows as
+    #: columns. Measured (bench_conv_paths.py): beta = 1 writes the (rows, cols) product,
+    #: the orientation OpenBLAS runs 5-10% slower than the transposed one when there are few
+    #: rows (64x256, 64x576, 96x800: backward +5-10%), while a 512x2048 or 2048x1024 weight
+    #: gradient at 7x7 takes half the time.
+    weight_diff_in_gemm_from = 1 << 18
+
+    def _weight_diff_in_gemm(self) -> bool:
+        """Whether this layer's weight gradient goes into the diff inside the GEMM."""
+        if not self.weight_diff_in_gemm or self.xp is not np:
+            return False
+        weight = self.blobs[0]
+        rows = weight.shape[0] // self.group
+        cols = weight.count // weight.shape[0]
+        return rows >= cols or rows * cols >= self.weight_diff_in_gemm_from
+
+    def add_weight_diff_per_sample(self, diff4, columns):
+        """weight.diff += sum over samples s of diff4[s] @ columns[s]^T, per group:
+        diff4 (N, group, O/group, P), columns (N, group, K, P). Sample by sample, as Caffe
+        sums: inside the GEMM, or as one stack of transposed products and a sum."""
+        weight = self.blobs[0]
+        n, g, og = diff4.shape[:3]
+        grad = weight.diff.reshape(g, og, -1)
+        if self._weight_diff_in_gemm():
+            for s in range(n):
+                for k in range(g):
+                    self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k])
+            return
+        # Formed transposed, as in add_weight_diff (the faster orientation there).
+        per_sample = self.scratch(2, (n, g, columns.shape[2], og))
+        self.xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
+        grad[...] += per_sample.sum(axis=0).transpose(0, 2, 1)
+
     def add_bias_diff(self, top_diff):
         """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
         Caffe does; several times faster than a numpy sum over two axes)."""
@@ -216,6 +263,11 @@ class _ConvolutionBase(Layer):
         weight = self.blobs[0]
         g = self.group
         rows, cols = weight.shape[0] // g, weight.count // weight.shape[0]
+        if self._weight_diff_in_gemm():
+            grad = weight.diff.reshape(g, rows, cols)
+            for k in range(g):
+                self.accumulate(a3[k], b3_transposed[k], grad[k])
+            return
         grad_t = self.scratch(2, (g, cols, rows))
         self.xp.matmul(b3_transposed.transpose(0, 2, 1), a3.transpose(0, 2, 1), out=grad_t)
         weight.diff.reshape(g, rows, cols)[...] += grad_t.transpose(0, 2, 1)
@@ -233,12 +285,20 @@ class Convolution(_ConvolutionBase):
     each writing its sample's output in place, with no transposing copies; on OpenBLAS it
     wins from about 2048 output positions per sample, and from 196 for a 1x1, stride 1, pad 0
     convolution, which then needs no im2col at all (its columns are the input itself).
+    A 1x1 convolution (pad 0, dilation 1, any stride) with at least `direct_from` output
+    positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
+    no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside
+    the GEMM (BLAS beta = 1, kernels.gemm) where that measures faster (`_weight_diff_in_gemm`),
+    sample by sample where the GEMMs are per sample.
     """
 
     type = "Convolution"
     #: Output positions per sample from which the per-sample layout is used (measured).
     per_sample_from = 2048
     per_sample_from_pointwise = 196
+    #: A 1x1, pad 0, dilation 1 convolution with at least this many output positions per
+    #: sample runs as direct GEMMs on its input (any stride; see _forward_direct).
+    direct_from = 196
     #: Whole-batch columns are ordered batch last for outputs of at most this many positions
     #: per sample (measured, fwd+bwd: CIFAR-10 conv2 39 -> 32 ms, conv3 14.3 -> 10.8 ms,
     #: GoogleNet 7x7 and 14x14 layers 2-8% faster; the output transposes cost more than the
@@ -257,6 +317,18 @@ class Convolution(_ConvolutionBase):
         if self.nd:
             return
         self._spatial = self.out_hw[0] * self.out_hw[1]
+        # 1x1, pad 0, dilation 1: plain GEMMs on the input (subsampled first for a stride),
+        # no im2col/col2im (_forward_direct, _backward_direct).
+        self._direct = (self.kernel == (1, 1) and self.pad == (0, 0)
+                        and self.dilation == (1, 1)
+                        and self._spatial >= self.direct_from)
+        if self._direct:
+            strided = self.stride != (1, 1)
+            self._subsampled = [self.buffer(f"subsampled{i}",
+                                            (self.num, self.channels, self._spatial))
+                                if strided else None for i in range(len(bottom))]
+            self._image_shape = (self.num, self.channels) + self.in_hw
+            return
         self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
                            and self.pad == (0, 0))
         self._per_sample = self._spatial >= (self.per_sample_from_pointwise if self._pointwise
@@ -310,6 +382,8 @@ class Convolution(_ConvolutionBase):
     def forward(self, bottom, top):
         if self.nd:
             return convolution_nd.conv_forward(self, bottom, top)
+        if self._direct:
+            return self._forward_direct(bottom, top)
         xp, weight = self.xp, self.blobs[0].data
         o, n, p = self.num_output, self.num, self._spatial
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -331,6 +405,8 @@ class Convolution(_ConvolutionBase):
     def backward(self, top, propagate_down, bottom):
         if self.nd:
             return convolution_nd.conv_backward(self, top, propagate_down, bottom)
+        if self._direct:
+            return self._backward_direct(top, propagate_down, bottom)
         o, n, p = self.num_output, self.num, self._spatial
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
@@ -374,11 +450,7 @@ class Convolution(_ConvolutionBase):
         diff4 = top_diff.reshape(n, g, o // g, p)
         columns = self._sample_columns(b, cols)
         if want_weight:
-            # Per-sample weight gradients, then their sum: Caffe accumulates the same way.
-            # Formed transposed, as in add_weight_diff (the faster GEMM orientation).
-            per_sample = self.scratch(2, (n, g, columns.shape[2], o // g))
-            xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
-            weight.diff.reshape(g, o // g, -1)[...] += per_sample.sum(axis=0).transpose(0, 2, 1)
+            self.add_weight_diff_per_sample(diff4, columns)
         if down:
             w_t = self._weight3(weight.data).transpose(0, 2, 1)
             if cols is None:
@@ -387,6 +459,75 @@ class Convolution(_ConvolutionBase):
             col_diff = cols  # the weight gradient is done with the columns
             xp.matmul(w_t, diff4, out=self._sample_columns(None, col_diff))
             self.col2im(col_diff, b.diff.reshape(self._image_shape))
+
+
+    # -- 1x1, pad 0, dilation 1: GEMMs on the input itself ---------------------------------
+    def _direct_input(self, i, b):
+        """Bottom i as (N, group, C/group, P): its data (stride 1) or the subsampled copy
+        forward made (backward reuses it, as the other layouts reuse their columns)."""
+        n, g, p = self.num, self.group, self._spatial
+        sub = self._subsampled[i]
+        if sub is None:
+            return b.data.reshape(n, g, self.channels // g, p)
+        return sub.reshape(n, g, self.channels // g, p)
+
+    def _subsample(self, i, b):
+        """Copy every stride-th row and column of bottom i into its subsampled buffer."""
+        sh, sw = self.stride
+        image = b.data.reshape(self._image_shape)
+        self.copy_by_sample(self._subsampled[i].reshape((self.num, self.channels) +
+                                                        self.out_hw),
+                            image[:, :, ::sh, ::sw])
+
+    def _forward_direct(self, bottom, top):
+        """top_n = W @ x_n per sample and group (Caffe's 1x1 GEMM, without the im2col)."""
+        o, n, g, p = self.num_output, self.num, self.group, self._spatial
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            if self._subsampled[i] is not None:
+                self._subsample(i, b)
+            out = t.data.reshape(n, o, p)
+            self.xp.matmul(self._weight3(self.blobs[0].data), self._direct_input(i, b),
+                           out=out.reshape(n, g, o // g, p))
+            if self.bias_term:
+                self.copy_by_sample(out, out, self.blobs[1].data[None, :, None])
+
+    def _backward_direct(self, top, propagate_down, bottom):
+        """dW += dtop_n @ x_n^T inside the GEMM (beta = 1), sample by sample as Caffe sums;
+        dx_n = W^T @ dtop_n, scattered back onto the strided positions for a stride."""
+        xp, weight = self.xp, self.blobs[0]
+        o, n, g, p = self.num_output, self.num, self.group, self._spatial
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
+            top_diff = t.diff.reshape(n, o, p)
+            if want_bias:
+                self.add_bias_diff(top_diff)
+            diff4 = top_diff.reshape(n, g, o // g, p)
+            x4 = self._direct_input(i, b)
+            if want_weight:
+                self.add_weight_diff_per_sample(diff4, x4)
+            if not down:
+                continue
+            w_t = self._weight3(weight.data).transpose(0, 2, 1)
+            if self._subsampled[i] is None:
+                xp.matmul(w_t, diff4, out=b.diff.reshape(x4.shape))
+                continue
+            product = self.scratch(0, x4.shape)
+            xp.matmul(w_t, diff4, out=product)
+            self._scatter_strided(product, b.diff.reshape(self._image_shape))
+
+    def _scatter_strided(self, values, image):
+        """image = 0, then image[:, :, ::sh, ::sw] = values (N, ..., P): the strided
+        convolution's input gradient (the skipped positions get none)."""
+        sh, sw = self.stride
+        grid = values.reshape((self.num, self.channels) + self.out_hw)
+
+        def samples(start, stop):
+            image[start:stop] = 0
+            image[start:stop, :, ::sh, ::sw] = grid[start:stop]
+
+        for_each_chunk(self.xp, self.num, samples, item_elements=image[0].size,
+                       cache_sized=False, runner=self.ctx.chunk_runner)
 
 
 @register_layer

@@ -21,6 +21,16 @@ def conv_param(body: str, name: str = "conv", n_top: int = 1) -> caffe_pb2.Layer
     return text_format.Parse(text, caffe_pb2.LayerParameter())
 
 
+@pytest.fixture(autouse=True, params=["in GEMM", "scratch and add"])
+def weight_diff_way(request, monkeypatch):
+    """Run every test with the weight gradient added inside the GEMM (beta = 1) and with a
+    scratch product and an add (Convolution picks one per weight shape)."""
+    in_gemm = request.param == "in GEMM"
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    return request.param
+
+
 def naive_conv(x, w, b, stride, pad, dilation, group):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -53,12 +63,16 @@ CASES = [
      "dilation: 1 dilation: 2 group: 3", (2, 3, 7, 6), ((2, 3), (2, 1), (0, 1), (1, 2)), 3),
     ("num_output: 4 kernel_size: 1 bias_term: false", (3, 5, 3, 4),
      ((1, 1), (1, 1), (0, 0), (1, 1)), 1),
+    ("num_output: 4 kernel_size: 1 stride: 2 group: 2", (2, 4, 5, 6),
+     ((1, 1), (2, 2), (0, 0), (1, 1)), 2),
 ]
 
 
-@pytest.fixture(params=["whole batch", "per sample", "batch last"])
+@pytest.fixture(params=["whole batch", "per sample", "batch last", "direct"])
 def gemm_layout(request, monkeypatch):
-    """Run a test with each of Convolution's three GEMM layouts (picked by output size)."""
+    """Run a test with each of Convolution's GEMM layouts (picked by output size); "direct"
+    is the 1x1 path (other kernels then run whole batch)."""
+    monkeypatch.setattr(Convolution, "direct_from", 0 if request.param == "direct" else 10**9)
     if request.param == "per sample":
         monkeypatch.setattr(Convolution, "per_sample_from", 1)
         monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 1)
@@ -73,9 +87,12 @@ def gemm_layout(request, monkeypatch):
 @pytest.mark.parametrize("body,shape,geometry,group", CASES)
 def test_forward_matches_naive(body, shape, geometry, group, gemm_layout):
     layer, bottom, top = make_layer(conv_param(body), [shape])
-    assert layer._per_sample == (gemm_layout == "per sample")
-    assert layer._batch_last == (gemm_layout == "batch last")
     kernel, stride, pad, dilation = geometry
+    pointwise = kernel == (1, 1) and pad == (0, 0) and dilation == (1, 1)
+    assert layer._direct == (gemm_layout == "direct" and pointwise)
+    if not layer._direct:
+        assert layer._per_sample == (gemm_layout == "per sample")
+        assert layer._batch_last == (gemm_layout == "batch last")
     w = layer.blobs[0].data
     b = layer.blobs[1].data if len(layer.blobs) > 1 else None
     assert w.shape == (layer.num_output, shape[1] // group) + kernel
@@ -92,18 +109,24 @@ def test_gradients(body, shape, geometry, group, gemm_layout):
 
 
 def test_layout_follows_output_size():
-    # The real thresholds: large outputs (and 1x1 convolutions from 14x14) go per sample.
-    cases = [("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 46, 46), True),
-             ("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 44, 44), False),
-             ("num_output: 2 kernel_size: 1", (1, 1, 14, 14), True),
-             ("num_output: 2 kernel_size: 1", (1, 1, 7, 7), False),
-             ("num_output: 2 kernel_size: 1 stride: 2", (1, 1, 28, 28), False)]
-    for body, shape, per_sample in cases:
+    # The real thresholds: large outputs go per sample; 1x1 convolutions (pad 0, dilation 1,
+    # any stride) with 14x14 outputs or more run as direct GEMMs on their input.
+    cases = [("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 46, 46), "per sample"),
+             ("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 44, 44), "whole"),
+             ("num_output: 2 kernel_size: 1", (1, 1, 14, 14), "direct"),
+             ("num_output: 2 kernel_size: 1", (1, 1, 7, 7), "whole"),
+             ("num_output: 2 kernel_size: 1 stride: 2", (1, 1, 28, 28), "direct"),
+             ("num_output: 2 kernel_size: 1 stride: 2", (1, 1, 26, 26), "whole"),
+             ("num_output: 2 kernel_size: 1 pad: 1", (1, 1, 14, 14), "whole"),
+             ("num_output: 2 kernel_size: 1 dilation: 2", (1, 1, 14, 14), "per sample")]
+    for body, shape, layout in cases:
         layer, bottom, top = make_layer(conv_param(body), [shape])
-        assert layer._per_sample == per_sample, (body, shape)
+        assert layer._direct == (layout == "direct"), (body, shape)
+        if not layer._direct:
+            assert layer._per_sample == (layout == "per sample"), (body, shape)
         layer.forward(bottom, top)
         expected = naive_conv(bottom[0].data, layer.blobs[0].data, layer.blobs[1].data,
-                              layer.stride, layer.pad, (1, 1), 1)
+                              layer.stride, layer.pad, layer.dilation, 1)
         np.testing.assert_allclose(top[0].data, expected, rtol=1e-10)
 
 
@@ -260,3 +283,19 @@ def test_reshape_follows_new_input_shapes():
     bottom[0].reshape(1, 3, 6, 5)
     with pytest.raises(LayerError, match="2 channels"):
         layer.reshape(bottom, top)
+
+
+def test_weight_gradient_goes_into_the_gemm_for_tall_or_large_weights(monkeypatch):
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", True)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 1000)
+    cases = [("num_output: 8 kernel_size: 1", (1, 4, 3, 3), True),      # 8 x 4: tall
+             ("num_output: 4 kernel_size: 1", (1, 8, 3, 3), False),     # 4 x 8: wide, small
+             ("num_output: 10 kernel_size: 3", (1, 8, 5, 5), False),    # 10 x 72 < 1000
+             ("num_output: 20 kernel_size: 3", (1, 8, 5, 5), True),     # 20 x 72 >= 1000
+             ("num_output: 8 kernel_size: 1 group: 2", (1, 16, 3, 3), False)]  # 4 x 8 a group
+    for body, shape, expected in cases:
+        layer, bottom, top = make_layer(conv_param(body), [shape])
+        assert layer._weight_diff_in_gemm() == expected, body
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", False)
+    layer, bottom, top = make_layer(conv_param(cases[0][0]), [cases[0][1]])
+    assert not layer._weight_diff_in_gemm()

@@ -1,0 +1,94 @@
+"""Convolution's GEMM paths against the layouts they replaced, interleaved in one process.
+
+For ResNet-50 (batch 4) and GoogleNet (batch 8) convolution shapes, times forward and
+backward (bottom diff included) of two layers built side by side: "before", with the direct
+1x1 path and the in-GEMM weight-gradient accumulation switched off (the whole-batch /
+per-sample layouts with a scratch and an add), and "after", the defaults. The two run in
+alternation, repetition by repetition, so a change in the machine's load hits both; the
+best of R is printed. Usage: python benchmarks/bench_conv_paths.py [--repeats R]
+[--only 1x1|kxk].
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: park idle threads
+
+from bench_layers import build  # noqa: E402 - same folder
+
+from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+
+# name, parameter body, bottom shape (without batch), batch
+POINTWISE = [
+    ("res2a_branch2c 1x1 64->256 @56", "num_output: 256 kernel_size: 1", (64, 56, 56), 4),
+    ("res2b_branch2a 1x1 256->64 @56", "num_output: 64 kernel_size: 1", (256, 56, 56), 4),
+    ("res3a_branch1 1x1/2 256->512 @56", "num_output: 512 kernel_size: 1 stride: 2",
+     (256, 56, 56), 4),
+    ("res3d_branch2c 1x1 128->512 @28", "num_output: 512 kernel_size: 1", (128, 28, 28), 4),
+    ("res4a_branch1 1x1/2 512->1024 @28", "num_output: 1024 kernel_size: 1 stride: 2",
+     (512, 28, 28), 4),
+    ("res4b_branch2c 1x1 256->1024 @14", "num_output: 1024 kernel_size: 1", (256, 14, 14), 4),
+    ("res5a_branch1 1x1/2 1024->2048 @14", "num_output: 2048 kernel_size: 1 stride: 2",
+     (1024, 14, 14), 4),
+    ("res5b_branch2a 1x1 2048->512 @7", "num_output: 512 kernel_size: 1", (2048, 7, 7), 4),
+    ("inception_4a/1x1 480->192 @14", "num_output: 192 kernel_size: 1", (480, 14, 14), 8),
+    ("inception_5b/1x1 832->384 @7", "num_output: 384 kernel_size: 1", (832, 7, 7), 8),
+]
+SPATIAL = [
+    ("res2a_branch2b 3x3 64->64 @56", "num_output: 64 kernel_size: 3 pad: 1", (64, 56, 56), 4),
+    ("res5b_branch2b 3x3 512->512 @7", "num_output: 512 kernel_size: 3 pad: 1", (512, 7, 7), 4),
+    ("conv2/3x3 64->192 @56", "num_output: 192 kernel_size: 3 pad: 1", (64, 56, 56), 8),
+    ("inception_3b/3x3 128->192 @28", "num_output: 192 kernel_size: 3 pad: 1", (128, 28, 28), 8),
+    ("inception_4e/3x3 160->320 @14", "num_output: 320 kernel_size: 3 pad: 1", (160, 14, 14), 8),
+    ("inception_3b/5x5 32->96 @28", "num_output: 96 kernel_size: 5 pad: 2", (32, 28, 28), 8),
+]
+BEFORE = {"direct_from": 10**9, "weight_diff_in_gemm": False}
+
+
+def build_with(settings: dict, body: str, shape, batch: int):
+    """A layer set up under class-attribute `settings` (they are read in setup/backward, so
+    they are stored on the instance too)."""
+    saved = {k: getattr(Convolution, k) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(Convolution, k, v)
+        layer, bottom, top = build("Convolution", body, shape, batch)
+    finally:
+        for k, v in saved.items():
+            setattr(Convolution, k, v)
+    for k, v in settings.items():
+        setattr(layer, k, v)
+    return layer, bottom, top
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--only", choices=("1x1", "kxk"), default=None)
+    args = parser.parse_args(argv)
+    cases = {"1x1": POINTWISE, "kxk": SPATIAL}.get(args.only, POINTWISE + SPATIAL)
+    print(f"best of {args.repeats}, ms, before/after interleaved")
+    print("| layer | batch | fwd before | fwd after | bwd before | bwd after | after/before |")
+    print("|---|---|---|---|---|---|---|")
+    for name, body, shape, batch in cases:
+        pair = [build_with(BEFORE, body, shape, batch), build_with({}, body, shape, batch)]
+        best = [[float("inf")] * 2 for _ in pair]
+        for repeat in range(args.repeats + 1):  # the first pass is a warm-up
+            for k, (layer, bottom, top) in enumerate(pair):
+                start = time.perf_counter()
+                layer.forward(bottom, top)
+                middle = time.perf_counter()
+                layer.backward(top, [True], bottom)
+                end = time.perf_counter()
+                if repeat:
+                    best[k] = [min(best[k][0], middle - start), min(best[k][1], end - middle)]
+        (fb, bb), (fa, ba) = best
+        print(f"| {name} | {batch} | {fb * 1e3:.2f} | {fa * 1e3:.2f} | {bb * 1e3:.2f} | "
+              f"{ba * 1e3:.2f} | {(fa + ba) / (fb + bb):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

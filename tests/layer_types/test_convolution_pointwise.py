@@ -1,0 +1,171 @@
+"""Convolution's direct 1x1 path (kernel 1, pad 0, dilation 1; any stride): forward against
+a naive loop, float64 central-difference gradients, param-diff accumulation, groups, bias."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.gradient_check import make_layer
+from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.proto import caffe_pb2
+
+
+@pytest.fixture(autouse=True)
+def direct_always(monkeypatch):
+    """Every 1x1 convolution takes the direct path, whatever its plane size."""
+    monkeypatch.setattr(Convolution, "direct_from", 0)
+
+
+@pytest.fixture(autouse=True, params=["in GEMM", "scratch and add"])
+def weight_diff_way(request, monkeypatch):
+    """Run every test with the weight gradient added inside the GEMM (beta = 1) and with a
+    scratch product and an add (Convolution picks one per weight shape)."""
+    in_gemm = request.param == "in GEMM"
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    return request.param
+
+
+def conv_param(body: str) -> caffe_pb2.LayerParameter:
+    text = ('name: "pw" type: "Convolution" top: "t" convolution_param { ' + body +
+            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    return text_format.Parse(text, caffe_pb2.LayerParameter())
+
+
+def naive_pointwise(x, w, b, stride, group):
+    """top[n, o, y, z] = sum_c w[o, c] x[n, g*cg + c, y*sh, z*sw] (+ b[o]), by loops."""
+    n, c, h, wd = x.shape
+    o, cg = w.shape[:2]
+    oh, ow = (h - 1) // stride[0] + 1, (wd - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // group
+    for ni in range(n):
+        for oi in range(o):
+            g = oi // og
+            for y in range(oh):
+                for z in range(ow):
+                    total = b[oi] if b is not None else 0.0
+                    for ci in range(cg):
+                        total += w[oi, ci, 0, 0] * x[ni, g * cg + ci, y * stride[0],
+                                                     z * stride[1]]
+                    out[ni, oi, y, z] = total
+    return out
+
+
+# body, bottom shape, stride, group
+CASES = [
+    ("num_output: 4 kernel_size: 1", (2, 3, 4, 5), (1, 1), 1),
+    ("num_output: 4 kernel_size: 1 bias_term: false", (2, 3, 4, 5), (1, 1), 1),
+    ("num_output: 6 kernel_size: 1 group: 3", (2, 6, 3, 4), (1, 1), 3),
+    ("num_output: 4 kernel_size: 1 stride: 2", (2, 3, 5, 6), (2, 2), 1),
+    ("num_output: 4 kernel_size: 1 stride: 2 group: 2 bias_term: false", (3, 4, 6, 5),
+     (2, 2), 2),
+    ("num_output: 3 kernel_size: 1 stride_h: 1 stride_w: 3", (2, 2, 4, 7), (1, 3), 1),
+]
+
+
+def objective(layer, bottom, top, projection):
+    layer.forward(bottom, top)
+    return float((top[0].data * projection).sum())
+
+
+@pytest.mark.parametrize("body,shape,stride,group", CASES)
+def test_forward_matches_naive(body, shape, stride, group):
+    layer, bottom, top = make_layer(conv_param(body), [shape])
+    assert layer._direct
+    layer.forward(bottom, top)
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive_pointwise(bottom[0].data, layer.blobs[0].data, b, stride, group)
+    assert top[0].shape == expected.shape
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("body,shape,stride,group", CASES)
+def test_gradients_match_central_differences(body, shape, stride, group):
+    """Every element of the bottom, weight and bias, against (f(x+e) - f(x-e)) / 2e of the
+    objective sum(top * R) in float64."""
+    layer, bottom, top = make_layer(conv_param(body), [shape])
+    projection = np.random.default_rng(7).standard_normal(top[0].shape)
+    layer.forward(bottom, top)
+    top[0].diff[...] = projection
+    for p in layer.blobs:
+        p.diff[...] = 0
+    bottom[0].diff[...] = 123.0  # stale contents: must be overwritten, strided zeros included
+    layer.backward(top, [True], bottom)
+    eps = 1e-6
+    for name, blob in [("bottom", bottom[0])] + [(f"param{i}", p)
+                                                for i, p in enumerate(layer.blobs)]:
+        analytic = blob.diff.copy()
+        numeric = np.zeros_like(analytic)
+        flat = blob.data.reshape(-1)
+        for k in range(flat.size):
+            saved = flat[k]
+            flat[k] = saved + eps
+            up = objective(layer, bottom, top, projection)
+            flat[k] = saved - eps
+            down = objective(layer, bottom, top, projection)
+            flat[k] = saved
+            numeric.reshape(-1)[k] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("body,shape,stride,group", CASES[::2] + CASES[3:5])
+def test_param_diffs_accumulate_over_two_backwards(body, shape, stride, group):
+    layer, bottom, top = make_layer(conv_param(body), [shape])
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(3).standard_normal(top[0].shape)
+    start = [np.random.default_rng(4 + i).standard_normal(p.shape)
+             for i, p in enumerate(layer.blobs)]
+    for p, s in zip(layer.blobs, start):
+        p.diff[...] = s
+    layer.backward(top, [True], bottom)
+    first_bottom = bottom[0].diff.copy()
+    layer.backward(top, [True], bottom)
+    # The weight gradient by hand: sum over samples and positions of dtop * x (subsampled).
+    x = bottom[0].data[:, :, ::stride[0], ::stride[1]]
+    n, c = x.shape[:2]
+    o = top[0].shape[1]
+    dy = top[0].diff.reshape(n, group, o // group, -1)
+    xs = x.reshape(n, group, c // group, -1)
+    grad_w = np.einsum("ngop,ngcp->goc", dy, xs).reshape(layer.blobs[0].shape)
+    np.testing.assert_allclose(layer.blobs[0].diff, start[0] + 2 * grad_w, rtol=1e-12)
+    if len(layer.blobs) > 1:
+        grad_b = top[0].diff.sum(axis=(0, 2, 3))
+        np.testing.assert_allclose(layer.blobs[1].diff, start[1] + 2 * grad_b, rtol=1e-12)
+    np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
+
+
+def test_strided_bottom_diff_is_zero_off_the_sampled_grid():
+    layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 1 stride: 2"),
+                                    [(1, 2, 5, 5)])
+    layer.forward(bottom, top)
+    top[0].diff[...] = 1.0
+    bottom[0].diff[...] = 9.0
+    layer.backward(top, [True], bottom)
+    mask = np.zeros((5, 5), bool)
+    mask[::2, ::2] = True
+    assert np.all(bottom[0].diff[:, :, ~mask] == 0)
+    expected = layer.blobs[0].data[:, :, 0, 0].sum(axis=0)  # sum over outputs of w[o, c]
+    np.testing.assert_allclose(bottom[0].diff[0][:, mask],
+                               np.repeat(expected[:, None], mask.sum(), axis=1), rtol=1e-12)
+
+
+def test_float32_matches_float64():
+    body = "num_output: 8 kernel_size: 1 stride: 2 group: 2"
+    l64, b64, t64 = make_layer(conv_param(body), [(2, 4, 7, 6)])
+    l32, b32, t32 = make_layer(conv_param(body), [(2, 4, 7, 6)], dtype=np.float32)
+    for p32, p64 in zip(l32.blobs, l64.blobs):
+        p32.data[...] = p64.data
+    b32[0].data[...] = b64[0].data
+    for layer, bottom, top in ((l64, b64, t64), (l32, b32, t32)):
+        layer.forward(bottom, top)
+        top[0].diff[...] = np.arange(top[0].count).reshape(top[0].shape) % 5 - 2.0
+        for p in layer.blobs:
+            p.diff[...] = 0
+        layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(t32[0].data, t64[0].data, rtol=1e-4, atol=1e-5)
+    for p32, p64 in zip(l32.blobs, l64.blobs):
+        np.testing.assert_allclose(p32.diff, p64.diff, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(b32[0].diff, b64[0].diff, rtol=1e-4, atol=1e-5)

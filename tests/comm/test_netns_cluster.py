@@ -37,7 +37,9 @@ PROGRAM = textwrap.dedent("""
     for _ in range(int(sys.argv[2])):
         c.Allreduce(MPI.IN_PLACE, x)
     dt = time.perf_counter() - t
-    print("RESULT", c.rank, c.size, socket.gethostname(), float(x[0]), dt, flush=True)
+    # one write per line: the ranks share the launcher's output pipe
+    sys.stdout.write(f"RESULT {c.rank} {c.size} {socket.gethostname()} {float(x[0])} {dt}\\n")
+    sys.stdout.flush()
 """)
 
 

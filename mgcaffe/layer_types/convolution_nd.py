@@ -23,6 +23,13 @@ def _grouped_weight(layer, array):
     return array.reshape(layer.group, first // layer.group, -1)
 
 
+def _backward_operands(layer):
+    """(weight blob, grouped weight data, weight gradient wanted, bias gradient wanted)."""
+    weight = layer.blobs[0]
+    want_b = layer.bias_term and layer.param_propagate_down[1]
+    return weight, _grouped_weight(layer, weight.data), layer.param_propagate_down[0], want_b
+
+
 def conv_forward(layer, bottom, top):
     """top = weight * bottom (+ bias) for every bottom/top pair."""
     xp, g, n = layer.xp, layer.group, layer.num
@@ -40,10 +47,7 @@ def conv_forward(layer, bottom, top):
 def conv_backward(layer, top, propagate_down, bottom):
     """Weight/bias gradients added, bottom gradients overwritten where wanted."""
     xp, g, n = layer.xp, layer.group, layer.num
-    weight = layer.blobs[0]
-    w = _grouped_weight(layer, weight.data)
-    want_w = layer.param_propagate_down[0]
-    want_b = layer.bias_term and layer.param_propagate_down[1]
+    weight, w, want_w, want_b = _backward_operands(layer)
     for t, down, b in zip(top, propagate_down, bottom):
         dy = t.diff.reshape(n, layer.num_output, -1)
         if want_b:
@@ -78,10 +82,7 @@ def deconv_forward(layer, bottom, top):
 def deconv_backward(layer, top, propagate_down, bottom):
     """Gradients of deconv_forward: the top diff's im2col feeds both products."""
     xp, g, n = layer.xp, layer.group, layer.num
-    weight = layer.blobs[0]
-    w = _grouped_weight(layer, weight.data)
-    want_w = layer.param_propagate_down[0]
-    want_b = layer.bias_term and layer.param_propagate_down[1]
+    weight, w, want_w, want_b = _backward_operands(layer)
     for t, down, b in zip(top, propagate_down, bottom):
         dy = t.diff.reshape((n, layer.num_output) + layer.out_hw)
         if want_b:

@@ -13,8 +13,9 @@ times its chunk call sites (the same trial and retry rule, `parallel.TRIALS` and
 ~5 us call) and the chunk runner running serially. The chunk runner's results do not depend
 on the way (same chunk boundaries); a GEMM's last bits can (OpenBLAS's edge kernels cover
 other elements when its output is split over threads). So this runs only where
-`parallel.adaptive_blas()` allows it: the commands in their default thread choice, not with a
-count the user set, nor for a library user who did not ask (`mgcaffe.threads.configure`).
+`parallel.adaptive_blas()` allows it: when the user asked with `--threads adaptive` (and set no
+count of their own); by default, for a count the user set and for library use, results repeat
+bit for bit.
 Elsewhere, and for any array module other than numpy (a GPU), layers are called directly.
 """
 
@@ -91,7 +92,7 @@ _default: LayerWay | None = None
 def default_layer_way() -> LayerWay:
     """The process-wide LayerWay, with the default chunk runner's thread count."""
     global _default
-    # Off (a plain call) unless the commands' thread choice allows it: see adaptive_blas.
+    # Off (a plain call) unless `--threads adaptive` allows it: see adaptive_blas.
     threads = parallel.default_runner().threads if parallel.adaptive_blas() else 1
     if _default is None or _default.threads != threads:
         _default = LayerWay(threads)

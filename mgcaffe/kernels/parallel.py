@@ -238,9 +238,9 @@ def set_default_threads(threads: int, adaptive_blas: bool = False) -> ChunkRunne
 
 def adaptive_blas() -> bool:
     """Whether `layer_way` may drop the BLAS to one thread for a layer call. Off unless
-    `mgcaffe.threads.configure` chose the count itself (the commands do; a count the user
-    set is kept for every call): a BLAS's last bits can depend on its thread count, so with
-    it off the results are the same bit for bit from run to run."""
+    the user asked with `--threads adaptive` (`mgcaffe.threads`): a BLAS's last bits can
+    depend on its thread count, so with it off the results are the same bit for bit from
+    run to run."""
     return _adaptive_blas
 
 

@@ -9,6 +9,16 @@ import numpy as np
 from .errors import NetError
 
 
+class _DiffState:
+    """Whether a diff (shared by every blob aliasing it) is logically zero but not yet
+    written: `clear_diff_lazily` sets it, the first access fills the zeros or overwrites."""
+
+    __slots__ = ("zero",)
+
+    def __init__(self):
+        self.zero = False
+
+
 class Blob:
     """Data and diff arrays of one shape, on one device.
 
@@ -16,9 +26,14 @@ class Blob:
     in place (`blob.data[...] = x`) or assign an array of the same shape. Blobs created by
     `share_data`/`share_diff` alias another blob's arrays, which is how in-place layers and
     shared parameters work.
+
+    Lazy zeroing (parameter diffs, once per iteration): `clear_diff_lazily()` only marks the
+    diff as zero. Every read of `diff` then fills the zeros first, so any code sees a zeroed
+    diff; a writer that overwrites every element (a GEMM with beta = 0) asks
+    `diff_for_write()` instead and skips the fill and the read.
     """
 
-    __slots__ = ("_data", "_diff", "xp", "dtype", "name")
+    __slots__ = ("_data", "_diff", "_dstate", "xp", "dtype", "name")
 
     def __init__(self, shape=(), xp=np, dtype=np.float32, name: str = ""):
         self.xp = xp
@@ -28,6 +43,7 @@ class Blob:
         self._check_shape(shape)
         self._data = xp.zeros(shape, dtype=self.dtype)
         self._diff = xp.zeros(shape, dtype=self.dtype)
+        self._dstate = _DiffState()
 
     def _check_shape(self, shape):
         if any(d < 0 for d in shape):
@@ -45,6 +61,9 @@ class Blob:
     @property
     def diff(self):
         """The gradients of the objective with respect to the values (backward)."""
+        if self._dstate.zero:  # cleared lazily and not written yet: the zeros, now
+            self._diff.fill(0)
+            self._dstate.zero = False
         return self._diff
 
     @diff.setter
@@ -60,6 +79,36 @@ class Blob:
                 f"to a blob of shape {target.shape}; call reshape first"
             )
         target[...] = value
+        if which == "diff":
+            self._dstate.zero = False  # every element written
+
+    # -- lazily zeroed diffs
+    def clear_diff_lazily(self) -> None:
+        """Make the diff zero without writing it yet (the next access fills or overwrites;
+        also for every blob sharing this diff)."""
+        self._dstate.zero = True
+
+    @property
+    def diff_is_lazy_zero(self) -> bool:
+        """Whether the diff is cleared lazily and not written since."""
+        return self._dstate.zero
+
+    def diff_for_write(self):
+        """(diff array, overwrite) for a writer that adds into the diff. With overwrite True
+        the diff was cleared lazily: the caller must WRITE every element (GEMM beta = 0,
+        `out=`, `[...] =`) before anything reads it, its values being stale; else it adds
+        (`+=`, beta = 1) as usual. The lazy mark is gone either way."""
+        overwrite = self._dstate.zero
+        self._dstate.zero = False
+        return self._diff, overwrite
+
+    def add_to_diff(self, value) -> None:
+        """diff += value, or diff = value where the diff was cleared lazily (no fill)."""
+        diff, overwrite = self.diff_for_write()
+        if overwrite:
+            diff[...] = value
+        else:
+            diff += value
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -120,6 +169,7 @@ class Blob:
             return
         self._data = self.xp.zeros(shape, dtype=self.dtype)
         self._diff = self.xp.zeros(shape, dtype=self.dtype)
+        self._dstate = _DiffState()  # a diff of its own, zeros already
 
     def reshape_like(self, other: Blob) -> None:
         self.reshape(other.shape)
@@ -141,6 +191,7 @@ class Blob:
                 f"{self.shape} vs {other.shape}"
             )
         self._diff = other._diff.reshape(self.shape)
+        self._dstate = other._dstate  # one array, one lazy-zero mark
 
     def use_diff_storage(self, storage) -> None:
         """Make `storage` (an array of the blob's shape, dtype and xp: typically a view into a
@@ -151,8 +202,9 @@ class Blob:
         if tuple(storage.shape) != self.shape or storage.dtype != self.dtype:
             raise NetError(f"blob {self.name!r}: diff storage of shape {tuple(storage.shape)} "
                            f"{storage.dtype} for a blob of shape {self.shape} {self.dtype}")
-        storage[...] = self._diff
+        storage[...] = self.diff  # (zeros filled first if cleared lazily)
         self._diff = storage
+        self._dstate = _DiffState()
 
     def share(self, other: Blob) -> None:
         """Alias both data and diff (an in-place top, a shared parameter)."""

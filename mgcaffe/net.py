@@ -135,7 +135,7 @@ class Net:
         self.params_weight_decay = g.params_weight_decay
         self.param_owners = g.param_owner
         self._param_blobs = g.params  # every layer's parameter blobs, sharers included
-        self.param_diff_buffer = None  # set by flatten_param_diffs
+        self._param_diff_buffer = None  # set by flatten_param_diffs
         self.flat_param_ids: tuple[int, ...] = ()
         self._loose_param_ids = tuple(range(len(g.learnable_params)))  # diffs not in it
         self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
@@ -323,6 +323,7 @@ class Net:
             for hook in self._after_backward:
                 hook(i)
             if on_learnable_done is not None and learnable[i] is not None:
+                self._settle_diffs(learnable[i])
                 on_learnable_done(learnable[i])
 
     def backward(self, diffs=None, start: str | None = None, end: str | None = None,
@@ -389,16 +390,43 @@ class Net:
         for i, owner in enumerate(self.param_owners):
             if owner >= 0:
                 self._param_blobs[i].share_diff(self._param_blobs[owner])
-        self.param_diff_buffer = flat
+        self._param_diff_buffer = flat
         self.flat_param_ids = tuple(ids)
         self._loose_param_ids = tuple(sorted(set(range(count)) - set(ids)))
         return flat
 
+    #: Clear parameter diffs lazily (Blob.clear_diff_lazily): the first backward writer
+    #: overwrites (GEMM beta = 0) instead of a fill and a read; any other access fills.
+    #: False: fill at once (the reference the tests compare against).
+    lazy_param_diff_clear = True
+
+    @property
+    def param_diff_buffer(self):
+        """The flat buffer of flatten_param_diffs (None before), its lazily cleared diffs
+        zeroed first: code reading the buffer directly sees what `blob.diff` would."""
+        if self._param_diff_buffer is not None:
+            for i in self.flat_param_ids:
+                self.learnable_params[i].diff  # noqa: B018 - the property fills lazy zeros
+        return self._param_diff_buffer
+
+    def _settle_diffs(self, k: int) -> None:
+        """Fill learnable layer k's diffs still cleared lazily (a skipped backward, a frozen
+        input): the gradient sync then reduces the buffer's memory directly."""
+        for i in self.learnable_layers[k - 1].param_ids:
+            self.learnable_params[i].diff  # noqa: B018 - the property fills lazy zeros
+
     def clear_param_diffs(self) -> None:
-        """Zero every owned parameter diff (the solver does this once per iteration); one
-        fill of the buffer for the diffs flatten_param_diffs gathered."""
-        if self.param_diff_buffer is not None:
-            self.param_diff_buffer.fill(0)
+        """Zero every owned parameter diff (the solver does this once per iteration). Lazily
+        by default (`lazy_param_diff_clear`); else one fill of the buffer for the diffs
+        flatten_param_diffs gathered."""
+        if self.lazy_param_diff_clear:
+            for blob in self.learnable_params:
+                blob.clear_diff_lazily()
+            return
+        if self._param_diff_buffer is not None:
+            for i in self.flat_param_ids:  # no lazy marks left under the fill
+                self.learnable_params[i].diff_for_write()
+            self._param_diff_buffer.fill(0)
         for i in self._loose_param_ids:
             self.learnable_params[i].diff.fill(0)
 

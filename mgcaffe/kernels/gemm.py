@@ -84,9 +84,11 @@ def available(dtype) -> bool:
     return np.dtype(dtype) in _load()
 
 
-def gemm_accumulate(a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch=None) -> None:
+def gemm_accumulate(a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch=None,
+                    overwrite: bool = False) -> None:
     """c += a @ b for 2-D numpy arrays (c row-major); `scratch(shape)` gives the fallback's
-    temporary (a new array when None)."""
+    temporary (a new array when None). `overwrite`: c = a @ b instead (BLAS beta = 0: c's
+    old values are neither read nor kept, a lazily cleared diff's first write)."""
     m, k = a.shape
     n = b.shape[1]
     if b.shape[0] != k or c.shape != (m, n):
@@ -95,9 +97,12 @@ def gemm_accumulate(a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch=None) -
     la, lb, lc = _layout(a), _layout(b), _layout(c)
     if fn is None or la is None or lb is None or lc is None or lc[0] != _NO_TRANS or \
             min(m, n, k) == 0:
+        if overwrite:
+            np.matmul(a, b, out=c)
+            return
         tmp = scratch((m, n)) if scratch is not None else np.empty((m, n), c.dtype)
         np.matmul(a, b, out=tmp)
         c += tmp
         return
     fn(_ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
-       1.0, c.ctypes.data, lc[1])
+       0.0 if overwrite else 1.0, c.ctypes.data, lc[1])

@@ -203,10 +203,13 @@ class _ConvolutionBase(Layer):
         rows, cols = matrix.shape
         return matrix.reshape(self.group, rows // self.group, cols)
 
-    def accumulate(self, a, b, c):
-        """c += a @ b for 2-D views: inside the BLAS GEMM (beta = 1) on numpy, no temporary."""
+    def accumulate(self, a, b, c, overwrite=False):
+        """c += a @ b for 2-D views: inside the BLAS GEMM (beta = 1) on numpy, no temporary;
+        c = a @ b with `overwrite` (beta = 0)."""
         if self.xp is np:
-            gemm_accumulate(a, b, c, lambda shape: self.scratch(2, shape))
+            gemm_accumulate(a, b, c, lambda shape: self.scratch(2, shape), overwrite)
+        elif overwrite:
+            self.xp.matmul(a, b, out=c)
         else:
             c += self.xp.matmul(a, b)
 
@@ -236,23 +239,31 @@ class _ConvolutionBase(Layer):
         sums: inside the GEMM, or as one stack of transposed products and a sum."""
         weight = self.blobs[0]
         n, g, og = diff4.shape[:3]
-        grad = weight.diff.reshape(g, og, -1)
+        diff, overwrite = weight.diff_for_write()  # lazily cleared: the first write overwrites
+        grad = diff.reshape(g, og, -1)
         if self._weight_diff_in_gemm():
             for s in range(n):
                 for k in range(g):
-                    self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k])
+                    self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k],
+                                    overwrite and s == 0)
+            if n == 0 and overwrite:
+                grad[...] = 0
             return
         # Formed transposed, as in add_weight_diff (the faster orientation there).
         per_sample = self.scratch(2, (n, g, columns.shape[2], og))
         self.xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
-        grad[...] += per_sample.sum(axis=0).transpose(0, 2, 1)
+        total = per_sample.sum(axis=0).transpose(0, 2, 1)
+        if overwrite:
+            grad[...] = total
+        else:
+            grad[...] += total
 
     def add_bias_diff(self, top_diff):
         """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
         Caffe does; several times faster than a numpy sum over two axes)."""
         ones = self.buffer("ones", (top_diff.shape[2],))
         ones[...] = 1
-        self.blobs[1].diff += (top_diff @ ones).sum(axis=0)
+        self.blobs[1].add_to_diff((top_diff @ ones).sum(axis=0))
 
     def add_weight_diff(self, a3, b3_transposed):
         """weight.diff += a3 @ b3_transposed, group by group (Caffe accumulates).
@@ -263,14 +274,18 @@ class _ConvolutionBase(Layer):
         weight = self.blobs[0]
         g = self.group
         rows, cols = weight.shape[0] // g, weight.count // weight.shape[0]
+        diff, overwrite = weight.diff_for_write()  # lazily cleared: the first write overwrites
+        grad = diff.reshape(g, rows, cols)
         if self._weight_diff_in_gemm():
-            grad = weight.diff.reshape(g, rows, cols)
             for k in range(g):
-                self.accumulate(a3[k], b3_transposed[k], grad[k])
+                self.accumulate(a3[k], b3_transposed[k], grad[k], overwrite)
             return
         grad_t = self.scratch(2, (g, cols, rows))
         self.xp.matmul(b3_transposed.transpose(0, 2, 1), a3.transpose(0, 2, 1), out=grad_t)
-        weight.diff.reshape(g, rows, cols)[...] += grad_t.transpose(0, 2, 1)
+        if overwrite:
+            grad[...] = grad_t.transpose(0, 2, 1)
+        else:
+            grad[...] += grad_t.transpose(0, 2, 1)
 
 
 @register_layer

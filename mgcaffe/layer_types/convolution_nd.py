@@ -51,13 +51,13 @@ def conv_backward(layer, top, propagate_down, bottom):
     for t, down, b in zip(top, propagate_down, bottom):
         dy = t.diff.reshape(n, layer.num_output, -1)
         if want_b:
-            layer.blobs[1].diff += dy.sum(axis=(0, 2))
+            layer.blobs[1].add_to_diff(dy.sum(axis=(0, 2)))
         dy4 = dy.reshape(n, g, layer.num_output // g, -1)
         if want_w:
             cols = im2col_nd(b.data.reshape(layer.image_in), *_geometry(layer))
             cols = cols.reshape(n, g, w.shape[2], -1)
             grad = xp.matmul(dy4, cols.transpose(0, 1, 3, 2)).sum(axis=0)
-            weight.diff[...] += grad.reshape(weight.shape)
+            weight.add_to_diff(grad.reshape(weight.shape))
         if down:
             col_diff = xp.matmul(w.transpose(0, 2, 1)[None], dy4)   # (N, g, C/g*K, P)
             col_diff = col_diff.reshape((n, layer.channels) + layer.kernel + layer.out_hw)
@@ -86,13 +86,13 @@ def deconv_backward(layer, top, propagate_down, bottom):
     for t, down, b in zip(top, propagate_down, bottom):
         dy = t.diff.reshape((n, layer.num_output) + layer.out_hw)
         if want_b:
-            layer.blobs[1].diff += dy.reshape(n, layer.num_output, -1).sum(axis=(0, 2))
+            layer.blobs[1].add_to_diff(dy.reshape(n, layer.num_output, -1).sum(axis=(0, 2)))
         if not (want_w or down):
             continue
         cols = im2col_nd(dy, *_geometry(layer)).reshape(n, g, w.shape[2], -1)
         if want_w:
             x = b.data.reshape(n, g, layer.channels // g, -1)
             grad = xp.matmul(x, cols.transpose(0, 1, 3, 2)).sum(axis=0)
-            weight.diff[...] += grad.reshape(weight.shape)
+            weight.add_to_diff(grad.reshape(weight.shape))
         if down:
             b.diff[...] = xp.matmul(w[None], cols).reshape(b.shape)

@@ -80,14 +80,18 @@ class InnerProduct(Layer):
             x = bottom[0].data.reshape(self.m, self.k)
             # dW (as K x N) = x.T @ dtop, in the weight's own layout, added into the diff.
             a, b = (x.T, top_diff) if self.transpose else (top_diff.T, x)
+            # A lazily cleared diff (the iteration's first write) is overwritten: beta = 0.
+            diff, overwrite = weight.diff_for_write()
             if self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
-                gemm_accumulate(a, b, weight.diff, lambda shape: self.scratch(0, shape))
+                gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
+            elif overwrite:
+                self.xp.matmul(a, b, out=diff)
             else:
                 grad = self.scratch(0, weight.shape)
                 self.xp.matmul(a, b, out=grad)
-                weight.diff += grad
+                diff += grad
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff += top_diff.sum(axis=0)
+            self.blobs[1].add_to_diff(top_diff.sum(axis=0))
         if propagate_down[0]:
             out = bottom[0].diff.reshape(self.m, self.k)
             self.xp.matmul(top_diff, self._weight_as_k_by_n(weight.data).T, out=out)

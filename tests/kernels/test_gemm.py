@@ -61,3 +61,18 @@ def test_views_strided_operands_and_other_dtypes_take_the_fallback():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="gemm_accumulate: shapes"):
         gemm.gemm_accumulate(np.ones((2, 3)), np.ones((4, 2)), np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["blas", "fallback"])
+def test_overwrite_ignores_the_old_values(strided):
+    """overwrite=True (beta = 0): c = a @ b, whatever c held (NaN here), on both paths."""
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((12, 18)).astype(np.float32)
+    a = big[::2, ::3] if strided else big[:6, :6].copy()
+    b = rng.standard_normal((6, 4)).astype(np.float32)
+    c = np.full((6, 4), np.nan, np.float32)
+    used = []
+    gemm.gemm_accumulate(a, b, c, scratch=lambda shape: used.append(shape) or
+                         np.empty(shape, np.float32), overwrite=True)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5)
+    assert used == []  # no scratch: the product goes straight into c

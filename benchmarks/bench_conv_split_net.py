@@ -6,7 +6,7 @@ each pass), switching `Convolution.split_sample_gemms` (kernels.sample_gemm) off
 pass by pass, so that a change in the machine's load hits both ways. Prints the best and
 the median pass of each way and their ratio. `--busy K` keeps K busy-loop processes running
 meanwhile (a loaded node). Usage: python benchmarks/bench_conv_split_net.py
-[--nets alexnet,googlenet,resnet50] [--passes P] [--busy K]
+[--nets alexnet,googlenet,resnet50] [--passes P] [--busy K] [--same]
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def main(argv=None) -> None:
     parser.add_argument("--passes", type=int, default=6, help="timed passes per way")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run meanwhile (default 0)")
+    parser.add_argument("--same", action="store_true",
+                        help="both ways split (an A/A run: the noise of the comparison)")
     args = parser.parse_args(argv)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
@@ -76,7 +78,7 @@ def main(argv=None) -> None:
             times = {False: [], True: []}
             for k in range(2 * args.passes + 2):  # the first pass of each way: a warm-up
                 split = bool(k % 2)
-                Convolution.split_sample_gemms = split
+                Convolution.split_sample_gemms = split or args.same
                 seconds = one_pass(net, propagate)
                 if k >= 2:
                     times[split].append(seconds * 1e3)

@@ -277,7 +277,15 @@ class _ConvolutionBase(Layer):
             return
         # Formed transposed, as in add_weight_diff (the faster orientation there).
         per_sample = self.scratch(2, (n, g, columns.shape[2], og))
-        self.xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
+        diff4_t = diff4.transpose(0, 1, 3, 2)
+
+        def samples(start, stop):
+            self.xp.matmul(columns[start:stop], diff4_t[start:stop], out=per_sample[start:stop])
+
+        if self.split_sample_gemms:
+            for_each_gemm(self.xp, n, samples, self.ctx.chunk_runner)
+        else:
+            samples(0, n)
         total = per_sample.sum(axis=0).transpose(0, 2, 1)
         if overwrite:
             grad[...] = total

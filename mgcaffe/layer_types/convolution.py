@@ -362,7 +362,9 @@ class Convolution(_ConvolutionBase):
     positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
     no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside
     the GEMM (BLAS beta = 1, kernels.gemm) where that measures faster (`_weight_diff_in_gemm`),
-    sample by sample where the GEMMs are per sample.
+    sample by sample where the GEMMs are per sample. The per-sample and direct layouts hand
+    their GEMMs to the chunk runner's threads, one BLAS thread each (`split_sample_gemms`,
+    kernels.sample_gemm).
     """
 
     type = "Convolution"

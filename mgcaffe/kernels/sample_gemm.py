@@ -12,6 +12,10 @@ one core busy elsewhere, forward of one layer, ms: GoogleNet inception_4a/1x1 at
 
 Each sample's GEMM runs on one BLAS thread whichever runner thread takes it (and in the
 runner's serial fallback), so the results do not depend on the load or the thread count.
+
+The BLAS thread count is process-wide, so the split runs only on the main thread (where a
+process's net runs): layers run on other threads (in-process ranks in tests, a user's worker
+threads) make plain calls, and never see the count change under them.
 """
 
 from __future__ import annotations
@@ -63,13 +67,15 @@ def for_each_gemm(xp, count: int, body: Callable[[int, int], None], runner=None,
     """Call `body(start, stop)` over chunks of `grain` items covering range(count), where
     each chunk makes GEMM calls independent of the other chunks' (its own outputs).
 
-    On numpy with a multi-threaded runner the chunks are spread over the runner's threads
-    with the BLAS on one thread per call; otherwise (one thread, CuPy) `body(0, count)`.
+    On numpy with a multi-threaded runner, called from the main thread, the chunks are
+    spread over the runner's threads with the BLAS on one thread per call; otherwise (one
+    thread, another thread, CuPy) `body(0, count)`.
     """
     if count <= 0:
         return
     runner = runner_or_default(runner)
-    if xp is not np or runner.threads <= 1 or count < 2:
+    if xp is not np or runner.threads <= 1 or count < 2 or \
+            threading.current_thread() is not threading.main_thread():
         body(0, count)
         return
     with one_blas_thread():

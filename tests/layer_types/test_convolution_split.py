@@ -197,3 +197,16 @@ def test_one_thread_runner_calls_the_body_once():
     calls = []
     sample_gemm.for_each_gemm(np, 5, lambda a, b: calls.append((a, b)), ChunkRunner(1))
     assert calls == [(0, 5)]
+
+
+def test_other_threads_make_one_plain_call():
+    """Off the main thread (in-process ranks) the BLAS count is never changed: one call."""
+    import threading  # noqa: PLC0415
+
+    calls = []
+    worker = threading.Thread(target=sample_gemm.for_each_gemm,
+                              args=(np, 4, lambda a, b: calls.append((a, b)),
+                                    ChunkRunner(2, adaptive=False)))
+    worker.start()
+    worker.join()
+    assert calls == [(0, 4)]

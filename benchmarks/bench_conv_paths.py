@@ -1,18 +1,23 @@
 """Convolution's GEMM paths against the layouts they replaced, interleaved in one process.
 
-For ResNet-50 (batch 4) and GoogleNet (batch 8) convolution shapes, times forward and
-backward (bottom diff included) of two layers built side by side: "before", with the direct
-1x1 path and the in-GEMM weight-gradient accumulation switched off (the whole-batch /
-per-sample layouts with a scratch and an add), and "after", the defaults. The two run in
-alternation, repetition by repetition, so a change in the machine's load hits both; the
-best of R is printed. Usage: python benchmarks/bench_conv_paths.py [--repeats R]
-[--only 1x1|kxk].
+For ResNet-50 (batch 4), GoogleNet (batch 8) and AlexNet (batch 8) convolution shapes,
+times forward and backward (bottom diff included) of two layers built side by side:
+"before" and "after", the defaults. `--compare direct`: before has the direct 1x1 path and
+the in-GEMM weight-gradient accumulation switched off (the whole-batch / per-sample layouts
+with a scratch and an add). `--compare split`: before runs the per-sample GEMMs as one
+multi-threaded BLAS call each (kernels.sample_gemm off). The two run in alternation,
+repetition by repetition, so a change in the machine's load hits both; the best of R is
+printed. `--busy K` keeps K single-threaded busy-loop processes running meanwhile (a loaded
+node). Usage: python benchmarks/bench_conv_paths.py [--repeats R] [--only 1x1|kxk]
+[--compare direct|split] [--busy K].
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: park idle threads
@@ -44,8 +49,15 @@ SPATIAL = [
     ("inception_3b/3x3 128->192 @28", "num_output: 192 kernel_size: 3 pad: 1", (128, 28, 28), 8),
     ("inception_4e/3x3 160->320 @14", "num_output: 320 kernel_size: 3 pad: 1", (160, 14, 14), 8),
     ("inception_3b/5x5 32->96 @28", "num_output: 96 kernel_size: 5 pad: 2", (32, 28, 28), 8),
+    ("conv1/7x7_s2 3->64 @224", "num_output: 64 kernel_size: 7 stride: 2 pad: 3",
+     (3, 224, 224), 8),
+    ("AlexNet conv1 11x11/4 3->96 @227", "num_output: 96 kernel_size: 11 stride: 4",
+     (3, 227, 227), 8),
+    ("AlexNet conv2 5x5 g2 96->256 @27", "num_output: 256 kernel_size: 5 pad: 2 group: 2",
+     (96, 27, 27), 8),
 ]
-BEFORE = {"direct_from": 10**9, "weight_diff_in_gemm": False}
+BEFORE = {"direct": {"direct_from": 10**9, "weight_diff_in_gemm": False},
+          "split": {"split_sample_gemms": False}}
 
 
 def build_with(settings: dict, body: str, shape, batch: int):
@@ -68,13 +80,29 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--only", choices=("1x1", "kxk"), default=None)
+    parser.add_argument("--compare", choices=sorted(BEFORE), default="direct")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="busy-loop processes to run meanwhile (default 0)")
     args = parser.parse_args(argv)
     cases = {"1x1": POINTWISE, "kxk": SPATIAL}.get(args.only, POINTWISE + SPATIAL)
-    print(f"best of {args.repeats}, ms, before/after interleaved")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy)]
+    try:
+        run(cases, BEFORE[args.compare], args)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def run(cases, before: dict, args) -> None:
+    """Print the table for `cases`, `before` against the defaults."""
+    print(f"best of {args.repeats}, ms, before/after interleaved ({args.compare}, "
+          f"{args.busy} busy processes)")
     print("| layer | batch | fwd before | fwd after | bwd before | bwd after | after/before |")
     print("|---|---|---|---|---|---|---|")
     for name, body, shape, batch in cases:
-        pair = [build_with(BEFORE, body, shape, batch), build_with({}, body, shape, batch)]
+        pair = [build_with(before, body, shape, batch), build_with({}, body, shape, batch)]
         best = [[float("inf")] * 2 for _ in pair]
         for repeat in range(args.repeats + 1):  # the first pass is a warm-up
             for k, (layer, bottom, top) in enumerate(pair):

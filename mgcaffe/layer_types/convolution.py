@@ -28,6 +28,7 @@ from ..kernels import col2im, conv_output_size, im2col
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
 from ..kernels.parallel import for_each_chunk
+from ..kernels.sample_gemm import for_each_gemm
 from . import convolution_nd
 from .base import Layer
 from .registry import register_layer
@@ -213,6 +214,28 @@ class _ConvolutionBase(Layer):
         else:
             c += self.xp.matmul(a, b)
 
+    #: Spread independent per-sample GEMMs (and the row blocks of a per-sample weight
+    #: gradient) over the chunk runner's threads, one BLAS thread each (kernels.sample_gemm):
+    #: no wait inside a GEMM for a thread whose core is busy elsewhere.
+    split_sample_gemms = True
+
+    def sample_gemms(self, a3, x4, out4, out=None, bias=None):
+        """out4[s] = a3 @ x4[s] for every sample s (numpy matmul broadcasting over groups),
+        then out[s] += bias where given (`out`: out4 as (N, O, P))."""
+        xp = self.xp
+
+        def samples(start, stop):
+            xp.matmul(a3, x4[start:stop], out=out4[start:stop])
+            if bias is not None:
+                xp.add(out[start:stop], bias, out=out[start:stop])
+
+        if self.split_sample_gemms:
+            for_each_gemm(xp, x4.shape[0], samples, self.ctx.chunk_runner)
+            return
+        xp.matmul(a3, x4, out=out4)
+        if bias is not None:
+            self.copy_by_sample(out, out, bias)
+
     #: Accumulate the weight gradient inside the GEMM (BLAS beta = 1; numpy only) where
     #: `_weight_diff_in_gemm` says it pays.
     weight_diff_in_gemm = True
@@ -242,6 +265,9 @@ class _ConvolutionBase(Layer):
         diff, overwrite = weight.diff_for_write()  # lazily cleared: the first write overwrites
         grad = diff.reshape(g, og, -1)
         if self._weight_diff_in_gemm():
+            if self.split_sample_gemms and self.xp is np:
+                self._split_weight_diff(diff4, columns, grad, overwrite)
+                return
             for s in range(n):
                 for k in range(g):
                     self.accumulate(diff4[s, k], columns[s, k].transpose(), grad[k],
@@ -251,12 +277,44 @@ class _ConvolutionBase(Layer):
             return
         # Formed transposed, as in add_weight_diff (the faster orientation there).
         per_sample = self.scratch(2, (n, g, columns.shape[2], og))
-        self.xp.matmul(columns, diff4.transpose(0, 1, 3, 2), out=per_sample)
+        diff4_t = diff4.transpose(0, 1, 3, 2)
+
+        def samples(start, stop):
+            self.xp.matmul(columns[start:stop], diff4_t[start:stop], out=per_sample[start:stop])
+
+        if self.split_sample_gemms:
+            for_each_gemm(self.xp, n, samples, self.ctx.chunk_runner)
+        else:
+            samples(0, n)
         total = per_sample.sum(axis=0).transpose(0, 2, 1)
         if overwrite:
             grad[...] = total
         else:
             grad[...] += total
+
+    def _split_weight_diff(self, diff4, columns, grad, overwrite):
+        """add_weight_diff_per_sample's in-GEMM sum with the gradient's columns cut into
+        blocks, each block summed over the samples in order (as the unsplit loop does) on
+        one runner thread: the blocks' GEMMs are independent (kernels.sample_gemm)."""
+        n, g = diff4.shape[:2]
+        width = grad.shape[2]
+        runner = self.ctx.chunk_runner
+        threads = runner.threads if runner is not None else 2
+        # A few blocks per thread, so that a thread on a busy core takes fewer; each block
+        # at least 64 columns wide (a GEMM's packing cost grows with the block count).
+        block = max(64, -(-width // (2 * max(1, threads))))
+
+        def blocks(start, stop):
+            for first in range(start * block, min(width, stop * block), block):
+                cut = slice(first, min(width, first + block))
+                for s in range(n):
+                    for k in range(g):
+                        gemm_accumulate(diff4[s, k], columns[s, k, cut].transpose(),
+                                        grad[k, :, cut], None, overwrite and s == 0)
+            if n == 0 and overwrite:
+                grad[:, :, start * block:stop * block] = 0
+
+        for_each_gemm(self.xp, -(-width // block), blocks, runner)
 
     def add_bias_diff(self, top_diff):
         """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
@@ -304,7 +362,9 @@ class Convolution(_ConvolutionBase):
     positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
     no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside
     the GEMM (BLAS beta = 1, kernels.gemm) where that measures faster (`_weight_diff_in_gemm`),
-    sample by sample where the GEMMs are per sample.
+    sample by sample where the GEMMs are per sample. The per-sample and direct layouts hand
+    their GEMMs to the chunk runner's threads, one BLAS thread each (`split_sample_gemms`,
+    kernels.sample_gemm).
     """
 
     type = "Convolution"
@@ -407,10 +467,8 @@ class Convolution(_ConvolutionBase):
             out = t.data.reshape(n, o, p)
             bias = self.blobs[1].data[None, :, None] if self.bias_term else None
             if self._per_sample:
-                xp.matmul(self._weight3(weight), self._sample_columns(b, cols),
-                          out=out.reshape(n, self.group, o // self.group, p))
-                if bias is not None:
-                    self.copy_by_sample(out, out, bias)
+                self.sample_gemms(self._weight3(weight), self._sample_columns(b, cols),
+                                  out.reshape(n, self.group, o // self.group, p), out, bias)
                 continue
             product = self.scratch(0, (o, n * p))
             xp.matmul(self._weight3(weight), self.grouped(cols), out=self.grouped(product))
@@ -460,7 +518,7 @@ class Convolution(_ConvolutionBase):
                 self.col2im(col_diff, b.diff.reshape(self._image_shape))
 
     def _backward_per_sample(self, top_diff, want_weight, down, b, cols):
-        xp, weight = self.xp, self.blobs[0]
+        weight = self.blobs[0]
         o, n, g, p = self.num_output, self.num, self.group, self._spatial
         diff4 = top_diff.reshape(n, g, o // g, p)
         columns = self._sample_columns(b, cols)
@@ -469,10 +527,10 @@ class Convolution(_ConvolutionBase):
         if down:
             w_t = self._weight3(weight.data).transpose(0, 2, 1)
             if cols is None:
-                xp.matmul(w_t, diff4, out=b.diff.reshape(columns.shape))
+                self.sample_gemms(w_t, diff4, b.diff.reshape(columns.shape))
                 return
             col_diff = cols  # the weight gradient is done with the columns
-            xp.matmul(w_t, diff4, out=self._sample_columns(None, col_diff))
+            self.sample_gemms(w_t, diff4, self._sample_columns(None, col_diff))
             self.col2im(col_diff, b.diff.reshape(self._image_shape))
 
 
@@ -501,15 +559,14 @@ class Convolution(_ConvolutionBase):
             if self._subsampled[i] is not None:
                 self._subsample(i, b)
             out = t.data.reshape(n, o, p)
-            self.xp.matmul(self._weight3(self.blobs[0].data), self._direct_input(i, b),
-                           out=out.reshape(n, g, o // g, p))
-            if self.bias_term:
-                self.copy_by_sample(out, out, self.blobs[1].data[None, :, None])
+            bias = self.blobs[1].data[None, :, None] if self.bias_term else None
+            self.sample_gemms(self._weight3(self.blobs[0].data), self._direct_input(i, b),
+                              out.reshape(n, g, o // g, p), out, bias)
 
     def _backward_direct(self, top, propagate_down, bottom):
         """dW += dtop_n @ x_n^T inside the GEMM (beta = 1), sample by sample as Caffe sums;
         dx_n = W^T @ dtop_n, scattered back onto the strided positions for a stride."""
-        xp, weight = self.xp, self.blobs[0]
+        weight = self.blobs[0]
         o, n, g, p = self.num_output, self.num, self.group, self._spatial
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
@@ -525,10 +582,10 @@ class Convolution(_ConvolutionBase):
                 continue
             w_t = self._weight3(weight.data).transpose(0, 2, 1)
             if self._subsampled[i] is None:
-                xp.matmul(w_t, diff4, out=b.diff.reshape(x4.shape))
+                self.sample_gemms(w_t, diff4, b.diff.reshape(x4.shape))
                 continue
             product = self.scratch(0, x4.shape)
-            xp.matmul(w_t, diff4, out=product)
+            self.sample_gemms(w_t, diff4, product)
             self._scatter_strided(product, b.diff.reshape(self._image_shape))
 
     def _scatter_strided(self, values, image):

@@ -1,0 +1,212 @@
+"""Convolution's per-sample GEMMs spread over a chunk runner's threads (kernels.sample_gemm):
+forward against a naive loop, float64 central-difference gradients, the same results on any
+thread count and unsplit, param-diff accumulation, and the BLAS thread count restored."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.kernels import sample_gemm
+from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.proto import caffe_pb2
+
+# body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
+CASES = [
+    ("num_output: 4 kernel_size: 3 pad: 1", (3, 2, 5, 4)),
+    ("num_output: 4 kernel_size: 3 stride: 2 pad: 1 group: 2 bias_term: false", (4, 4, 6, 5)),
+    ("num_output: 3 kernel_size: 2 dilation: 2", (3, 2, 5, 6)),
+    ("num_output: 6 kernel_size: 1 group: 3", (3, 6, 3, 4)),
+    ("num_output: 4 kernel_size: 1 stride: 2", (5, 3, 5, 6)),
+    ("num_output: 5 kernel_size: 1 pad: 1", (3, 2, 3, 3)),  # pointwise but padded: per sample
+]
+
+
+@pytest.fixture(autouse=True)
+def per_sample_always(monkeypatch):
+    """Every case takes a per-sample layout (kxk, padded 1x1) or the direct one (1x1)."""
+    monkeypatch.setattr(Convolution, "per_sample_from", 0)
+    monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 0)
+    monkeypatch.setattr(Convolution, "direct_from", 0)
+
+
+@pytest.fixture(params=["in GEMM", "scratch and add"])
+def weight_diff_way(request, monkeypatch):
+    """The weight gradient added inside the GEMM (split into column blocks) or not."""
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", request.param == "in GEMM")
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    return request.param
+
+
+def build(body, shape, threads=3, split=True, dtype=np.float64, seed=0):
+    """A layer on a non-adaptive runner of `threads` threads with tiny chunks (so the threaded
+    hand-out runs on these small shapes), and its bottom/top blobs."""
+    text = ('name: "c" type: "Convolution" top: "t" convolution_param { ' + body +
+            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
+    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
+    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), ctx)
+    layer.split_sample_gemms = split
+    bottom = [Blob(shape, dtype=dtype, name="x")]
+    bottom[0].data[...] = np.random.default_rng(seed + 1).standard_normal(shape)
+    top = [Blob((), dtype=dtype, name="y")]
+    layer.setup(bottom, top)
+    assert layer._direct or layer._per_sample
+    return layer, bottom, top
+
+
+def naive_conv(x, w, b, kernel, pad, stride, dilation, group):
+    """Caffe's convolution by loops over every output element."""
+    n, c, h, wd = x.shape
+    o, cg = w.shape[:2]
+    oh = (h + 2 * pad[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // group
+    for ni in range(n):
+        for oi in range(o):
+            g = oi // og
+            for y in range(oh):
+                for z in range(ow):
+                    total = b[oi] if b is not None else 0.0
+                    for ci in range(cg):
+                        for i in range(kernel[0]):
+                            for j in range(kernel[1]):
+                                yy = y * stride[0] - pad[0] + i * dilation[0]
+                                zz = z * stride[1] - pad[1] + j * dilation[1]
+                                if 0 <= yy < h and 0 <= zz < wd:
+                                    total += w[oi, ci, i, j] * x[ni, g * cg + ci, yy, zz]
+                    out[ni, oi, y, z] = total
+    return out
+
+
+@pytest.mark.parametrize("body,shape", CASES)
+def test_forward_matches_naive(body, shape):
+    layer, bottom, top = build(body, shape)
+    layer.forward(bottom, top)
+    b = layer.blobs[1].data if layer.bias_term else None
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, layer.kernel, layer.pad,
+                          layer.stride, layer.dilation, layer.group)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
+
+
+def objective(layer, bottom, top, projection):
+    layer.forward(bottom, top)
+    return float((top[0].data * projection).sum())
+
+
+@pytest.mark.parametrize("body,shape", CASES)
+def test_gradients_match_central_differences(body, shape, weight_diff_way):
+    """Every element of the bottom, weight and bias against (f(x+e) - f(x-e)) / 2e of
+    sum(top * R) in float64; the diffs start lazily cleared over stale memory."""
+    layer, bottom, top = build(body, shape)
+    projection = np.random.default_rng(7).standard_normal(top[0].shape)
+    layer.forward(bottom, top)
+    top[0].diff[...] = projection
+    for p in layer.blobs:
+        p.diff[...] = np.nan  # stale: a lazy clear must make the first write overwrite it
+        p.clear_diff_lazily()
+    bottom[0].diff[...] = 123.0
+    layer.backward(top, [True], bottom)
+    eps = 1e-6
+    for name, blob in [("bottom", bottom[0])] + [(f"param{i}", p)
+                                                for i, p in enumerate(layer.blobs)]:
+        analytic = blob.diff.copy()
+        numeric = np.zeros_like(analytic)
+        flat = blob.data.reshape(-1)
+        for k in range(flat.size):
+            saved = flat[k]
+            flat[k] = saved + eps
+            up = objective(layer, bottom, top, projection)
+            flat[k] = saved - eps
+            down = objective(layer, bottom, top, projection)
+            flat[k] = saved
+            numeric.reshape(-1)[k] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def forward_backward(layer, bottom, top, start):
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(5).standard_normal(top[0].shape)
+    for p, s in zip(layer.blobs, start):
+        p.diff[...] = s
+    layer.backward(top, [True], bottom)
+    layer.backward(top, [True], bottom)  # the param diffs accumulate
+    return [top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs]
+
+
+@pytest.mark.parametrize("body,shape", CASES)
+def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_way):
+    """float32: bit for bit on 2 and 3 runner threads (each GEMM on one BLAS thread whoever
+    runs it); within rounding of the unsplit per-sample GEMMs; the param diffs are the start
+    plus twice the gradient."""
+    results = []
+    for threads, split in ((2, True), (3, True), (2, False)):
+        layer, bottom, top = build(body, shape, threads, split, dtype=np.float32)
+        start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
+                 for i, p in enumerate(layer.blobs)]
+        results.append(forward_backward(layer, bottom, top, start))
+    for a, b in zip(results[0], results[1]):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(results[0], results[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_weight_diff_blocks_cover_a_wide_gradient(monkeypatch):
+    """A weight gradient wider than one column block (64) is summed block by block: every
+    block against einsum by hand."""
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", True)
+    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
+    layer, bottom, top = build("num_output: 3 kernel_size: 5 pad: 2 bias_term: false",
+                               (3, 8, 4, 4))
+    assert layer.blobs[0].count // 3 > 64
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)
+    layer.blobs[0].clear_diff_lazily()
+    layer.backward(top, [False], bottom)
+    x = np.pad(bottom[0].data, ((0, 0), (0, 0), (2, 2), (2, 2)))
+    patches = np.lib.stride_tricks.sliding_window_view(x, (5, 5), axis=(2, 3))
+    expected = np.einsum("noyz,ncyzij->ocij", top[0].diff, patches)
+    np.testing.assert_allclose(layer.blobs[0].diff, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_blas_thread_count_is_restored_after_a_call_and_an_error():
+    libs = sample_gemm._blas_controllers()
+    if not libs:
+        pytest.skip("threadpoolctl finds no BLAS library here")
+    before = [lib.get_num_threads() for lib in libs]
+    seen = []
+
+    def body(start, stop):
+        seen.append([lib.get_num_threads() for lib in libs])
+        if start == 1:
+            raise RuntimeError("chunk failed")
+
+    runner = ChunkRunner(2, adaptive=False)
+    with pytest.raises(RuntimeError, match="chunk failed"):
+        sample_gemm.for_each_gemm(np, 3, body, runner)
+    assert all(counts == [1] * len(libs) for counts in seen)
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_one_thread_runner_calls_the_body_once():
+    calls = []
+    sample_gemm.for_each_gemm(np, 5, lambda a, b: calls.append((a, b)), ChunkRunner(1))
+    assert calls == [(0, 5)]
+
+
+def test_other_threads_make_one_plain_call():
+    """Off the main thread (in-process ranks) the BLAS count is never changed: one call."""
+    import threading  # noqa: PLC0415
+
+    calls = []
+    worker = threading.Thread(target=sample_gemm.for_each_gemm,
+                              args=(np, 4, lambda a, b: calls.append((a, b)),
+                                    ChunkRunner(2, adaptive=False)))
+    worker.start()
+    worker.join()
+    assert calls == [(0, 4)]

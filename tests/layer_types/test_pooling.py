@@ -11,9 +11,20 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
 
 FLT_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.fixture(autouse=True, params=["default", "offset-passes"])
+def pooling_path(request, monkeypatch):
+    """Every test runs on the CPU's default paths (MAX backward by winner index, AVE of small
+    planes as a GEMM) and on the offset-by-offset passes (the device path, large planes)."""
+    if request.param == "offset-passes":
+        monkeypatch.setattr(Pooling, "max_backward_by_index", False)
+        monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
+    return request.param
 
 
 def pool_param(body: str, name: str = "pool", n_top: int = 1) -> caffe_pb2.LayerParameter:

@@ -22,11 +22,13 @@ from google.protobuf import text_format  # noqa: E402
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
+from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
 
 #: The previous paths, as class attribute settings per layer class.
 BEFORE = {
     Pooling: {"max_backward_by_index": False, "ave_gemm_below": 0},
+    SoftmaxWithLossLayer: {"plain_path": False},
 }
 
 
@@ -41,6 +43,7 @@ CASES = [
     ("CIFAR pool1 MAX 3/2 32x32x32", pool("MAX", 3, 2), [(100, 32, 32, 32)]),
     ("CIFAR pool2 AVE 3/2 32x16x16", pool("AVE", 3, 2), [(100, 32, 16, 16)]),
     ("CIFAR pool3 AVE 3/2 64x8x8", pool("AVE", 3, 2), [(100, 64, 8, 8)]),
+    ("LeNet loss SoftmaxWithLoss 64x10", 'type: "SoftmaxWithLoss"', [(64, 10), (64,)]),
 ]
 
 

@@ -44,6 +44,16 @@ CASES = [
     ("CIFAR pool2 AVE 3/2 32x16x16", pool("AVE", 3, 2), [(100, 32, 16, 16)]),
     ("CIFAR pool3 AVE 3/2 64x8x8", pool("AVE", 3, 2), [(100, 64, 8, 8)]),
     ("LeNet loss SoftmaxWithLoss 64x10", 'type: "SoftmaxWithLoss"', [(64, 10), (64,)]),
+    # The larger nets' pools: the CPU paths must not lose there.
+    ("AlexNet pool1 MAX 3/2 96x55x55 b8", pool("MAX", 3, 2), [(8, 96, 55, 55)]),
+    ("GoogleNet pool1 MAX 3/2 64x112x112 b8", pool("MAX", 3, 2), [(8, 64, 112, 112)]),
+    ("GoogleNet 3a pool MAX 3/1p1 192x28x28 b8",
+     'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }',
+     [(8, 192, 28, 28)]),
+    ("ResNet pool1 MAX 3/2p1 64x112x112 b4",
+     'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }',
+     [(4, 64, 112, 112)]),
+    ("GoogleNet loss1 AVE 5/3 512x14x14 b8", pool("AVE", 5, 3), [(8, 512, 14, 14)]),
 ]
 
 

@@ -372,7 +372,9 @@ class Pooling(Layer):
         flat bottom index, outputs in order (Caffe's loop). Windows that read no cell
         (winner tag 0) send nothing."""
         won = self._winner
-        index = self.scratch(0, won.shape, np.intp)
+        # A net's workspace slot is bytes, shared with the forward's phases (slot 0); a layer
+        # without one keeps an array per slot, which a change of shape or dtype reallocates.
+        index = self.scratch(0 if self.ctx.workspace is not None else 4, won.shape, np.intp)
         flat_diff = bottom_diff.reshape(-1)
 
         def body(start, stop):

@@ -14,6 +14,11 @@ The loops run over the kh*kw kernel offsets; each reads one contiguous 1-D slice
 padded input split into its stride phases (`kernels.windows.ShiftedWindows`), so a few long
 ufunc calls cover the whole minibatch. A window spanning the whole plane (global pooling)
 is a plain reduction. STOCHASTIC runs in pooling_stochastic.py.
+
+On the CPU two cases take other paths (switches on the class): MAX backward scatters each
+top diff to its winner's flat bottom index (`_backward_max_by_index`), and AVE over small
+planes is one GEMM with the matrix of window weights (`ave_gemm_below`). The offset passes
+remain the device path and are tested on the CPU too.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from google.protobuf import text_format  # noqa: E402
 
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
+from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
 from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
@@ -29,6 +30,7 @@ from mgcaffe.proto import caffe_pb2  # noqa: E402
 BEFORE = {
     Pooling: {"max_backward_by_index": False, "ave_gemm_below": 0},
     SoftmaxWithLossLayer: {"plain_path": False},
+    Convolution: {"per_sample_upto_rows": 0},
 }
 
 
@@ -36,8 +38,14 @@ def pool(method: str, k: int, s: int) -> str:
     return f'type: "Pooling" pooling_param {{ pool: {method} kernel_size: {k} stride: {s} }}'
 
 
+def conv(out: int, k: int, pad: int = 0) -> str:
+    return (f'type: "Convolution" convolution_param {{ num_output: {out} kernel_size: {k} '
+            f'pad: {pad} weight_filler {{ type: "xavier" }} }}')
+
+
 # name, layer text (without name), bottom shapes (the first is the data; others are labels)
 CASES = [
+    ("LeNet conv1 1->20 5x5 @28 (25 rows)", conv(20, 5), [(64, 1, 28, 28)]),
     ("LeNet pool1 MAX 2/2 20x24x24", pool("MAX", 2, 2), [(64, 20, 24, 24)]),
     ("LeNet pool2 MAX 2/2 50x8x8", pool("MAX", 2, 2), [(64, 50, 8, 8)]),
     ("CIFAR pool1 MAX 3/2 32x32x32", pool("MAX", 3, 2), [(100, 32, 32, 32)]),

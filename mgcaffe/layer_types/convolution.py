@@ -357,7 +357,8 @@ class Convolution(_ConvolutionBase):
     runs of W_out*N rather than W_out elements. "per sample": one GEMM per sample and group,
     each writing its sample's output in place, with no transposing copies; on OpenBLAS it
     wins from about 2048 output positions per sample, and from 196 for a 1x1, stride 1, pad 0
-    convolution, which then needs no im2col at all (its columns are the input itself).
+    convolution, which then needs no im2col at all (its columns are the input itself), and
+    from 256 for a kernel of at most 32 column rows per group (few input channels).
     A 1x1 convolution (pad 0, dilation 1, any stride) with at least `direct_from` output
     positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
     no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside

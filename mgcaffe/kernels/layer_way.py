@@ -81,7 +81,7 @@ class LayerWay:
     def way(self, key) -> bool | None:
         """True: `key` runs threaded now; False: on one thread; None: not settled yet."""
         site = self._sites.get(key)
-        if site is None or min(site.trials.values()) < parallel.TRIALS:
+        if site is None or not site.settled():
             return None
         return site.threaded_wins()
 

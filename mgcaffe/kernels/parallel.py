@@ -23,7 +23,8 @@ Fall back to one thread when it does not pay. A hand-off to helper threads pays 
 machine for long passes, but on a busy one each helper may wait a scheduler slice for a core
 while the caller waits for the helper. So a runner times each call site (the body's code and
 the sizes): its first calls alternate between the threads and the calling thread alone; then
-it runs the threads only where they took at most `THREADED_MARGIN` of the serial time, and
+it runs the threads only where they took at most `THREADED_MARGIN` of the serial time (the
+trials end after one call each way when one took `DECISIVE` times the other), and
 tries the other way again every `RETRY_EVERY` calls so that it follows the load as it
 changes. Both ways run the same chunks with the same boundaries, so the results are
 identical; only who runs them differs.
@@ -57,6 +58,10 @@ SERIAL_BELOW = 1 << 15
 
 #: Calls per way (threaded, serial) timed before a call site settles on the faster one.
 TRIALS = 2
+#: ... unless the first call of each way already differs this much (either way): a trial of
+#: the slow way costs a whole call (LeNet in `mgcaffe time --threads adaptive` on a busy
+#: machine: the second threaded trial pass took 111 ms against 27 ms settled).
+DECISIVE = 2.0
 #: A settled call site times the other way again once in this many calls.
 RETRY_EVERY = 32
 #: Weight of the newest timing in a way's running estimate.
@@ -82,11 +87,15 @@ class _Site:
     def pick(self) -> bool:
         """True: run this call on the threads."""
         self.calls += 1
-        for way in (True, False):  # threaded first: it starts the helpers once
-            if self.trials[way] < TRIALS:
-                return way
+        if min(self.trials.values()) < TRIALS:
+            # Trials alternate, threaded first (it starts the helpers once).
+            return self.trials[True] <= self.trials[False]
         best = self.threaded_wins()
         return (not best) if self.calls % RETRY_EVERY == 0 else best
+
+    def settled(self) -> bool:
+        """Whether the trials are over (every way timed TRIALS times, or decided early)."""
+        return min(self.trials.values()) >= TRIALS
 
     def threaded_wins(self) -> bool:
         return self.estimate[True] <= THREADED_MARGIN * self.estimate[False]
@@ -98,6 +107,10 @@ class _Site:
         else:
             self.estimate[threaded] = (1 - SMOOTHING) * old + SMOOTHING * seconds
         self.trials[threaded] += 1
+        if self.trials == {True: 1, False: 1}:
+            fast, slow = sorted(self.estimate.values())
+            if slow >= DECISIVE * fast:  # no second trial of a way that lost by that much
+                self.trials = {True: TRIALS, False: TRIALS}
 
 
 class ChunkRunner:
@@ -166,7 +179,7 @@ class ChunkRunner:
     def way(self, body: Callable, count: int, grain: int) -> bool | None:
         """How a call site runs now (True: threaded, False: serial; None: not settled)."""
         site = self._sites.get((getattr(body, "__code__", type(body)), count, grain))
-        if site is None or min(site.trials.values()) < TRIALS:
+        if site is None or not site.settled():
             return None
         return site.threaded_wins()
 

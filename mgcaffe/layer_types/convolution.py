@@ -357,7 +357,8 @@ class Convolution(_ConvolutionBase):
     runs of W_out*N rather than W_out elements. "per sample": one GEMM per sample and group,
     each writing its sample's output in place, with no transposing copies; on OpenBLAS it
     wins from about 2048 output positions per sample, and from 196 for a 1x1, stride 1, pad 0
-    convolution, which then needs no im2col at all (its columns are the input itself).
+    convolution, which then needs no im2col at all (its columns are the input itself), and
+    from 256 for a kernel of at most 32 column rows per group (few input channels).
     A 1x1 convolution (pad 0, dilation 1, any stride) with at least `direct_from` output
     positions runs "direct": per-sample GEMMs on the input (subsampled first for a stride),
     no im2col or col2im. On numpy every layout adds the weight gradient into the diff inside
@@ -371,6 +372,11 @@ class Convolution(_ConvolutionBase):
     #: Output positions per sample from which the per-sample layout is used (measured).
     per_sample_from = 2048
     per_sample_from_pointwise = 196
+    #: ... and from `per_sample_from_few_rows` positions for a kxk kernel whose columns have
+    #: at most `per_sample_upto_rows` rows per group (few channels: LeNet's conv1, 25 rows at
+    #: 24x24, fwd+bwd 0.71-0.80 of whole batch; 3x3x3 at 32x32 0.80; at 8x8 it lost, 1.44).
+    per_sample_upto_rows = 32
+    per_sample_from_few_rows = 256
     #: A 1x1, pad 0, dilation 1 convolution with at least this many output positions per
     #: sample runs as direct GEMMs on its input (any stride; see _forward_direct).
     direct_from = 196
@@ -408,6 +414,9 @@ class Convolution(_ConvolutionBase):
                            and self.pad == (0, 0))
         self._per_sample = self._spatial >= (self.per_sample_from_pointwise if self._pointwise
                                              else self.per_sample_from)
+        few_rows = (not self._pointwise and self.channels // self.group * self.kernel[0]
+                    * self.kernel[1] <= self.per_sample_upto_rows)
+        self._per_sample |= few_rows and self._spatial >= self.per_sample_from_few_rows
         self._batch_last = not self._per_sample and self._spatial <= self.batch_last_upto
         rows = self.channels * self.kernel[0] * self.kernel[1]
         # One column matrix per bottom: backward's weight gradient reads the forward's, then

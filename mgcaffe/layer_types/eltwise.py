@@ -50,8 +50,13 @@ class EltwiseLayer(Layer):
     def forward(self, bottom, top):
         xp, y = self.xp, top[0].data
         if self.op == _Op.SUM:
-            xp.multiply(bottom[0].data, self.coeffs[0], out=y)
-            for b, c in zip(bottom[1:], self.coeffs[1:]):
+            rest = 1
+            if self.coeffs[0] == 1 and self.coeffs[1] == 1:  # one pass for the first two
+                xp.add(bottom[0].data, bottom[1].data, out=y)
+                rest = 2
+            else:
+                xp.multiply(bottom[0].data, self.coeffs[0], out=y)
+            for b, c in zip(bottom[rest:], self.coeffs[rest:]):
                 if c == 1:
                     y += b.data
                 else:
@@ -83,7 +88,10 @@ class EltwiseLayer(Layer):
                 continue
             dx = blob.diff
             if self.op == _Op.SUM:
-                xp.multiply(dy, self.coeffs[i], out=dx)
+                if self.coeffs[i] == 1:
+                    xp.copyto(dx, dy)
+                else:
+                    xp.multiply(dy, self.coeffs[i], out=dx)
             elif self.op == _Op.MAX:
                 xp.multiply(dy, self._winner == i, out=dx)
             else:

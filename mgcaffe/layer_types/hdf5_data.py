@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 from ..errors import DataError
 from .data import BasePrefetchingDataLayer, read_list_file
 from .registry import register_layer
+
+if TYPE_CHECKING:  # h5py is imported when a file is read (it adds ~14 MB to every process)
+    import h5py
 
 
 def read_file_list(source: str, what: str) -> list[str]:
@@ -66,12 +69,16 @@ class HDF5Data(BasePrefetchingDataLayer):
     def _open(self, path: str) -> h5py.File:
         if not os.path.exists(path):
             raise DataError(f"{self.what}: HDF5 file {path!r} not found")
+        import h5py  # noqa: PLC0415 - see the top of the module
+
         try:
             return h5py.File(path, "r")
         except OSError as exc:
             raise DataError(f"{self.what}: cannot open HDF5 file {path!r} ({exc})") from None
 
     def _datasets(self, f: h5py.File, path: str) -> list:
+        import h5py  # noqa: PLC0415 - see the top of the module
+
         found = []
         for name in self.dataset_names:
             if name not in f or not isinstance(f[name], h5py.Dataset):

@@ -8,7 +8,6 @@ previous batch's (Caffe's own layer can store only one). No tops, no gradient.
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 
 from ..backend import to_host
@@ -33,6 +32,8 @@ class HDF5Output(Layer):
         self.file_name = self.param.hdf5_output_param.file_name
         if not self.file_name:
             raise self.error("hdf5_output_param.file_name is required")
+        import h5py  # noqa: PLC0415 - only this layer needs it (~14 MB in every process)
+
         try:
             with h5py.File(self.file_name, "w"):
                 pass
@@ -46,6 +47,8 @@ class HDF5Output(Layer):
                              f"shapes {bottom[0].shape} and {bottom[1].shape}")
 
     def forward(self, bottom, top):
+        import h5py  # noqa: PLC0415 - see layer_setup
+
         with h5py.File(self.file_name, "a") as f:
             for name, blob in (("data", bottom[0]), ("label", bottom[1])):
                 if name in f:

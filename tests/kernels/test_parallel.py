@@ -153,6 +153,30 @@ def test_a_call_site_settles_on_the_faster_way(threaded_cost, settles_threaded):
     assert runs == [settles_threaded] * len(runs)
 
 
+@pytest.mark.parametrize("threaded_cost, settled_after_two", [
+    (3.0, False), (0.4, True),   # one way took >= DECISIVE times the other: no more trials
+    (1.5, None), (0.7, None),    # closer: both ways get all their trials
+])
+def test_trials_alternate_and_end_early_when_one_way_loses_by_far(threaded_cost,
+                                                                   settled_after_two):
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    cost = {True: threaded_cost, False: 1.0}
+    seen = []
+    body = timed_body(clock, cost, seen)
+    ways = []
+    for _ in range(2):
+        seen.clear()
+        for_each_chunk(np, 4, body, runner=runner)
+        ways.append(any(seen))
+    assert ways == [True, False]  # one call each way first
+    assert runner.way(body, 4, 1) is (None if settled_after_two is None else settled_after_two)
+    if settled_after_two is not None:
+        seen.clear()
+        for_each_chunk(np, 4, body, runner=runner)
+        assert any(seen) is settled_after_two  # the third call already runs the faster way
+
+
 def test_a_settled_site_follows_a_change_of_load():
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)

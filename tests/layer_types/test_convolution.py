@@ -79,6 +79,7 @@ def gemm_layout(request, monkeypatch):
     else:
         monkeypatch.setattr(Convolution, "per_sample_from", 10**9)
         monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 10**9)
+        monkeypatch.setattr(Convolution, "per_sample_upto_rows", 0)
     batch_last = request.param == "batch last"
     monkeypatch.setattr(Convolution, "batch_last_upto", 10**9 if batch_last else 0)
     return request.param
@@ -108,9 +109,11 @@ def test_gradients(body, shape, geometry, group, gemm_layout):
     check_layer_gradients(layer, bottom, top, max_checks=60)
 
 
-def test_layout_follows_output_size():
+def test_layout_follows_output_size(monkeypatch):
     # The real thresholds: large outputs go per sample; 1x1 convolutions (pad 0, dilation 1,
-    # any stride) with 14x14 outputs or more run as direct GEMMs on their input.
+    # any stride) with 14x14 outputs or more run as direct GEMMs on their input. (The
+    # few-row rule is off here: these 1-channel layers would all qualify; see below.)
+    monkeypatch.setattr(Convolution, "per_sample_upto_rows", 0)
     cases = [("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 46, 46), "per sample"),
              ("num_output: 2 kernel_size: 3 pad: 1", (1, 1, 44, 44), "whole"),
              ("num_output: 2 kernel_size: 1", (1, 1, 14, 14), "direct"),
@@ -133,10 +136,27 @@ def test_layout_follows_output_size():
 @pytest.mark.parametrize("shape, layout", [((2, 1, 16, 16), "batch last"),
                                            ((2, 1, 17, 17), "whole batch"),
                                            ((2, 1, 46, 46), "per sample")])
-def test_small_planes_use_the_batch_last_layout(shape, layout):
+def test_small_planes_use_the_batch_last_layout(shape, layout, monkeypatch):
+    monkeypatch.setattr(Convolution, "per_sample_upto_rows", 0)  # as above
     layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 3 pad: 1"), [shape])
     assert (layer._per_sample, layer._batch_last) == (layout == "per sample",
                                                       layout == "batch last")
+
+
+@pytest.mark.parametrize("body, shape, per_sample", [
+    ("kernel_size: 5", (2, 1, 20, 20), True),          # 25 rows, 16x16 outputs
+    ("kernel_size: 3 pad: 1", (2, 3, 16, 16), True),   # 27 rows, 16x16
+    ("kernel_size: 3 pad: 1", (2, 3, 15, 15), False),  # 27 rows, 15x15: too few outputs
+    ("kernel_size: 3 pad: 1", (2, 4, 16, 16), False),  # 36 rows
+    ("kernel_size: 3 pad: 1 group: 2", (2, 6, 16, 16), True),  # 27 rows per group
+])
+def test_few_row_kernels_go_per_sample_from_256_outputs(body, shape, per_sample):
+    layer, bottom, top = make_layer(conv_param(f"num_output: 2 {body}"), [shape])
+    assert layer._per_sample is per_sample
+    layer.forward(bottom, top)
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, layer.blobs[1].data,
+                          layer.stride, layer.pad, layer.dilation, layer.group)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_float32_forward():

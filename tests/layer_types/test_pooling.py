@@ -11,9 +11,20 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
 
 FLT_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.fixture(autouse=True, params=["default", "offset-passes"])
+def pooling_path(request, monkeypatch):
+    """Every test runs on the CPU's default paths (MAX backward by winner index, AVE of small
+    planes as a GEMM) and on the offset-by-offset passes (the device path, large planes)."""
+    if request.param == "offset-passes":
+        monkeypatch.setattr(Pooling, "max_backward_by_index", False)
+        monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
+    return request.param
 
 
 def pool_param(body: str, name: str = "pool", n_top: int = 1) -> caffe_pb2.LayerParameter:
@@ -158,6 +169,35 @@ def test_max_ties_keep_the_first_cell_in_scan_order():
     counts = np.zeros(16)
     np.add.at(counts, expected.ravel(), 1.0)
     np.testing.assert_array_equal(bottom[0].diff.ravel(), counts)
+
+
+def test_max_windows_of_only_minus_inf_or_nan_send_no_gradient():
+    # Caffe: no cell is > -FLT_MAX, so the output is -FLT_MAX, the mask -1, and backward
+    # sends nothing (the CPU's scatter by index must skip these windows, not add at index 0).
+    x = np.random.default_rng(4).standard_normal((2, 1, 4, 4))
+    x[0, 0, :2, :2] = -np.inf
+    x[1, 0, 2:, 2:] = np.nan
+    layer, bottom, top = make_layer(pool_param("pool: MAX kernel_size: 2 stride: 2",
+                                               n_top=2), [x])
+    layer.forward(bottom, top)
+    _, mask = naive_pool(x, (2, 2), (2, 2), (0, 0), "MAX")
+    np.testing.assert_array_equal(top[1].data, mask)
+    assert top[1].data[0, 0, 0, 0] == -1 and top[1].data[1, 0, 1, 1] == -1
+    assert top[0].data[0, 0, 0, 0] == -FLT_MAX
+    top[0].diff[...] = 1.0
+    bottom[0].diff[...] = 7.0  # stale: must be overwritten
+    layer.backward(top, [True], bottom)
+    expected = np.zeros(x.shape)
+    for (ni, ci, _y, _z), m in np.ndenumerate(mask):
+        if m >= 0:
+            expected[ni, ci].flat[int(m)] += 1.0
+    np.testing.assert_array_equal(bottom[0].diff, expected)
+
+
+def test_the_cpu_paths_are_the_ones_under_test(pooling_path):
+    layer, _, _ = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 2"), [(1, 1, 8, 8)])
+    assert (layer._ave_matrix is not None) == (pooling_path == "default")
+    assert Pooling.max_backward_by_index == (pooling_path == "default")
 
 
 def test_max_never_picks_padding():

@@ -55,6 +55,7 @@ POOLS = [
     ("kernel_size: 3 stride: 1 pad: 1", (4, 3, 5, 6)),
     ("kernel_size: 2 stride: 2", (5, 2, 6, 6)),
     ("kernel_size: 2 stride: 3", (3, 2, 8, 8)),  # stride > kernel: unread cells
+    ("kernel_size: 1 stride: 3", (3, 2, 5, 5)),  # windows past the input: empty
     ("kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 3 pad_h: 1 pad_w: 1", (3, 2, 7, 8)),
 ]
 

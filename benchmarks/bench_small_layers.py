@@ -1,0 +1,133 @@
+"""The non-GEMM layers of LeNet and CIFAR-10 quick: previous and current CPU paths side by side.
+
+Each case builds the layer twice, once with the previous path switched back on (class
+switches of the layer) and once as it is now, and times forward and backward alternately in
+one process, repetition by repetition, so that both see the same load. Prints best-of-R ms
+and after/before. Between calls it writes `--evict-mb` of memory, as the rest of a net does.
+Usage: python benchmarks/bench_small_layers.py [--repeats R] [--only WORD] [--evict-mb MB].
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+# See bench_layers.py: park OpenBLAS's idle threads quickly (before numpy loads it).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
+
+import numpy as np  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+
+from mgcaffe.blob import Blob  # noqa: E402
+from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
+from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
+from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
+from mgcaffe.proto import caffe_pb2  # noqa: E402
+
+#: The previous paths, as class attribute settings per layer class.
+BEFORE = {
+    Pooling: {"max_backward_by_index": False, "ave_gemm_below": 0},
+    SoftmaxWithLossLayer: {"plain_path": False},
+    Convolution: {"per_sample_upto_rows": 0},
+}
+
+
+def pool(method: str, k: int, s: int) -> str:
+    return f'type: "Pooling" pooling_param {{ pool: {method} kernel_size: {k} stride: {s} }}'
+
+
+def conv(out: int, k: int, pad: int = 0) -> str:
+    return (f'type: "Convolution" convolution_param {{ num_output: {out} kernel_size: {k} '
+            f'pad: {pad} weight_filler {{ type: "xavier" }} }}')
+
+
+# name, layer text (without name), bottom shapes (the first is the data; others are labels)
+CASES = [
+    ("LeNet conv1 1->20 5x5 @28 (25 rows)", conv(20, 5), [(64, 1, 28, 28)]),
+    ("LeNet pool1 MAX 2/2 20x24x24", pool("MAX", 2, 2), [(64, 20, 24, 24)]),
+    ("LeNet pool2 MAX 2/2 50x8x8", pool("MAX", 2, 2), [(64, 50, 8, 8)]),
+    ("CIFAR pool1 MAX 3/2 32x32x32", pool("MAX", 3, 2), [(100, 32, 32, 32)]),
+    ("CIFAR pool2 AVE 3/2 32x16x16", pool("AVE", 3, 2), [(100, 32, 16, 16)]),
+    ("CIFAR pool3 AVE 3/2 64x8x8", pool("AVE", 3, 2), [(100, 64, 8, 8)]),
+    ("LeNet loss SoftmaxWithLoss 64x10", 'type: "SoftmaxWithLoss"', [(64, 10), (64,)]),
+    # The larger nets' pools: the CPU paths must not lose there.
+    ("AlexNet pool1 MAX 3/2 96x55x55 b8", pool("MAX", 3, 2), [(8, 96, 55, 55)]),
+    ("GoogleNet pool1 MAX 3/2 64x112x112 b8", pool("MAX", 3, 2), [(8, 64, 112, 112)]),
+    ("GoogleNet 3a pool MAX 3/1p1 192x28x28 b8",
+     'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }',
+     [(8, 192, 28, 28)]),
+    ("ResNet pool1 MAX 3/2p1 64x112x112 b4",
+     'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }',
+     [(4, 64, 112, 112)]),
+    ("GoogleNet loss1 AVE 5/3 512x14x14 b8", pool("AVE", 5, 3), [(8, 512, 14, 14)]),
+]
+
+
+def build(text: str, shapes, settings: dict):
+    """The layer, bottoms and tops, built with the class switches in `settings`."""
+    param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
+    saved = {}
+    for cls, values in settings.items():
+        saved[cls] = {k: getattr(cls, k) for k in values}
+        for k, v in values.items():
+            setattr(cls, k, v)
+    try:
+        layer = create_layer(param, LayerContext(dtype=np.float32, seed=0))
+        rng = np.random.default_rng(1)
+        bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
+        bottom[0].data[...] = rng.standard_normal(shapes[0])
+        for blob in bottom[1:]:
+            blob.data[...] = rng.integers(0, 10, size=blob.shape)
+        top = [Blob((), name="y")]
+        layer.setup(bottom, top)
+    finally:
+        for cls, values in saved.items():
+            for k, v in values.items():
+                setattr(cls, k, v)
+    # The switches are class attributes read at call time: keep them on the instance.
+    for cls, values in settings.items():
+        if isinstance(layer, cls):
+            for k, v in values.items():
+                setattr(layer, k, v)
+    top[0].diff[...] = rng.standard_normal(top[0].shape)
+    return layer, bottom, top
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--only", default=None, help="only cases whose name has this word")
+    parser.add_argument("--evict-mb", type=int, default=64,
+                        help="write this many MB between layer calls, as the other layers of "
+                             "a net do between a layer's calls (0: keep the cache warm)")
+    args = parser.parse_args(argv)
+    evict = np.ones(args.evict_mb << 18, dtype=np.float32)
+    cases = [c for c in CASES if args.only is None or args.only in c[0]]
+    print(f"best of {args.repeats}, ms, before/after interleaved")
+    print("| layer | fwd before | fwd after | bwd before | bwd after | after/before |")
+    print("|---|---|---|---|---|---|")
+    for name, text, shapes in cases:
+        pair = [build(text, shapes, BEFORE), build(text, shapes, {})]
+        down = [True] + [False] * (len(shapes) - 1)
+        best = [[float("inf")] * 2 for _ in pair]
+        for repeat in range(args.repeats + 1):  # the first pass is a warm-up
+            for k, (layer, bottom, top) in enumerate(pair):
+                evict += 1
+                start = time.perf_counter()
+                layer.forward(bottom, top)
+                middle = time.perf_counter()
+                evict += 1
+                back = time.perf_counter()
+                layer.backward(top, down, bottom)
+                end = time.perf_counter() - back + middle
+                if repeat:
+                    best[k] = [min(best[k][0], middle - start), min(best[k][1], end - middle)]
+        (fb, bb), (fa, ba) = best
+        print(f"| {name} | {fb * 1e3:.3f} | {fa * 1e3:.3f} | {bb * 1e3:.3f} | {ba * 1e3:.3f} | "
+              f"{(fa + ba) / (fb + bb):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

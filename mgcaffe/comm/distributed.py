@@ -221,6 +221,9 @@ class DistributedTraining:
         self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
         self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
         self.median_prediction: float | None = None  # median of the plan's per-iteration times
+        self._in_situ: dict | None = None  # the re-plan window's two kinds of iterations
+        self.insitu: Any = None  # the in-situ rho (insitu.InSitu) once measured
+        self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -491,9 +494,15 @@ class DistributedTraining:
 
     def _profile_step(self) -> None:
         prof = self.profiler
+        overlapped = self._in_situ is not None and self._profiled_iters % 2 == 1
         self._profiled_iters += 1  # counted alike on every rank: the switch is a collective
-        if len(self._ready) == len(self.names):
+        if overlapped:
+            self._add_overlapped()
+        elif len(self._ready) == len(self.names):
             prof.add(self.timer.forward_start, self.timer.forward_end, self._ready)
+        if self._in_situ is not None:  # the next iteration's kind: odd ones overlap
+            self.executor.set_plan(self._in_situ["wfbp"] if self._profiled_iters % 2 == 1
+                                   else synceasgd_groups(self.names))
         wanted_iters = self.options.profile_iters
         if self._replanning:  # after warm-up: a fixed, longer window for a stable median
             wanted_iters = PROFILE_EXTENSION * self.options.profile_iters
@@ -512,6 +521,8 @@ class DistributedTraining:
         recent = max(1, wanted_iters - 1)  # the first of a phase is skipped
         if self.rank == 0:
             log.info("%s", prof.describe_spread(recent))
+        if self._in_situ is not None:
+            self._adopt_in_situ_rho()
         self.profiler = None
         if self.tracer is None:
             self.timer.remove()
@@ -580,6 +591,11 @@ class DistributedTraining:
         self.timer.install()
         in_situ = not getattr(self.cost, "interferes", False)
         if not in_situ:
+            # Measure rho in situ: alternate undisturbed iterations (the profile) with
+            # overlapped ones (one all-reduce per layer while backward runs).
+            self._in_situ = {"wfbp": [[n] for n in reversed(self.names)],  # output first
+                             "rows": [], "seen": 0}
+            self.executor.intervals = []
             self.executor.set_plan(synceasgd_groups(self.names))
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
@@ -587,7 +603,51 @@ class DistributedTraining:
                      PROFILE_EXTENSION * self.options.profile_iters,
                      "the plan runs on (the profile includes what its overlapped "
                      "all-reduces cost backward)" if in_situ else
-                     "all gradients go in one all-reduce after backward")
+                     "iterations alternate between all gradients in one all-reduce after "
+                     "backward (the profile) and one all-reduce per layer during backward "
+                     "(to measure how much backward slows beside them)")
+
+    def _add_overlapped(self) -> None:
+        """One overlapped iteration of the re-plan window: each layer's backward time and
+        what was in flight meanwhile (the first such iteration warms and is not counted)."""
+        from .insitu import layer_overlaps  # noqa: PLC0415
+
+        state, intervals = self._in_situ, self.executor.intervals or []
+        self.executor.intervals = []
+        state["seen"] += 1
+        if state["seen"] > 1 and len(self._ready) == len(self.names):
+            state["rows"].append(layer_overlaps(self.timer.forward_end, self._ready,
+                                                intervals, len(self.names)))
+
+    def _adopt_in_situ_rho(self) -> None:
+        """Estimate rho from the window's two kinds of iterations on every rank, keep the
+        slowest rank's (a collective: every rank adopts the same points), and use it in the
+        cost model for the re-plan, its prediction and the rest of the run."""
+        from .insitu import InSitu, estimate  # noqa: PLC0415
+
+        state, self._in_situ = self._in_situ, None
+        self.executor.intervals = None
+        probe = tuple(self.cost.interference)
+        mine = estimate([b for _, b in self.profiler.samples], state["rows"],
+                        [m for m, _ in probe])
+        with self._guard("gathering the in-situ interference estimates"):
+            found = [e for e in self.base_comm.allgather(mine) if e is not None]
+        probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
+        if not found:
+            if self.rank == 0:
+                log.warning("In-situ interference: no all-reduce was in flight during "
+                            "backward in the window; keeping the start-up probe's (%s)",
+                            probe_text)
+            return
+        est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
+        self.insitu, self.probe_interference = est, probe
+        self.cost = self.cost.with_interference(est.points)
+        if self.rank == 0:
+            log.info("Computation slows beside the all-reduces, measured in situ on the "
+                     "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
+                     "%s)", self.size, est.describe(),
+                     ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
+                     probe_text)
 
     def _agree_on_requests(self) -> None:
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE

@@ -7,8 +7,9 @@
 One `mpiexec -n RANKS` run trains the model on synthetic data with `--emulate-network NETWORK
 --emulate-nodes NODES`: every gradient all-reduce lasts at least the modelled a + b*M of an
 N-node cluster (real threads, queues and MPI calls underneath). The run profiles its first
-`--profile-iters` iterations (the trainer's own online profile, slowest rank), plans every
-scheme from that profile (wfbp, synceasgd, mgwfbp with the paper's Algorithm 1, mgwfbp
+`--profile-iters` iterations and then re-plans once as the trainer does after warm-up (its
+own online profile, slowest rank, 4 x `--profile-iters` more iterations), plans every
+scheme from that second profile (wfbp, synceasgd, mgwfbp with the paper's Algorithm 1, mgwfbp
 optimal), then runs the schemes in turn, `--rounds` times `--iters` iterations each, so that
 a drifting machine load hits every scheme alike. Measured: the median, over a scheme's
 iterations (the first after each switch not counted), of forward start to reduced gradients,
@@ -17,10 +18,12 @@ measured on one process alone with the same per-rank batch.
 
 `--netns-hosts H` runs the same over real TCP between H network namespaces on this machine
 (tools/netns_cluster.py, root only; `--rate`, `--latency-ms`): no emulation, the all-reduce
-cost and the slowdown of computation during an all-reduce are measured at start-up, and
-"predicted" is the interference-aware model (docs/planner.md) beside "meas/paper", the
-ratio to the paper's model on the same groups; "optimal (no interf.)" is the optimum of the
-paper's model, for comparison.
+cost and the slowdown of computation during an all-reduce are measured at start-up (a GEMM
+probe), then the re-plan window measures the slowdown in situ (undisturbed iterations
+alternating with per-layer overlapped ones, mgcaffe.comm.insitu) and every scheme is
+predicted with that; "predicted" is the interference-aware model (docs/planner.md) beside
+"meas/paper", the ratio to the paper's model on the same groups; "optimal (no interf.)" is
+the optimum of the paper's model, for comparison.
 
 Targets (issue 5): measured within 10% of predicted for every scheme; MG-WFBP's measured
 speed-ups over WFBP and SyncEASGD at least the predicted ones minus 5%. BLAS runs one thread
@@ -94,7 +97,7 @@ def _worker(a, comm, rank, size) -> int:
     from mgcaffe.comm.profile import Profile  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
-    total = PROFILE_EXTENSION * a.profile_iters + a.rounds * len(a.schemes) * a.iters
+    total = 2 * PROFILE_EXTENSION * a.profile_iters + 2 + a.rounds * len(a.schemes) * a.iters
     solver = get_solver(synthetic_solver(a.model, a.batch, total), rank=rank, world_size=size)
     if a.single:
         net, times = solver.net, []
@@ -110,11 +113,16 @@ def _worker(a, comm, rank, size) -> int:
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
                            emulate_network=a.network or None, emulate_nodes=a.nodes or None,
-                           check_sync=None, replan_after=0,  # the benchmark sets plans
+                           check_sync=None,
+                           # the trainer's re-plan right after the start-up plan: its window
+                           # profiles undisturbed iterations and, with measured interference,
+                           # measures rho in situ; the benchmark then plans every scheme
+                           # from that profile and cost, as the trainer would
+                           replan_after=1,
                            comm_timeout=300.0, pack_gradients=a.pack_gradients or None)
     with attach(solver, args, comm) as h:
         solver.step(a.profile_iters)
-        while h.profiler is not None:  # profiling goes on while the times drift (bounded)
+        while h.planning:  # start-up profile (while drifting, bounded), then the re-plan's
             solver.step(1)
         start_iter = solver.iter
         plans = None
@@ -139,6 +147,8 @@ def _worker(a, comm, rank, size) -> int:
             first = plans[a.schemes[0]]
             out = {"ideal_profile": first.ideal, "schemes": {}, "a": h.cost.a, "b": h.cost.b,
                    "interference": [list(x) for x in h.cost.interference],
+                   "interference_probe": [list(x) for x in h.probe_interference],
+                   "insitu": h.insitu.describe() if h.insitu is not None else None,
                    "start_iter": start_iter,
                    "layers": list(first.layers), "layer_bytes": list(first.layer_bytes)}
             for label in a.schemes:
@@ -342,10 +352,15 @@ def main() -> int:
     print(f"\nideal t_f + t_b on one process: {ideal * 1e3:.1f} ms\n")
     print(f"t_f + t_b profiled on {a.ranks} ranks (slowest rank): "
           f"{run['ideal_profile'] * 1e3:.1f} ms\n")
-    print("predicted: from the start-up profile; window: from a profile of the synceasgd "
+    print("predicted: from the re-plan window's profile; window: from a profile of the synceasgd "
           "rounds;\nreplay: the model's schedule on each iteration's actual ready times\n")
+    if run.get("interference_probe"):
+        print("start-up GEMM probe's slowdown during an all-reduce: " + ", ".join(
+            f"{m} B +{rho * 100:.0f}%" for m, rho in run["interference_probe"]))
+    if run.get("insitu"):
+        print(run["insitu"])
     if run.get("interference"):
-        print("measured slowdown of computation during an all-reduce: " + ", ".join(
+        print("slowdown the model uses: " + ", ".join(
             f"{m} B +{rho * 100:.0f}%" for m, rho in run["interference"]) + "\n")
     print(f"{'scheme':20} {'msgs':>4} {'measured':>9} {'predicted':>10} {'meas/pred':>9} "
           f"{'meas/paper':>10} {'window':>7} {'meas/win':>8} {'meas/replay':>11} {'n':>3} "

@@ -607,6 +607,11 @@ class DistributedTraining:
                      "backward (the profile) and one all-reduce per layer during backward "
                      "(to measure how much backward slows beside them)")
 
+    @property
+    def planning(self) -> bool:
+        """Whether a profile (start-up or re-plan) is still to be measured or under way."""
+        return self.profiler is not None or self._replan_at is not None
+
     def _add_overlapped(self) -> None:
         """One overlapped iteration of the re-plan window: each layer's backward time and
         what was in flight meanwhile (the first such iteration warms and is not counted)."""

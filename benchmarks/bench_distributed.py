@@ -282,6 +282,8 @@ def launch_on_cluster(a, mpi_args, env, timeout):
         after = cluster.link_bytes()
     sent = {h: after[h]["tx"] - before[h]["tx"] for h in after}
     print(f"bytes sent per host over the shaped links: {sent}", flush=True)
+    if cluster.relay_stats:
+        print(cluster.relay_stats, flush=True)
     m = re.search(r"RESULT (\{.*?\})\s*$", out, re.M)
     if status != 0 or not m:
         sys.stderr.write(out)
@@ -312,7 +314,8 @@ def main() -> int:
                         "and the interference are then measured at start-up")
     p.add_argument("--rate", default="1gbit", help="namespace cluster link rate (tc units)")
     p.add_argument("--latency-ms", type=float, default=0.0,
-                   help="namespace cluster one-way delay per link (needs netem)")
+                   help="namespace cluster one-way delay per link and direction (netem, else "
+                        "the TAP delay line; host to host round trip: 4x this)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()

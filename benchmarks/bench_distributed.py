@@ -109,7 +109,9 @@ def _worker(a, comm, rank, size) -> int:
                 times.append(time.perf_counter() - t0)
         print("RESULT " + json.dumps({"ideal": statistics.median(times)}), flush=True)
         return 0
-    args = SimpleNamespace(comm="synceasgd", merge=None, bucket_mb=None, profile=None,
+    # mgwfbp optimal at start-up: the re-plan window's overlapped iterations then also run
+    # its merged groups (the message sizes the merging schemes send), beside WFBP's
+    args = SimpleNamespace(comm="mgwfbp", merge="optimal", bucket_mb=None, profile=None,
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
                            emulate_network=a.network or None, emulate_nodes=a.nodes or None,

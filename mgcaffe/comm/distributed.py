@@ -501,7 +501,9 @@ class DistributedTraining:
         elif len(self._ready) == len(self.names):
             prof.add(self.timer.forward_start, self.timer.forward_end, self._ready)
         if self._in_situ is not None:  # the next iteration's kind: odd ones overlap
-            self.executor.set_plan(self._in_situ["wfbp"] if self._profiled_iters % 2 == 1
+            n = self._profiled_iters
+            kinds = self._in_situ["overlapped"]
+            self.executor.set_plan(kinds[(n // 2) % len(kinds)] if n % 2 == 1
                                    else synceasgd_groups(self.names))
         wanted_iters = self.options.profile_iters
         if self._replanning:  # after warm-up: a fixed, longer window for a stable median
@@ -592,9 +594,14 @@ class DistributedTraining:
         in_situ = not getattr(self.cost, "interferes", False)
         if not in_situ:
             # Measure rho in situ: alternate undisturbed iterations (the profile) with
-            # overlapped ones (one all-reduce per layer while backward runs).
-            self._in_situ = {"wfbp": [[n] for n in reversed(self.names)],  # output first
-                             "rows": [], "seen": 0}
+            # overlapped ones (all-reduces while backward runs).
+            # overlapped: WFBP's per-layer messages (every layer's size), and the running
+            # plan's groups when it merges (the sizes it will send)
+            overlapped = [[[n] for n in reversed(self.names)]]
+            groups = [list(g) for g in getattr(self.plan, "groups", ())]
+            if 1 < len(groups) < len(self.names):
+                overlapped.append(groups)
+            self._in_situ = {"overlapped": overlapped, "rows": [], "seen": 0}
             self.executor.intervals = []
             self.executor.set_plan(synceasgd_groups(self.names))
         if self.rank == 0:
@@ -604,8 +611,8 @@ class DistributedTraining:
                      "the plan runs on (the profile includes what its overlapped "
                      "all-reduces cost backward)" if in_situ else
                      "iterations alternate between all gradients in one all-reduce after "
-                     "backward (the profile) and one all-reduce per layer during backward "
-                     "(to measure how much backward slows beside them)")
+                     "backward (the profile) and all-reduces during backward, per layer or "
+                     "by the plan's groups (to measure how much backward slows beside them)")
 
     @property
     def planning(self) -> bool:

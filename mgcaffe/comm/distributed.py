@@ -591,8 +591,13 @@ class DistributedTraining:
         self._profiled_iters = 0
         self.profiler = OnlineProfile(self.net.name, self.names, self.counts, skip=1)
         self.timer.install()
-        in_situ = not getattr(self.cost, "interferes", False)
-        if not in_situ:
+        runs_on = not getattr(self.cost, "interferes", False)
+        if not runs_on:
+            self.executor.set_plan(synceasgd_groups(self.names))
+        # on a GPU stream the all-reduce calls return at once: their spans are not the time
+        # a message is in flight, so rho cannot be measured from them
+        measure = not runs_on and self.executor.mode != "stream"
+        if measure:
             # Measure rho in situ: alternate undisturbed iterations (the profile) with
             # overlapped ones (all-reduces while backward runs).
             # overlapped: WFBP's per-layer messages (every layer's size), and the running
@@ -603,13 +608,13 @@ class DistributedTraining:
                 overlapped.append(groups)
             self._in_situ = {"overlapped": overlapped, "rows": [], "seen": 0}
             self.executor.intervals = []
-            self.executor.set_plan(synceasgd_groups(self.names))
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
                      "one is not counted) to re-plan once; meanwhile %s", self.solver.iter,
                      PROFILE_EXTENSION * self.options.profile_iters,
                      "the plan runs on (the profile includes what its overlapped "
-                     "all-reduces cost backward)" if in_situ else
+                     "all-reduces cost backward)" if runs_on else
+                     "all gradients go in one all-reduce after backward" if not measure else
                      "iterations alternate between all gradients in one all-reduce after "
                      "backward (the profile) and all-reduces during backward, per layer or "
                      "by the plan's groups (to measure how much backward slows beside them)")

@@ -48,6 +48,7 @@ class InSitu:
     overlapped_iterations: int
     undisturbed_iterations: int
     busy_seconds: float
+    whole: float = 0.0  # the same from whole backward spans (extra time / time in flight)
 
     def describe(self) -> str:
         classes = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}% (p10-p90 {lo * 100:.0f}-"
@@ -58,7 +59,7 @@ class InSitu:
                 f" for one rho; per size {classes or 'none measured'}; {how} "
                 f"({self.overlapped_iterations} overlapped / {self.undisturbed_iterations} "
                 f"undisturbed iteration(s), {self.busy_seconds * 1e3:.1f} ms in flight "
-                f"during backward)")
+                f"during backward; from whole backward spans +{self.whole * 100:.0f}%)")
 
 
 def layer_overlaps(forward_end: float, ready: dict[int, float],
@@ -130,6 +131,9 @@ def estimate(undisturbed: Sequence[Sequence[float]],
             owner.append(i)
     if not rows:
         return None
+    # diagnostic: the extra time of the whole backward (every layer, also those with nothing
+    # in flight: a slowdown that outlasts the messages) per second in flight
+    extra = sum(t - alone[l] for sample in overlapped for l, (t, _) in enumerate(sample))
     R, Y, owner_arr = np.array(rows), np.array(y), np.array(owner)
     total = R.sum()
     if total <= 0:
@@ -160,5 +164,6 @@ def estimate(undisturbed: Sequence[Sequence[float]],
         points = tuple((c, _rho(single_x)) for c in classes)
     else:
         points = tuple((classes[j], _rho(per_x[j])) for j in judged)
+    whole = _rho(min(MAX_X, max(0.0, extra / total)))
     return InSitu(points, _rho(single_x), tuple(per_size), one, len(overlapped),
-                  len(undisturbed), float(total))
+                  len(undisturbed), float(total), whole)

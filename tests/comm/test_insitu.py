@@ -37,6 +37,7 @@ def test_one_rho_recovered_from_a_known_slowdown():
     assert est.one  # one class measured: one rho
     assert est.points == ((65536, pytest.approx(1.0)), (1 << 20, pytest.approx(1.0)))
     assert est.overlapped_iterations == 3 and est.busy_seconds == pytest.approx(2.4)
+    assert est.whole == pytest.approx(1.0)  # every layer slowed only while in flight
 
 
 def test_rho_per_size_when_one_number_does_not_fit():

@@ -151,6 +151,7 @@ def _worker(a, comm, rank, size) -> int:
                    "interference": [list(x) for x in h.cost.interference],
                    "interference_probe": [list(x) for x in h.probe_interference],
                    "insitu": h.insitu.describe() if h.insitu is not None else None,
+                   "comm_slowdown": h.comm_slowdown,
                    "start_iter": start_iter,
                    "layers": list(first.layers), "layer_bytes": list(first.layer_bytes)}
             for label in a.schemes:
@@ -364,6 +365,9 @@ def main() -> int:
             f"{m} B +{rho * 100:.0f}%" for m, rho in run["interference_probe"]))
     if run.get("insitu"):
         print(run["insitu"])
+    if run.get("comm_slowdown"):
+        print(f"all-reduces sent while backward ran (in situ): {run['comm_slowdown']:.2f}x "
+              f"their a + b*M")
     if run.get("interference"):
         print("slowdown the model uses: " + ", ".join(
             f"{m} B +{rho * 100:.0f}%" for m, rho in run["interference"]) + "\n")

@@ -224,6 +224,7 @@ class DistributedTraining:
         self._in_situ: dict | None = None  # the re-plan window's two kinds of iterations
         self.insitu: Any = None  # the in-situ rho (insitu.InSitu) once measured
         self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
+        self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -635,6 +636,14 @@ class DistributedTraining:
         if state["seen"] > 1 and len(self._ready) == len(self.names):
             state["rows"].append(layer_overlaps(self.timer.forward_end, self._ready,
                                                 intervals, len(self.names)))
+            # the other direction, which the model does not have: messages sent while
+            # backward ran, their measured time against a + b*M
+            end = self._ready[1]
+            comm = state.setdefault("comm", [0.0, 0.0])
+            for t0, t1, m in intervals:
+                if t0 < end:
+                    comm[0] += t1 - t0
+                    comm[1] += self.cost.time(m)
 
     def _adopt_in_situ_rho(self) -> None:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
@@ -659,7 +668,15 @@ class DistributedTraining:
         est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
         self.insitu, self.probe_interference = est, probe
         self.cost = self.cost.with_interference(est.points)
+        measured, modelled = state.get("comm", [0.0, 0.0])
+        with self._guard("gathering the in-situ all-reduce times"):
+            slowest = max(m / p if p > 0 else 1.0 for m, p in
+                          self.base_comm.allgather((measured, modelled)))
+        self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
         if self.rank == 0:
+            log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
+                     "rank; the model keeps a + b*M: communication slowed by computation is "
+                     "not in it)", slowest)
             log.info("Computation slows beside the all-reduces, measured in situ on the "
                      "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
                      "%s)", self.size, est.describe(),

@@ -155,3 +155,5 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path):
     assert h0.cost.interference == h1.cost.interference
     assert all(rho == pytest.approx(h0.insitu.single) for _, rho in h0.cost.interference)
     assert h0.plan.interference == h0.cost.interference
+    # the emulated all-reduces last A: measured against the model's a + b*M (a = A), about 1
+    assert 0.9 <= h0.comm_slowdown == h1.comm_slowdown

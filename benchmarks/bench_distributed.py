@@ -388,8 +388,11 @@ def main() -> int:
     fastest_pred = min(results, key=lambda k: results[k]["predicted"])
     fastest_meas = min(results, key=lambda k: results[k]["measured"])
     gap = results[fastest_pred]["measured"] / results[fastest_meas]["measured"] - 1
-    print(f"\npredicted fastest: {fastest_pred}; measured fastest: {fastest_meas} "
-          f"(the predicted one measured {gap * 100:+.1f}% slower)")
+    best = results[fastest_pred]["predicted"]
+    tied = [k for k in results if k != fastest_pred and results[k]["predicted"] <= best * 1.001]
+    print(f"\npredicted fastest: {fastest_pred}"
+          f"{' (tied with ' + ', '.join(tied) + ')' if tied else ''}; measured fastest: "
+          f"{fastest_meas} (the predicted one measured {gap * 100:+.1f}% slower)")
     print()
     for mg in ("mgwfbp (paper)", "mgwfbp (optimal)"):
         for base in ("wfbp", "synceasgd"):

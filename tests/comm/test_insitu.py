@@ -87,11 +87,13 @@ def make_solver(rank, size):
 
 
 @pytest.mark.slow
-def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path):
+@pytest.mark.parametrize("comm", ["wfbp", "threshold"])
+def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm):
     # Each fc layer's backward does WORK seconds of "work" that advances at 1/(1 + RHO) of
     # its speed while this rank's communication thread is inside an all-reduce; each
     # all-reduce lasts A seconds (emulated). The start-up "probe" (the network file) says
-    # +5%; the re-plan window must measure RHO.
+    # +5%; the re-plan window must measure RHO. With `threshold` (a 100 B bucket: fc3+fc2,
+    # then fc1) the window's overlapped iterations alternate WFBP and the plan's 2 groups.
     RHO, WORK, A = 1.0, 0.010, 0.008
     profile_iters, replan_after, iters = 2, 2, 14
     network, emulated = tmp_path / "net.json", tmp_path / "emulated.json"
@@ -125,7 +127,9 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path):
         return run
 
     def rank_main(r):
-        args = SimpleNamespace(comm="wfbp", merge=None, bucket_mb=None, profile=None,
+        args = SimpleNamespace(comm=comm, merge=None,
+                               bucket_mb=100 / (1 << 20) if comm == "threshold" else None,
+                               profile=None,
                                network=str(network), plan=None, save_plan=None,
                                profile_iters=profile_iters, timeline=None,
                                emulate_network=str(emulated), emulate_nodes=2,
@@ -147,7 +151,10 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path):
     assert h0.plan_switches == h1.plan_switches
     # the window alternated one message (undisturbed) and one per layer (overlapped)
     window = messages[0][profile_iters + replan_after:replan_at]
-    assert window == [1, 3] * (2 * profile_iters)
+    plan_messages = messages[0][profile_iters]  # the start-up plan's
+    assert plan_messages == (3 if comm == "wfbp" else 2)
+    kinds = [3] if plan_messages == 3 else [3, plan_messages]
+    assert window == [m for i in range(profile_iters * 2) for m in (1, kinds[i % len(kinds)])]
     assert messages[0] == messages[1]
     assert h0.probe_interference == ((64, 0.05),)
     assert 0.6 * RHO <= h0.insitu.single <= 1.5 * RHO

@@ -23,7 +23,9 @@ probe), then the re-plan window measures the slowdown in situ (undisturbed itera
 alternating with per-layer overlapped ones, mgcaffe.comm.insitu) and every scheme is
 predicted with that; "predicted" is the interference-aware model (docs/planner.md) beside
 "meas/paper", the ratio to the paper's model on the same groups; "optimal (no interf.)" is
-the optimum of the paper's model, for comparison.
+the optimum of the paper's model, for comparison. "meas/sigma" is a diagnostic outside the
+planner's model: the extended model with every message but the last also lasting the factor
+by which the window's all-reduces sent during backward exceeded a + b*M.
 
 Targets (issue 5): measured within 10% of predicted for every scheme; MG-WFBP's measured
 speed-ups over WFBP and SyncEASGD at least the predicted ones minus 5%. BLAS runs one thread

@@ -187,3 +187,13 @@ def test_sigterm_mid_run_leaves_no_namespace_behind(tmp_path, latency):
     for p in (pid, relay):
         status = Path(f"/proc/{p}/status")
         assert not status.exists() or "State:\tZ" in status.read_text()
+
+
+def test_delay_line_refuses_bad_arguments_in_one_line():
+    tool = TOOL.with_name("delay_line.py")
+    for args, message in ((["--delay-ms", "1", "nocolon"], "expected A:B"),
+                          (["--delay-ms", "-1", "a:b"], "must be >= 0")):
+        proc = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

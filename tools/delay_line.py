@@ -35,6 +35,7 @@ TUNSETIFF = 0x400454CA
 TUNSETOFFLOAD = 0x400454D0
 IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x0002, 0x1000, 0x4000
 TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6 = 0x01, 0x02, 0x04
+IDLE_CHECK = 0.2  # seconds
 FRAME = 1 << 17  # a read returns one frame: 64 KB of GSO payload, headers, vnet header
 
 
@@ -60,7 +61,9 @@ def relay(pairs: list[tuple[int, int]], delay: float) -> tuple[int, int]:
     while not stopping:
         now = clock()
         due = min((q[0][0] for q in queues.values() if q), default=None)
-        timeout = None if due is None else max(0.0, due - now)
+        # bounded: a signal's handler runs, then select resumes (PEP 475); `stopping` is
+        # looked at again within IDLE_CHECK seconds
+        timeout = IDLE_CHECK if due is None else min(IDLE_CHECK, max(0.0, due - now))
         try:  # select: microsecond timeouts (epoll's are whole milliseconds)
             readable = select.select(fds, [], [], timeout)[0]
         except InterruptedError:

@@ -12,10 +12,15 @@ creates (names carry a tag, so several clusters can coexist):
 
 Each compute host's link is shaped in both directions (a `tbf` at `rate` on the host's
 `eth0` and on its switch port; its bucket `burst` defaults to 32 KB: with 256 KB a 64 KB
-all-reduce passed in 0.15 ms at 1 Gbit/s instead of its 0.52 ms wire time); `latency_ms`
-adds a one-way delay per link with `netem`, which needs a kernel that has it (the tool says
-so and stops otherwise). The control host's link is
-left unshaped: Hydra's control traffic does not use the shaped network.
+all-reduce passed in 0.15 ms at 1 Gbit/s instead of its 0.52 ms wire time). `latency_ms`
+adds a one-way delay to each direction of each compute host's link (host to host: twice
+that one way, four times that round trip): with `netem` where the kernel has it, else with
+a user-space delay line (tools/delay_line.py): each host's link is then a pair of TAP
+devices, `eth0` in the host and `p<i>` on the bridge, joined by one relay process in the
+switch namespace that forwards frames after the delay (tbf still shapes both devices; their
+gso_max_size is set below the tbf bucket so that TSO frames of ~30 KB pass tbf whole and
+the relay handles one frame per ~30 KB). The control host's link is left unshaped and
+undelayed: Hydra's control traffic does not use the shaped network.
 
 `mpiexec` runs in the control namespace with `-localhost <control address>` and starts one
 Hydra proxy per host through `-launcher ssh -launcher-exec <script>`: the script enters the
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -48,6 +54,8 @@ from pathlib import Path
 SUBNET = "10.77.0"
 CONTROL_ADDRESS = f"{SUBNET}.254"
 MAX_HOSTS = 16
+DELAY_LINE = Path(__file__).resolve().with_name("delay_line.py")
+TAP_GSO_MAX = 30000  # below the 32 KB tbf bucket: tbf splits larger frames into MTU ones
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -133,6 +141,8 @@ class Cluster:
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
         self.hostnames = [f"{self.tag}-host{i}" for i in range(hosts)]
         self.workdir: Path | None = None
+        self.delay_line = None  # the relay process (latency without netem)
+        self.relay_stats = ""  # its last line, once stopped: frames, bytes, CPU seconds
 
     # -------------------------------------------------------------- set-up and removal
     def all_namespaces(self) -> list[str]:
@@ -144,9 +154,10 @@ class Cluster:
         why = unavailable()
         if why:
             raise RuntimeError(f"netns cluster: {why}")
-        if self.latency_ms and not has_netem():
-            raise RuntimeError("netns cluster: latency needs the netem qdisc, which this kernel "
-                               "lacks (rate shaping with tbf works)")
+        self.netem = bool(self.latency_ms) and has_netem()
+        if self.latency_ms and not self.netem and not os.path.exists("/dev/net/tun"):
+            raise RuntimeError("netns cluster: latency needs the netem qdisc or TAP devices "
+                               "(/dev/net/tun) for the delay line; this machine has neither")
         self.down()
         try:
             self._build()
@@ -163,10 +174,21 @@ class Cluster:
         _ip("-n", self.switch, "link", "set", "br0", "up")
         ends = [(ns, addr, f"p{i}") for i, (ns, addr) in
                 enumerate(zip(self.namespaces, self.addresses))]
+        taps = bool(self.latency_ms) and not self.netem
+        if taps:
+            self._start_delay_line()
         ends.append((self.control, CONTROL_ADDRESS, "pc"))
         for ns, addr, port in ends:
-            _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                "netns", ns)
+            if taps and port != "pc":
+                # the relay made t<i> and p<i> in the switch namespace: t<i> becomes eth0
+                _ip("-n", self.switch, "link", "set", f"t{port[1:]}", "netns", ns)
+                _ip("-n", ns, "link", "set", f"t{port[1:]}", "name", "eth0")
+                for where, dev in ((ns, "eth0"), (self.switch, port)):
+                    _ip("-n", where, "link", "set", "dev", dev, "gso_max_size",
+                        str(TAP_GSO_MAX))
+            else:
+                _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name",
+                    "eth0", "netns", ns)
             _ip("-n", self.switch, "link", "set", port, "master", "br0")
             _ip("-n", self.switch, "link", "set", port, "up")
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
@@ -182,8 +204,39 @@ class Cluster:
         launcher.write_text(_LAUNCHER.format(cases=cases), encoding="utf-8")
         launcher.chmod(0o755)
 
+    def _start_delay_line(self) -> None:
+        """One relay process in the switch namespace, creating the TAP pair of every host."""
+        pairs = [f"t{i}:p{i}" for i in range(self.hosts)]
+        self.delay_line = subprocess.Popen(
+            ["ip", "netns", "exec", self.switch, sys.executable, str(DELAY_LINE),
+             "--delay-ms", str(self.latency_ms), *pairs],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = ""
+        if select.select([self.delay_line.stdout], [], [], 30)[0]:
+            ready = self.delay_line.stdout.readline().strip()  # printed once the TAPs exist
+        if ready != "ready":
+            err = self._stop_delay_line()
+            raise RuntimeError(f"netns cluster: the delay line did not start: "
+                               f"{err.strip() or ready or 'no answer in 30 s'}")
+
+    def _stop_delay_line(self) -> str:
+        """End the relay (its TAP devices go with it); returns what it wrote on stderr."""
+        proc, self.delay_line = self.delay_line, None
+        if proc is None:
+            return ""
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        lines = (out or "").strip().splitlines()
+        self.relay_stats = lines[-1] if lines else ""
+        return err or ""
+
     def _shape(self, ns: str, dev: str) -> None:
-        if self.latency_ms:
+        if self.latency_ms and self.netem:
             args = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
                     f"{self.latency_ms}ms"]
             if self.rate:
@@ -196,6 +249,7 @@ class Cluster:
     def down(self) -> None:
         """End every process left in the cluster's namespaces, then remove the namespaces (and
         so their links); safe to repeat."""
+        self._stop_delay_line()  # first: its last line says what it forwarded
         listed = _ip("netns", "list", check=False).stdout.split()
         present = [ns for ns in self.all_namespaces() if ns in listed]
         _kill_in(present)
@@ -315,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="make the cluster, run mpiexec across it, remove it")
     r.add_argument("--hosts", type=int, default=2)
     r.add_argument("--rate", default="1gbit", help="link rate (tc units), or `none`")
-    r.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay (netem)")
+    r.add_argument("--latency-ms", type=float, default=0.0,
+                   help="one-way delay per link and direction (netem, else a TAP delay line)")
     r.add_argument("--ranks-per-host", type=int, default=1)
     r.add_argument("--timeout", type=float, default=600.0)
     r.add_argument("--mpiexec", default=_mpiexec_default())
@@ -327,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "check":
         why = unavailable()
-        print(f"netns cluster: {why or 'available'}; netem: {has_netem()}")
+        print(f"netns cluster: {why or 'available'}; netem: {has_netem()}; TAP delay line: "
+              f"{'available' if os.path.exists('/dev/net/tun') else 'no /dev/net/tun'}")
         return 1 if why else 0
     if args.cmd == "clean":
         remove_stale(args.tag)
@@ -353,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.latency_ms} ms; {wall:.1f} s; bytes sent per host: "
           f"{', '.join(f'{h}={n}' for h, n in sent.items())}"
           f"{'; TIMED OUT' if status is None else ''}", file=sys.stderr)
+    if cluster.relay_stats:
+        print(f"netns_cluster: {cluster.relay_stats}", file=sys.stderr)
     cmd = " ".join(shlex.quote(a) for a in mpi_args)
     if status:
         print(f"netns_cluster: `{cmd}` exited with {status}", file=sys.stderr)

@@ -221,6 +221,10 @@ class DistributedTraining:
         self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
         self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
         self.median_prediction: float | None = None  # median of the plan's per-iteration times
+        self._in_situ: dict | None = None  # the re-plan window's two kinds of iterations
+        self.insitu: Any = None  # the in-situ rho (insitu.InSitu) once measured
+        self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
+        self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -491,9 +495,17 @@ class DistributedTraining:
 
     def _profile_step(self) -> None:
         prof = self.profiler
+        overlapped = self._in_situ is not None and self._profiled_iters % 2 == 1
         self._profiled_iters += 1  # counted alike on every rank: the switch is a collective
-        if len(self._ready) == len(self.names):
+        if overlapped:
+            self._add_overlapped()
+        elif len(self._ready) == len(self.names):
             prof.add(self.timer.forward_start, self.timer.forward_end, self._ready)
+        if self._in_situ is not None:  # the next iteration's kind: odd ones overlap
+            n = self._profiled_iters
+            kinds = self._in_situ["overlapped"]
+            self.executor.set_plan(kinds[(n // 2) % len(kinds)] if n % 2 == 1
+                                   else synceasgd_groups(self.names))
         wanted_iters = self.options.profile_iters
         if self._replanning:  # after warm-up: a fixed, longer window for a stable median
             wanted_iters = PROFILE_EXTENSION * self.options.profile_iters
@@ -512,6 +524,8 @@ class DistributedTraining:
         recent = max(1, wanted_iters - 1)  # the first of a phase is skipped
         if self.rank == 0:
             log.info("%s", prof.describe_spread(recent))
+        if self._in_situ is not None:
+            self._adopt_in_situ_rho()
         self.profiler = None
         if self.tracer is None:
             self.timer.remove()
@@ -578,16 +592,96 @@ class DistributedTraining:
         self._profiled_iters = 0
         self.profiler = OnlineProfile(self.net.name, self.names, self.counts, skip=1)
         self.timer.install()
-        in_situ = not getattr(self.cost, "interferes", False)
-        if not in_situ:
+        runs_on = not getattr(self.cost, "interferes", False)
+        if not runs_on:
             self.executor.set_plan(synceasgd_groups(self.names))
+        # on a GPU stream the all-reduce calls return at once: their spans are not the time
+        # a message is in flight, so rho cannot be measured from them
+        measure = not runs_on and self.executor.mode != "stream"
+        if measure:
+            # Measure rho in situ: alternate undisturbed iterations (the profile) with
+            # overlapped ones (all-reduces while backward runs).
+            # overlapped: WFBP's per-layer messages (every layer's size), and the running
+            # plan's groups when it merges (the sizes it will send)
+            overlapped = [[[n] for n in reversed(self.names)]]
+            groups = [list(g) for g in getattr(self.plan, "groups", ())]
+            if 1 < len(groups) < len(self.names):
+                overlapped.append(groups)
+            self._in_situ = {"overlapped": overlapped, "rows": [], "seen": 0}
+            self.executor.intervals = []
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
                      "one is not counted) to re-plan once; meanwhile %s", self.solver.iter,
                      PROFILE_EXTENSION * self.options.profile_iters,
                      "the plan runs on (the profile includes what its overlapped "
-                     "all-reduces cost backward)" if in_situ else
-                     "all gradients go in one all-reduce after backward")
+                     "all-reduces cost backward)" if runs_on else
+                     "all gradients go in one all-reduce after backward" if not measure else
+                     "iterations alternate between all gradients in one all-reduce after "
+                     "backward (the profile) and all-reduces during backward, per layer or "
+                     "by the plan's groups (to measure how much backward slows beside them)")
+
+    @property
+    def planning(self) -> bool:
+        """Whether a profile (start-up or re-plan) is still to be measured or under way."""
+        return self.profiler is not None or self._replan_at is not None
+
+    def _add_overlapped(self) -> None:
+        """One overlapped iteration of the re-plan window: each layer's backward time and
+        what was in flight meanwhile (the first such iteration warms and is not counted)."""
+        from .insitu import layer_overlaps  # noqa: PLC0415
+
+        state, intervals = self._in_situ, self.executor.intervals or []
+        self.executor.intervals = []
+        state["seen"] += 1
+        if state["seen"] > 1 and len(self._ready) == len(self.names):
+            state["rows"].append(layer_overlaps(self.timer.forward_end, self._ready,
+                                                intervals, len(self.names)))
+            # the other direction, which the model does not have: messages sent while
+            # backward ran, their measured time against a + b*M
+            end = self._ready[1]
+            comm = state.setdefault("comm", [0.0, 0.0])
+            for t0, t1, m in intervals:
+                if t0 < end:
+                    comm[0] += t1 - t0
+                    comm[1] += self.cost.time(m)
+
+    def _adopt_in_situ_rho(self) -> None:
+        """Estimate rho from the window's two kinds of iterations on every rank, keep the
+        slowest rank's (a collective: every rank adopts the same points), and use it in the
+        cost model for the re-plan, its prediction and the rest of the run."""
+        from .insitu import InSitu, estimate  # noqa: PLC0415
+
+        state, self._in_situ = self._in_situ, None
+        self.executor.intervals = None
+        probe = tuple(self.cost.interference)
+        mine = estimate([b for _, b in self.profiler.samples], state["rows"],
+                        [m for m, _ in probe])
+        with self._guard("gathering the in-situ interference estimates"):
+            found = [e for e in self.base_comm.allgather(mine) if e is not None]
+        probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
+        if not found:
+            if self.rank == 0:
+                log.warning("In-situ interference: no all-reduce was in flight during "
+                            "backward in the window; keeping the start-up probe's (%s)",
+                            probe_text)
+            return
+        est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
+        self.insitu, self.probe_interference = est, probe
+        self.cost = self.cost.with_interference(est.points)
+        measured, modelled = state.get("comm", [0.0, 0.0])
+        with self._guard("gathering the in-situ all-reduce times"):
+            slowest = max(m / p if p > 0 else 1.0 for m, p in
+                          self.base_comm.allgather((measured, modelled)))
+        self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
+        if self.rank == 0:
+            log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
+                     "rank; the model keeps a + b*M: communication slowed by computation is "
+                     "not in it)", slowest)
+            log.info("Computation slows beside the all-reduces, measured in situ on the "
+                     "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
+                     "%s)", self.size, est.describe(),
+                     ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
+                     probe_text)
 
     def _agree_on_requests(self) -> None:
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE

@@ -220,6 +220,9 @@ class GradientExecutor:
         self.iterations = 0
         self.allreduce_seconds = 0.0  # wall time inside all-reduces
         self.cpu_seconds = 0.0  # CPU time of the communication thread's work
+        # a list: every all-reduce appends (start, end, bytes) (perf_counter seconds), for
+        # the in-situ interference measurement; None: nothing recorded
+        self.intervals: list[tuple[float, float, int]] | None = None
         self._thread = threading.Thread(target=self._run, name=f"mgcaffe-comm-{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -493,6 +496,8 @@ class GradientExecutor:
         else:
             reduce(piece)
         t1 = time.perf_counter()
+        if self.intervals is not None:
+            self.intervals.append((t0, t1, g.nbytes))
         if self._defer:
             self._hand_over(g, piece, t0, t1)
             return

@@ -114,8 +114,9 @@ def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
     replan_at = profile_iters + replan_after + 4 * profile_iters  # 13
     iters = replan_at + 3
     trace = root / "trace_replan.json"
-    # a network with interference: the re-plan's profile is then taken undisturbed (one
-    # message after backward, as at start-up), which the trace shows
+    # a network with interference: the re-plan's window then alternates undisturbed
+    # iterations (one message after backward: the profile) with overlapped ones (one message
+    # per layer: rho in situ), which the trace shows
     network = root / "network_interference.json"
     network.write_text('{"fits": {"2": {"a": 1e-5, "b": 1e-9, '
                        '"interference": [[1024, 0.5], [1048576, 0.5]]}}}')
@@ -129,15 +130,18 @@ def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
     doc = load_trace(trace)
     backward_order = ["ip2", "ip1", "conv2", "conv1"]  # the digits net's learnable layers
     every_layer, per_layer = [backward_order], [[name] for name in backward_order]
-    # what each iteration all-reduced, from the trace: the start-up profile and the re-plan's
-    # profile send one message after backward, the plans (wfbp) one per layer
+    # what each iteration all-reduced, from the trace: the start-up profile and every other
+    # iteration of the re-plan's window send one message after backward, the plans (wfbp)
+    # and the window's overlapped iterations one per layer
+    window = profile_iters + replan_after
     want = {it: every_layer if it < profile_iters or
-            profile_iters + replan_after <= it < replan_at else per_layer
+            (window <= it < replan_at and (it - window) % 2 == 0) else per_layer
             for it in range(iters)}
     for rank in range(2):
         its = iterations(doc, rank)
         got = {it: [e["args"]["layers"] for e in ars] for it, (_, ars) in its.items()}
         assert got == want, rank
+    assert "measured in situ on the slowest of 2 rank(s)" in log
 
 
 @pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp-optimal")])

@@ -26,6 +26,37 @@ def _load():
 netns = _load()
 WHY = netns.unavailable()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"namespace cluster: {WHY}")
+LATENCY_WHY = WHY or (None if Path("/dev/net/tun").exists() or netns.has_netem() else
+                      "neither netem nor /dev/net/tun for the delay line")
+needs_latency = pytest.mark.skipif(LATENCY_WHY is not None,
+                                   reason=f"namespace cluster latency: {LATENCY_WHY}")
+
+ECHO = textwrap.dedent("""
+    import socket, sys, time
+    mode, addr = sys.argv[1], sys.argv[2]
+    if mode == "server":
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addr, 5999)); s.listen(1)
+        c, _ = s.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while (d := c.recv(4096)):
+            c.sendall(d)
+    else:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                c = socket.create_connection((addr, 5999), timeout=20); break
+            except OSError:
+                if time.monotonic() > deadline: raise
+                time.sleep(0.05)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(10):
+            t = time.perf_counter(); c.sendall(b"x"); c.recv(1)
+            rtts.append(time.perf_counter() - t)
+        print("RTT", min(rtts), flush=True)
+""")
 
 PROGRAM = textwrap.dedent("""
     import socket, sys, time
@@ -92,25 +123,57 @@ def test_allreduce_crosses_the_shaped_tcp_link(tmp_path):
 
 
 @pytest.mark.slow
+@needs_latency
+def test_latency_adds_its_round_trip_and_leaves_nothing_behind(tmp_path):
+    # D ms per link and direction: host to host and back crosses 4 delayed links
+    delay = 2.0
+    prog = tmp_path / "echo.py"
+    prog.write_text(ECHO, encoding="utf-8")
+    with netns.Cluster(2, rate="1gbit", latency_ms=delay, tag="mgclat") as cluster:
+        relay = cluster.delay_line.pid if cluster.delay_line is not None else None
+        server = subprocess.Popen(["ip", "netns", "exec", cluster.namespaces[1],
+                                   sys.executable, str(prog), "server", cluster.addresses[1]])
+        try:
+            out = subprocess.run(["ip", "netns", "exec", cluster.namespaces[0],
+                                  sys.executable, str(prog), "client", cluster.addresses[1]],
+                                 capture_output=True, text=True, timeout=60)
+        finally:
+            server.kill()
+            server.wait()
+    assert out.returncode == 0, out.stderr
+    rtt = float(out.stdout.split()[1])
+    assert rtt >= 0.95 * 4 * delay / 1e3, rtt  # a lower bound: load only adds to it
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "mgclat" not in listed
+    if relay is not None:  # the delay line (no netem): ended, having forwarded the frames
+        assert not Path(f"/proc/{relay}").exists()
+        assert "forwarded" in cluster.relay_stats
+
+
+@pytest.mark.slow
 @needs_netns
-def test_sigterm_mid_run_leaves_no_namespace_behind(tmp_path):
+@pytest.mark.parametrize("latency", [0.0, 1.0])
+def test_sigterm_mid_run_leaves_no_namespace_behind(tmp_path, latency):
     # A run killed by `timeout` (SIGTERM) must unwind and remove its namespaces and the
-    # processes inside them.
+    # processes inside them (with latency and no netem: the delay line too).
+    if latency and LATENCY_WHY:
+        pytest.skip(f"namespace cluster latency: {LATENCY_WHY}")
     tag = "mgcterm"
     script = tmp_path / "hold.py"
     script.write_text(textwrap.dedent(f"""
         import importlib.util, subprocess, time
         spec = importlib.util.spec_from_file_location("n", {str(TOOL)!r})
         n = importlib.util.module_from_spec(spec); spec.loader.exec_module(n)
-        with n.Cluster(2, rate=None, tag={tag!r}) as c:
+        with n.Cluster(2, rate=None, latency_ms={latency!r}, tag={tag!r}) as c:
             inside = subprocess.Popen(["ip", "netns", "exec", c.namespaces[0], "sleep", "30"])
             time.sleep(0.3)
-            print("UP", inside.pid, flush=True)
+            relay = c.delay_line.pid if c.delay_line is not None else inside.pid
+            print("UP", inside.pid, relay, flush=True)
             time.sleep(30)
     """), encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        word, pid = proc.stdout.readline().split()
+        word, pid, relay = proc.stdout.readline().split()
         assert word == "UP"
         proc.terminate()
         assert proc.wait(timeout=20) != 0
@@ -121,5 +184,16 @@ def test_sigterm_mid_run_leaves_no_namespace_behind(tmp_path):
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert tag not in listed
     # the process inside the namespace was ended (a zombie until its parent is reaped at most)
-    status = Path(f"/proc/{pid}/status")
-    assert not status.exists() or "State:\tZ" in status.read_text()
+    for p in (pid, relay):
+        status = Path(f"/proc/{p}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text()
+
+
+def test_delay_line_refuses_bad_arguments_in_one_line():
+    tool = TOOL.with_name("delay_line.py")
+    for args, message in ((["--delay-ms", "1", "nocolon"], "expected A:B"),
+                          (["--delay-ms", "-1", "a:b"], "must be >= 0")):
+        proc = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

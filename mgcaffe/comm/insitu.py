@@ -1,0 +1,169 @@
+"""rho measured in situ: how much the net's own backward slows beside its real all-reduces.
+
+The start-up probe (interference.py) times a GEMM while a thread all-reduces; the real
+backward (im2col copies, small GEMMs, interpreter overhead) can be slowed more, or less.
+During the re-plan window the trainer alternates two kinds of iterations: undisturbed ones
+(every gradient in one all-reduce after backward) and overlapped ones (one all-reduce per
+layer, started as soon as the layer's gradient is ready, while backward goes on). In the
+extended model (docs/planner.md) backward runs at 1/(1 + rho(M)) of its speed while a message
+of M bytes is in flight, so for each learnable layer l of an overlapped iteration
+
+    t_over(l) - t_alone(l) = sum over messages m of busy(l, m) * rho(M_m) / (1 + rho(M_m))
+
+where busy(l, m) is how long message m was in flight during layer l's backward and
+t_alone(l) the layer's median undisturbed time. `estimate` solves that by least squares for
+x = rho / (1 + rho), once for a single rho and once per size class (the start-up probe's
+sizes, each message in the nearest class in log2), with a bootstrap over iterations for
+the spread of each class. One rho is reported when it lies inside every well-measured
+class's 10-90% bootstrap range (a single number fits within noise), else rho per size.
+Pure functions: the trainer gathers the rows, every rank computes the same result.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["InSitu", "estimate", "layer_overlaps"]
+
+MAX_X = 0.95  # x = rho / (1 + rho) < 1: rho at most 19 (a layer 20x slower)
+MIN_BUSY_SHARE = 0.10  # a size class needs this share of the in-flight time to be judged
+BOOTSTRAP = 200
+
+
+@dataclass(frozen=True)
+class InSitu:
+    """The in-situ estimate: `points` [(bytes, rho)] for the cost model, `single` (one rho
+    for every size), `per_size` [(bytes, rho, p10, p90)] of the classes measured, `one` is
+    whether the single rho was used, and the amount of evidence behind it."""
+
+    points: tuple[tuple[int, float], ...]
+    single: float
+    per_size: tuple[tuple[int, float, float, float], ...]
+    one: bool
+    overlapped_iterations: int
+    undisturbed_iterations: int
+    busy_seconds: float
+    whole: float = 0.0  # the same from whole backward spans (extra time / time in flight)
+
+    def describe(self) -> str:
+        classes = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}% (p10-p90 {lo * 100:.0f}-"
+                            f"{hi * 100:.0f}%)" for m, r, lo, hi in self.per_size)
+        how = ("one rho fits every size within noise" if self.one else
+               "rho differs by size beyond noise: per-size points used")
+        return (f"in-situ slowdown of backward beside its all-reduces: +{self.single * 100:.0f}%"
+                f" for one rho; per size {classes or 'none measured'}; {how} "
+                f"({self.overlapped_iterations} overlapped / {self.undisturbed_iterations} "
+                f"undisturbed iteration(s), {self.busy_seconds * 1e3:.1f} ms in flight "
+                f"during backward; from whole backward spans +{self.whole * 100:.0f}%)")
+
+
+def layer_overlaps(forward_end: float, ready: dict[int, float],
+                   intervals: Sequence[tuple[float, float, int]], num_layers: int
+                   ) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per learnable layer l = 1..L (index l - 1): (its backward time, [(message bytes,
+    seconds that message was in flight during the layer's backward)]). Layer L's backward
+    runs from the end of forward to its gradient, layer l's from layer l+1's gradient."""
+    out: list[tuple[float, list[tuple[int, float]]]] = [(0.0, [])] * num_layers
+    previous = forward_end
+    for k in range(num_layers, 0, -1):
+        start, end = previous, ready[k]
+        busy = []
+        for t0, t1, nbytes in intervals:
+            overlap = min(end, t1) - max(start, t0)
+            if overlap > 0:
+                busy.append((int(nbytes), overlap))
+        out[k - 1] = (max(0.0, end - start), busy)
+        previous = end
+    return out
+
+
+def _nearest(nbytes: int, classes: Sequence[int]) -> int:
+    x = math.log2(max(1, nbytes))
+    return min(range(len(classes)), key=lambda i: abs(math.log2(classes[i]) - x))
+
+
+def _solve(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares x >= 0 (each at most MAX_X) for y = rows @ x; classes without busy time
+    stay 0. Few classes: clipping the unconstrained solution and refitting the rest is
+    enough (an exact NNLS for 1-3 columns)."""
+    active = [j for j in range(rows.shape[1]) if rows[:, j].any()]
+    x = np.zeros(rows.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(rows[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            x[active] = np.minimum(sol, MAX_X)
+            break
+        active = [j for j, s in zip(active, sol) if s > 0]  # drop the negative ones, refit
+    return x
+
+
+def _rho(x: float) -> float:
+    return float(x / (1.0 - x))
+
+
+def estimate(undisturbed: Sequence[Sequence[float]],
+             overlapped: Sequence[Sequence[tuple[float, Sequence[tuple[int, float]]]]],
+             classes: Sequence[int]) -> InSitu | None:
+    """rho from `undisturbed` iterations ([t_b per layer], input side first) and
+    `overlapped` ones (`layer_overlaps` of each), message sizes grouped into `classes`
+    (bytes, e.g. the start-up probe's sizes). None when nothing was in flight during
+    backward (nothing to measure: one layer, or no overlapped iteration)."""
+    if not undisturbed or not overlapped:
+        return None
+    classes = sorted({int(c) for c in classes} or {1})
+    L = len(undisturbed[0])
+    alone = [statistics.median(s[l] for s in undisturbed) for l in range(L)]
+    rows, y, owner = [], [], []  # one row per (iteration, layer) with a message in flight
+    for i, sample in enumerate(overlapped):
+        for l, (t, busy) in enumerate(sample):
+            if not busy:
+                continue
+            row = [0.0] * len(classes)
+            for nbytes, seconds in busy:
+                row[_nearest(nbytes, classes)] += seconds
+            rows.append(row)
+            y.append(t - alone[l])
+            owner.append(i)
+    if not rows:
+        return None
+    # diagnostic: the extra time of the whole backward (every layer, also those with nothing
+    # in flight: a slowdown that outlasts the messages) per second in flight
+    extra = sum(t - alone[l] for sample in overlapped for l, (t, _) in enumerate(sample))
+    R, Y, owner_arr = np.array(rows), np.array(y), np.array(owner)
+    total = R.sum()
+    if total <= 0:
+        return None
+    single_x = float(_solve(R.sum(axis=1, keepdims=True), Y)[0])
+    per_x = _solve(R, Y)
+    share = R.sum(axis=0) / total
+    judged = [j for j in range(len(classes)) if share[j] >= MIN_BUSY_SHARE]
+    rng = np.random.default_rng(0)  # deterministic: every rank computes the same numbers
+    iters = sorted(set(owner))
+    boots = []
+    for _ in range(BOOTSTRAP if len(iters) > 1 else 0):
+        pick = rng.choice(iters, size=len(iters), replace=True)
+        idx = np.concatenate([np.flatnonzero(owner_arr == i) for i in pick])
+        boots.append(_solve(R[idx], Y[idx]))
+    per_size = []
+    one = True
+    for j in judged:
+        if boots:
+            lo, hi = (float(v) for v in np.percentile([b[j] for b in boots], [10, 90]))
+        else:
+            lo = hi = float(per_x[j])
+        per_size.append((classes[j], _rho(per_x[j]), _rho(lo), _rho(hi)))
+        one &= lo <= single_x <= hi
+    if len(judged) < 2:
+        one = True
+    if one:
+        points = tuple((c, _rho(single_x)) for c in classes)
+    else:
+        points = tuple((classes[j], _rho(per_x[j])) for j in judged)
+    whole = _rho(min(MAX_X, max(0.0, extra / total)))
+    return InSitu(points, _rho(single_x), tuple(per_size), one, len(overlapped),
+                  len(undisturbed), float(total), whole)

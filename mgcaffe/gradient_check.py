@@ -39,6 +39,10 @@ def make_layer(param, bottom_shapes_or_arrays, phase=TRAIN, seed=0, dtype=np.flo
     return layer, bottom, top
 
 
+#: What a bottom diff holds before the checked backward (it must be overwritten).
+STALE_BOTTOM_DIFF = 123.0
+
+
 def _objective(layer, bottom, top, projections):
     layer.forward(bottom, top)
     return sum(float(np.sum(t.data * r)) for t, r in zip(top, projections))
@@ -66,10 +70,14 @@ def check_layer_gradients(layer, bottom, top, check_bottom=None, check_params=Tr
     # Analytic gradients.
     for t, r in zip(top, projections):
         t.diff[...] = r
+    # Stale memory under every diff, as in a net: parameter diffs cleared lazily over NaN (the
+    # first write must overwrite, any other access see zeros), bottom diffs holding junk (a
+    # layer writes them whole: Caffe's backward overwrites its bottoms' diffs).
     for p in layer.blobs:
-        p.diff[...] = 0
+        p.diff[...] = np.nan
+        p.clear_diff_lazily()
     for b in bottom:
-        b.diff[...] = 0
+        b.diff[...] = STALE_BOTTOM_DIFF
     propagate = [i in check_bottom for i in range(len(bottom))]
     layer.backward(top, propagate, bottom)
     targets = [(f"bottom[{i}]", bottom[i]) for i in check_bottom]
@@ -93,7 +101,7 @@ def check_layer_gradients(layer, bottom, top, check_bottom=None, check_params=Tr
             numeric = (plus - minus) / (2 * eps)
             err = abs(numeric - grad[k])
             worst = max(worst, err)
-            if err > atol + rtol * max(abs(numeric), abs(grad[k])):
+            if not err <= atol + rtol * max(abs(numeric), abs(grad[k])):  # NaN fails too
                 raise AssertionError(
                     f"layer {layer.name!r} ({layer.type}) {name} element {k}: "
                     f"analytic {grad[k]:.8g} vs numeric {numeric:.8g}"

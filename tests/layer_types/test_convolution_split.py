@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
+from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import sample_gemm
 from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
@@ -94,39 +95,14 @@ def test_forward_matches_naive(body, shape):
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
 
 
-def objective(layer, bottom, top, projection):
-    layer.forward(bottom, top)
-    return float((top[0].data * projection).sum())
-
-
 @pytest.mark.parametrize("body,shape", CASES)
 def test_gradients_match_central_differences(body, shape, weight_diff_way):
     """Every element of the bottom, weight and bias against (f(x+e) - f(x-e)) / 2e of
     sum(top * R) in float64; the diffs start lazily cleared over stale memory."""
     layer, bottom, top = build(body, shape)
-    projection = np.random.default_rng(7).standard_normal(top[0].shape)
-    layer.forward(bottom, top)
-    top[0].diff[...] = projection
-    for p in layer.blobs:
-        p.diff[...] = np.nan  # stale: a lazy clear must make the first write overwrite it
-        p.clear_diff_lazily()
-    bottom[0].diff[...] = 123.0
-    layer.backward(top, [True], bottom)
-    eps = 1e-6
-    for name, blob in [("bottom", bottom[0])] + [(f"param{i}", p)
-                                                for i, p in enumerate(layer.blobs)]:
-        analytic = blob.diff.copy()
-        numeric = np.zeros_like(analytic)
-        flat = blob.data.reshape(-1)
-        for k in range(flat.size):
-            saved = flat[k]
-            flat[k] = saved + eps
-            up = objective(layer, bottom, top, projection)
-            flat[k] = saved - eps
-            down = objective(layer, bottom, top, projection)
-            flat[k] = saved
-            numeric.reshape(-1)[k] = (up - down) / (2 * eps)
-        np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7, err_msg=name)
+    # every element, from stale diffs (lazily cleared NaN params, junk bottom diffs)
+    check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7,
+                          max_checks=10**6)
 
 
 def forward_backward(layer, bottom, top, start):

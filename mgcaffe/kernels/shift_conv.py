@@ -18,8 +18,12 @@ kh*kw GEMMs). Backward uses the same views: dW[i, j] = dY @ Xs[:, shift...]^T (r
 over N*Hp*Wp, dY zero at the garbage positions) and dXs[:, shift...] += W[i, j]^T @ dY,
 offset by offset in one fixed order, then folded back onto the input and cropped.
 
-Every GEMM's summation order is fixed by the shapes alone (no split that depends on the
-thread count), and the copies are exact, so results repeat bit for bit.
+Threads: the GEMMs are cut into independent tasks (fixed column blocks of the full output;
+per offset, group and fixed reduction part for the weight gradient), handed to the chunk
+runner's threads with one BLAS thread each (kernels.sample_gemm): OpenBLAS's own 2 threads
+waited at every split for a core another process held (res2a_branch2b backward 128 ms
+against 23 ms). Every GEMM's summation order is fixed by the shapes alone (no split that
+depends on the thread count), and the copies are exact, so results repeat bit for bit.
 """
 
 from __future__ import annotations
@@ -139,17 +143,6 @@ def _blocks(length: int) -> list[slice]:
 BLOCK_MIN = 256
 
 
-def _run_tasks(tasks: list, runner) -> None:
-    """Run independent GEMM tasks (callables) over the runner's threads, one BLAS thread
-    each (kernels.sample_gemm): a multi-threaded BLAS call waits at every split for a
-    thread whose core is busy elsewhere (backward 22.8 -> 128 ms measured on 2 cores)."""
-    def chunk(start, stop):
-        for task in tasks[start:stop]:
-            task()
-
-    for_each_gemm(np, len(tasks), chunk, runner)
-
-
 def forward_full(packed, xs, y_full, g: ShiftGeometry, runner=None,
                  gemm: Callable = gemm_accumulate) -> None:
     """y_full (Cout, L) = sum over offsets of packed[i, b] @ xs[:, shift : shift + L], per
@@ -165,7 +158,13 @@ def forward_full(packed, xs, y_full, g: ShiftGeometry, runner=None,
                 gemm(packed[i, b, out_rows], xs[in_rows, moved], y_full[out_rows, cut],
                      overwrite=first == 0)
 
-    _run_tasks([lambda cut=cut: block(cut) for cut in _blocks(g.length)], runner)
+    cuts = _blocks(g.length)
+
+    def blocks(start, stop):  # a body of its own: adaptive runners time it apart
+        for cut in cuts[start:stop]:
+            block(cut)
+
+    for_each_gemm(np, len(cuts), blocks, runner)
 
 
 def reduction_parts(g: ShiftGeometry) -> int:
@@ -200,7 +199,12 @@ def weight_grad_full(dy_full, xs, g: ShiftGeometry, grad_t, runner=None,
                              gemm(xs[in_rows, shift + lo:shift + hi],
                                   dy_full[out_rows, lo:hi].transpose(),
                                   grad_t[r, i, b, k], overwrite=True))
-    _run_tasks(tasks, runner)
+
+    def gemms(start, stop):  # a body of its own: adaptive runners time it apart
+        for task in tasks[start:stop]:
+            task()
+
+    for_each_gemm(np, len(tasks), gemms, runner)
 
 
 def input_grad_full(packed, dy_ext, dxs, g: ShiftGeometry, runner=None,
@@ -220,7 +224,13 @@ def input_grad_full(packed, dy_ext, dxs, g: ShiftGeometry, runner=None,
                 gemm(packed[i, b, out_rows].transpose(), dy_ext[out_rows, moved],
                      dxs[in_rows, cut], overwrite=first == 0)
 
-    _run_tasks([lambda cut=cut: block(cut) for cut in _blocks(g.length)], runner)
+    cuts = _blocks(g.length)
+
+    def blocks(start, stop):  # a body of its own: adaptive runners time it apart
+        for cut in cuts[start:stop]:
+            block(cut)
+
+    for_each_gemm(np, len(cuts), blocks, runner)
 
 
 def fold_input_grad(dxs, g: ShiftGeometry, image_diff, runner=None) -> None:

@@ -114,11 +114,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--only", choices=("1x1", "kxk", "shifted"), default=None)
     parser.add_argument("--compare", choices=sorted(BEFORE), default="direct")
+    parser.add_argument("--match", default="",
+                        help="only the layers whose name contains this text")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run meanwhile (default 0)")
     args = parser.parse_args(argv)
     default = SHIFTED if args.compare in ("shift", "stack") else POINTWISE + SPATIAL
     cases = {"1x1": POINTWISE, "kxk": SPATIAL, "shifted": SHIFTED}.get(args.only, default)
+    cases = [case for case in cases if args.match in case[0]]
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
     try:

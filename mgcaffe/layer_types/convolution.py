@@ -402,10 +402,11 @@ class Convolution(_ConvolutionBase):
     #: conv3, 8x8 with pad 2, computes 2.25 and lost, 1.3-1.4) ...
     shift_max_waste = 2.0
     #: ... on planes the per-sample layout does not take (56x56 GoogleNet conv2/3x3 and
-    #: ResNet res2a_branch2b: 0.9-1.2, no gain), with a full output of at least this many
-    #: positions (N*Hp*Wp: at 7x7, and 14x14 at batch 4, too few columns to split over the
-    #: threads, it lost 1.5-3x; AlexNet conv3-5 at batch 8, 1800: 0.4-0.75).
-    shift_from_length = 1536
+    #: ResNet res2a_branch2b: 0.8-1.2, no clear gain), with a full output of at least this
+    #: many positions (N*Hp*Wp: 7x7 planes at batch 4 and 8, 324 and 648, lost 1.5-2.4x,
+    #: computing 1.65x the positions; res4a_branch2b, 14x14 at batch 4, 1024: 0.39-0.66;
+    #: AlexNet conv3-5 at batch 8, 1800: 0.4-0.8).
+    shift_from_length = 1000
     #: Stack the kernel's width offsets into each GEMM's reduction (kw copies of the input
     #: kept, kh GEMMs) rather than one GEMM per offset (1 copy, kh*kw GEMMs).
     shift_stack = True

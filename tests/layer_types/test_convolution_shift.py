@@ -168,7 +168,7 @@ def test_rule_takes_mid_size_planes_with_enough_channels():
     ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 16, 13, 13), "strided"),
     ("num_output: 4 kernel_size: 1", (8, 16, 13, 13), "1x1"),
     ("num_output: 4 kernel_size: 5 pad: 2", (64, 16, 8, 8), "computes 2.25x"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (4, 16, 7, 7), "too few columns"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 7, 7), "too few columns"),
     ("num_output: 4 kernel_size: 3 pad: 1", (2, 16, 56, 56), "per-sample plane"),
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):

@@ -161,6 +161,11 @@ class _ConvolutionBase(Layer):
             array = self._buffers[role] = self.xp.empty(shape, dtype=self.dtype)
         return array
 
+    def drop_buffers(self, prefix: str) -> None:
+        """Forget the kept arrays whose role starts with `prefix` (their memory is freed)."""
+        for role in [r for r in self._buffers if r.startswith(prefix)]:
+            del self._buffers[role]
+
     # Per-call temporaries (Layer.scratch) by slot: 0 the GEMM product / transposed top
     # diff, 1 the padded image im2col reads or col2im sums into, 2 the weight gradient
     # before it is added, 3 Deconvolution's columns.
@@ -425,6 +430,8 @@ class Convolution(_ConvolutionBase):
         self._spatial = self.out_hw[0] * self.out_hw[1]
         self._image_shape = (self.num, self.channels) + self.in_hw
         self._shift = self._shift_geometry()
+        # The other path's kept arrays go (a reshape can switch paths).
+        self.drop_buffers("columns" if self._shift is not None else "shift_input")
         if self._shift is not None:  # shifted GEMMs on the padded input, no columns
             self._direct = False
             self._shift_inputs = [self.buffer(f"shift_input{i}",

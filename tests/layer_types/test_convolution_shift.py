@@ -181,3 +181,17 @@ def test_stride_is_never_forced_onto_the_shifted_path():
     layer.shift_gemm = True
     layer.reshape(bottom, top)
     assert layer._shift is None
+
+
+def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
+    """Old path -> shifted: the column matrix is dropped; and back: the stacked input."""
+    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 5, 5),
+                               shift=False)
+    assert any(role.startswith("columns") for role in layer._buffers)
+    layer.shift_gemm = True
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("columns") for role in layer._buffers)
+    assert any(role.startswith("shift_input") for role in layer._buffers)
+    layer.shift_gemm = False
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("shift_input") for role in layer._buffers)

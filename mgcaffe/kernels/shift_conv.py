@@ -135,12 +135,14 @@ def _group_rows(count: int, groups: int, k: int) -> slice:
 def _blocks(length: int) -> list[slice]:
     """Fixed column blocks of a full output (independent of the thread count, so the
     results are too): about 16, each at least `BLOCK_MIN` columns."""
-    block = max(BLOCK_MIN, -(-length // 16))
+    block = max(BLOCK_MIN, -(-length // BLOCKS))
     return [slice(first, min(length, first + block)) for first in range(0, length, block)]
 
 
 #: Narrowest column block of a split GEMM (OpenBLAS packs each block's operands anew).
 BLOCK_MIN = 256
+#: About how many column blocks a full output is cut into.
+BLOCKS = 16
 
 
 def forward_full(packed, xs, y_full, g: ShiftGeometry, runner=None,

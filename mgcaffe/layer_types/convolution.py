@@ -374,7 +374,7 @@ class Convolution(_ConvolutionBase):
     sample by sample where the GEMMs are per sample. The per-sample and direct layouts hand
     their GEMMs to the chunk runner's threads, one BLAS thread each (`split_sample_gemms`,
     kernels.sample_gemm). "shifted" (`shift_gemm`, stride 1, mid-size planes with at least
-    16 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
+    32 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
     padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
     the runner's threads.
     """
@@ -401,8 +401,9 @@ class Convolution(_ConvolutionBase):
     shift_gemm = None
     #: The rule, measured (bench_conv_paths.py --compare shift, fwd+bwd): a kxk kernel (not
     #: 1x1) with at least this many input channels per group (3-channel conv1 layers lost,
-    #: 1.06-1.6) ...
-    shift_from_channels = 16
+    #: 1.0-1.6; GoogleNet's 16-channel 5x5 layers lost 1.1-1.5 on a quiet machine, won
+    #: 0.5 on a loaded one) ...
+    shift_from_channels = 32
     #: ... at most this many full-output positions computed per position kept (CIFAR-10
     #: conv3, 8x8 with pad 2, computes 2.25 and lost, 1.3-1.4) ...
     shift_max_waste = 2.0

@@ -160,16 +160,16 @@ def rule_picks(body, shape):
 
 def test_rule_takes_mid_size_planes_with_enough_channels():
     # AlexNet conv3-like: 13x13, pad 1, batch 8 (full output 8 * 15 * 15 = 1800)
-    assert rule_picks("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 13, 13))
+    assert rule_picks("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13))
 
 
 @pytest.mark.parametrize("body,shape,why", [
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 3, 13, 13), "few channels"),
-    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 16, 13, 13), "strided"),
-    ("num_output: 4 kernel_size: 1", (8, 16, 13, 13), "1x1"),
-    ("num_output: 4 kernel_size: 5 pad: 2", (64, 16, 8, 8), "computes 2.25x"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 7, 7), "too few columns"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (2, 16, 56, 56), "per-sample plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 13, 13), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 13, 13), "strided"),
+    ("num_output: 4 kernel_size: 1", (8, 32, 13, 13), "1x1"),
+    ("num_output: 4 kernel_size: 5 pad: 2", (64, 32, 8, 8), "computes 2.25x"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "too few columns"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "per-sample plane"),
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
     assert not rule_picks(body, shape), why

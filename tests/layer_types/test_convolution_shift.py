@@ -195,3 +195,16 @@ def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
     layer.shift_gemm = False
     layer.reshape(bottom, top)
     assert not any(role.startswith("shift_input") for role in layer._buffers)
+
+
+@pytest.mark.parametrize("body,shape", [CASES[2], WIDE])
+def test_stale_buffers_do_not_leak_into_results(body, shape):
+    """Every kept array and scratch filled with NaN between two runs: the same results
+    (the padding, the tails and the garbage positions are written, never assumed zero)."""
+    layer, bottom, top = build(body, shape, dtype=np.float32)
+    start = [np.zeros(p.shape, np.float32) for p in layer.blobs]
+    first = forward_backward(layer, bottom, top, start)
+    for array in list(layer._buffers.values()) + list(layer.__dict__["_scratch"].values()):
+        array[...] = np.nan
+    for a, b in zip(first, forward_backward(layer, bottom, top, start)):
+        np.testing.assert_array_equal(a, b)

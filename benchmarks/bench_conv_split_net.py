@@ -3,15 +3,17 @@
 `--compare split` (the default): the convolutions' per-sample GEMMs split over threads or
 not (`Convolution.split_sample_gemms`, kernels.sample_gemm). `--compare shift`: the
 shifted-GEMM path (`Convolution.shift_gemm`, kernels.shift_conv) never (before) or by its
-rule (after), the net reshaped at each switch. Builds each net once (random input of the
-benchmark batch) and times forward + backward passes (as `mgcaffe time`: every layer's
-backward, parameter diffs cleared before each pass), switching pass by pass, so that a
-change in the machine's load hits both ways. Prints the best and the median pass of each
-way, their ratio, and the conv+ip GEMM rate of each way's median pass beside numpy's
-matmul rate measured in the same run. `--rss`: each way also once in a fresh process
-(two passes), its peak RSS. `--busy K` keeps K busy-loop processes running meanwhile.
-Usage: python benchmarks/bench_conv_split_net.py [--nets alexnet,googlenet,resnet50]
-[--compare split|shift] [--passes P] [--busy K] [--same] [--rss]
+rule (after), the net reshaped at each switch. `--compare keep`: the shifted layers keep
+their stacked input for backward (before) or rebuild it there (after). Builds each net
+once (random input of the benchmark batch) and times forward + backward passes (as
+`mgcaffe time`: every layer's backward, parameter diffs cleared before each pass),
+switching pass by pass, so that a change in the machine's load hits both ways. Prints the
+best and the median pass of each way, their ratio, and the conv+ip GEMM rate of each way's
+median pass beside numpy's matmul rate measured in the same run. `--rss`: each way also
+once in a fresh process (two passes), its peak RSS. `--busy K` keeps K busy-loop
+processes running meanwhile. Usage: python benchmarks/bench_conv_split_net.py
+[--nets alexnet,googlenet,resnet50] [--compare split|shift|keep] [--passes P] [--busy K]
+[--same] [--rss]
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ NETS = {
     "lenet": ("models/lenet/lenet_train_test.prototxt", (64, 1, 28, 28)),
 }
 #: Per comparison: the Convolution class attribute switched, its "before" and "after" values.
-SWITCHES = {"split": ("split_sample_gemms", False, True), "shift": ("shift_gemm", False, None)}
+SWITCHES = {"split": ("split_sample_gemms", False, True), "shift": ("shift_gemm", False, None),
+            "keep": ("shift_keep_input", True, False)}
 
 
 def build(name: str) -> Net:
@@ -72,7 +75,7 @@ def set_way(net, compare: str, after: bool) -> None:
     """Switch the compared attribute (and, for shift, reshape: the layers choose there)."""
     attribute, off, on = SWITCHES[compare]
     setattr(Convolution, attribute, on if after else off)
-    if compare == "shift":
+    if compare in ("shift", "keep"):
         net.reshape()
 
 

@@ -416,6 +416,9 @@ class Convolution(_ConvolutionBase):
     #: Stack the kernel's width offsets into each GEMM's reduction (kw copies of the input
     #: kept, kh GEMMs) rather than one GEMM per offset (1 copy, kh*kw GEMMs).
     shift_stack = True
+    #: Keep the stacked input from forward to backward (kw copies of the padded input per
+    #: layer); off: a per-call scratch, rebuilt from the bottom in backward.
+    shift_keep_input = True
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group) + self.kernel
@@ -435,8 +438,11 @@ class Convolution(_ConvolutionBase):
         self.drop_buffers("columns" if self._shift is not None else "shift_input")
         if self._shift is not None:  # shifted GEMMs on the padded input, no columns
             self._direct = False
+            if not self.shift_keep_input:
+                self.drop_buffers("shift_input")
             self._shift_inputs = [self.buffer(f"shift_input{i}",
                                               (self._shift.rows, self._shift.row))
+                                  if self.shift_keep_input else None
                                   for i in range(len(bottom))]
             return
         # 1x1, pad 0, dilation 1: plain GEMMs on the input (subsampled first for a stride),
@@ -494,14 +500,23 @@ class Convolution(_ConvolutionBase):
         shift_conv.pack_weight(self.blobs[0].data, g, packed)
         return packed
 
+    def _stacked_input(self, b, kept):
+        """Bottom b's stacked, shifted copies (shift_conv.fill_stacked_input), into `kept`
+        or (shift_keep_input off) into scratch 4."""
+        g = self._shift
+        xs = kept if kept is not None else self.scratch(4, (g.rows, g.row))
+        shift_conv.fill_stacked_input(b.data.reshape(self._image_shape), xs, g,
+                                      self.ctx.chunk_runner)
+        return xs
+
     def _forward_shift(self, bottom, top):
         """top = crop(sum over kernel offsets of W[i, j] @ shifted input) (+ bias)."""
         g, runner = self._shift, self.ctx.chunk_runner
         packed = self._packed_weight()
         y_full = self.scratch(0, (self.num_output, g.length))
         bias = self.blobs[1].data if self.bias_term else None
-        for b, t, xs in zip(bottom, top, self._shift_inputs):
-            shift_conv.fill_stacked_input(b.data.reshape(self._image_shape), xs, g, runner)
+        for b, t, kept in zip(bottom, top, self._shift_inputs):
+            xs = self._stacked_input(b, kept)
             shift_conv.forward_full(packed, xs, y_full, g, runner)
             out = t.data.reshape((self.num, self.num_output) + self.out_hw)
             shift_conv.crop_output(y_full, g, out, bias, runner)
@@ -513,7 +528,7 @@ class Convolution(_ConvolutionBase):
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
         packed = None
-        for t, down, b, xs in zip(top, propagate_down, bottom, self._shift_inputs):
+        for t, down, b, kept in zip(top, propagate_down, bottom, self._shift_inputs):
             top_diff = t.diff.reshape((self.num, self.num_output) + self.out_hw)
             if want_bias:
                 self.add_bias_diff(top_diff.reshape(self.num, self.num_output, -1))
@@ -522,6 +537,8 @@ class Convolution(_ConvolutionBase):
             dy_ext = self.scratch(0, (self.num_output, g.row))  # zeros, then the full dy
             shift_conv.spread_output_grad(top_diff, g, dy_ext, runner)
             if want_weight:
+                # Rebuilt from the bottom (as Caffe rebuilds its columns) unless kept.
+                xs = kept if kept is not None else self._stacked_input(b, None)
                 grad = self.scratch(2, shift_conv.grad_shape(g, self.num_output))
                 shift_conv.weight_grad_full(dy_ext[:, g.row - g.length:], xs, g, grad,
                                             runner)

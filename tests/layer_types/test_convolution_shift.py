@@ -30,7 +30,7 @@ CASES = [
 
 
 def build(body, shape, shift=True, stack=True, threads=2, dtype=np.float64, seed=0,
-          bottoms=1):
+          bottoms=1, keep=True):
     """A layer on a non-adaptive runner with tiny chunks (the threaded hand-out runs on these
     shapes), forced onto (or off) the shifted path, and its bottom/top blobs."""
     text = ('name: "c" type: "Convolution" convolution_param { ' + body +
@@ -42,6 +42,7 @@ def build(body, shape, shift=True, stack=True, threads=2, dtype=np.float64, seed
     layer = create_layer(param, ctx)
     layer.shift_gemm = shift
     layer.shift_stack = stack
+    layer.shift_keep_input = keep
     rng = np.random.default_rng(seed + 1)
     bottom = [Blob(shape, dtype=dtype, name=f"x{i}") for i in range(bottoms)]
     for b in bottom:
@@ -90,12 +91,13 @@ def test_forward_matches_naive(body, shape, stack):
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("stack", [True, False], ids=["stacked", "per offset"])
+@pytest.mark.parametrize("stack,keep", [(True, True), (False, True), (True, False)],
+                         ids=["stacked", "per offset", "rebuilt in backward"])
 @pytest.mark.parametrize("body,shape", CASES)
-def test_gradients_match_central_differences(body, shape, stack):
+def test_gradients_match_central_differences(body, shape, stack, keep):
     """Bottom, weight and bias against central differences in float64, from stale diffs
     (lazily cleared NaN params, junk bottom diffs: both must be overwritten)."""
-    layer, bottom, top = build(body, shape, stack=stack)
+    layer, bottom, top = build(body, shape, stack=stack, keep=keep)
     check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7, max_checks=60)
 
 
@@ -127,9 +129,11 @@ WIDE = ("num_output: 5 kernel_size: 3 pad: 1", (2, 3, 64, 64))
 @pytest.mark.parametrize("body,shape", CASES[:3] + [WIDE])
 def test_same_numbers_as_the_im2col_path_and_on_any_thread_count(body, shape):
     """float32, two bottoms: within rounding of the im2col path; bit for bit on 1, 2 and 3
-    runner threads (fixed column blocks and reduction parts, one BLAS thread per GEMM)."""
+    runner threads (fixed column blocks and reduction parts, one BLAS thread per GEMM) and
+    with the input rebuilt in backward instead of kept."""
     old = run_float32(body, shape, shift=False, bottoms=2)
     shifted = [run_float32(body, shape, threads=t, bottoms=2) for t in (1, 2, 3)]
+    shifted.append(run_float32(body, shape, bottoms=2, keep=False))
     for a, b in zip(old, shifted[0]):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4)
     for other in shifted[1:]:

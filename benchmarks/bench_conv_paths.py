@@ -5,11 +5,14 @@ times forward and backward (bottom diff included) of two layers built side by si
 "before" and "after", the defaults. `--compare direct`: before has the direct 1x1 path and
 the in-GEMM weight-gradient accumulation switched off (the whole-batch / per-sample layouts
 with a scratch and an add). `--compare split`: before runs the per-sample GEMMs as one
-multi-threaded BLAS call each (kernels.sample_gemm off). The two run in alternation,
+multi-threaded BLAS call each (kernels.sample_gemm off). `--compare shift`: the stride-1
+kxk layers of the benchmark nets on the im2col paths (before) and forced onto the shifted
+GEMMs (after, kernels.shift_conv); `--compare stack`: shifted GEMMs one per kernel offset
+(before) against the width offsets stacked into one reduction (after). The two run in alternation,
 repetition by repetition, so a change in the machine's load hits both; the best of R is
 printed. `--busy K` keeps K single-threaded busy-loop processes running meanwhile (a loaded
 node). Usage: python benchmarks/bench_conv_paths.py [--repeats R] [--only 1x1|kxk]
-[--compare direct|split] [--busy K].
+[--compare direct|split|shift|stack] [--busy K].
 """
 
 from __future__ import annotations
@@ -56,8 +59,38 @@ SPATIAL = [
     ("AlexNet conv2 5x5 g2 96->256 @27", "num_output: 256 kernel_size: 5 pad: 2 group: 2",
      (96, 27, 27), 8),
 ]
+# Stride-1 kxk layers of the five benchmark nets (the shifted-GEMM candidates).
+SHIFTED = [
+    ("CIFAR conv1 5x5 3->32 @32", "num_output: 32 kernel_size: 5 pad: 2", (3, 32, 32), 100),
+    ("CIFAR conv2 5x5 32->32 @16", "num_output: 32 kernel_size: 5 pad: 2", (32, 16, 16), 100),
+    ("CIFAR conv3 5x5 32->64 @8", "num_output: 64 kernel_size: 5 pad: 2", (32, 8, 8), 100),
+    ("LeNet conv2 5x5 20->50 @12", "num_output: 50 kernel_size: 5", (20, 12, 12), 64),
+    ("AlexNet conv2 5x5 g2 96->256 @27", "num_output: 256 kernel_size: 5 pad: 2 group: 2",
+     (96, 27, 27), 8),
+    ("AlexNet conv3 3x3 256->384 @13", "num_output: 384 kernel_size: 3 pad: 1",
+     (256, 13, 13), 8),
+    ("AlexNet conv4 3x3 g2 384->384 @13", "num_output: 384 kernel_size: 3 pad: 1 group: 2",
+     (384, 13, 13), 8),
+    ("AlexNet conv5 3x3 g2 384->256 @13", "num_output: 256 kernel_size: 3 pad: 1 group: 2",
+     (384, 13, 13), 8),
+    ("conv2/3x3 64->192 @56", "num_output: 192 kernel_size: 3 pad: 1", (64, 56, 56), 8),
+    ("inception_3a/3x3 96->128 @28", "num_output: 128 kernel_size: 3 pad: 1", (96, 28, 28), 8),
+    ("inception_3a/5x5 16->32 @28", "num_output: 32 kernel_size: 5 pad: 2", (16, 28, 28), 8),
+    ("inception_4e/3x3 160->320 @14", "num_output: 320 kernel_size: 3 pad: 1", (160, 14, 14), 8),
+    ("inception_5b/3x3 192->384 @7", "num_output: 384 kernel_size: 3 pad: 1", (192, 7, 7), 8),
+    ("res2a_branch2b 3x3 64->64 @56", "num_output: 64 kernel_size: 3 pad: 1", (64, 56, 56), 4),
+    ("res3a_branch2b 3x3 128->128 @28", "num_output: 128 kernel_size: 3 pad: 1",
+     (128, 28, 28), 4),
+    ("res4a_branch2b 3x3 256->256 @14", "num_output: 256 kernel_size: 3 pad: 1",
+     (256, 14, 14), 4),
+    ("res5a_branch2b 3x3 512->512 @7", "num_output: 512 kernel_size: 3 pad: 1", (512, 7, 7), 4),
+]
 BEFORE = {"direct": {"direct_from": 10**9, "weight_diff_in_gemm": False},
-          "split": {"split_sample_gemms": False}}
+          "split": {"split_sample_gemms": False},
+          "shift": {"shift_gemm": False},
+          "stack": {"shift_gemm": True, "shift_stack": False}}
+#: The "after" side for each comparison ({}: the defaults).
+AFTER = {"shift": {"shift_gemm": True}, "stack": {"shift_gemm": True, "shift_stack": True}}
 
 
 def build_with(settings: dict, body: str, shape, batch: int):
@@ -79,30 +112,34 @@ def build_with(settings: dict, body: str, shape, batch: int):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--only", choices=("1x1", "kxk"), default=None)
+    parser.add_argument("--only", choices=("1x1", "kxk", "shifted"), default=None)
     parser.add_argument("--compare", choices=sorted(BEFORE), default="direct")
+    parser.add_argument("--match", default="",
+                        help="only the layers whose name contains this text")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run meanwhile (default 0)")
     args = parser.parse_args(argv)
-    cases = {"1x1": POINTWISE, "kxk": SPATIAL}.get(args.only, POINTWISE + SPATIAL)
+    default = SHIFTED if args.compare in ("shift", "stack") else POINTWISE + SPATIAL
+    cases = {"1x1": POINTWISE, "kxk": SPATIAL, "shifted": SHIFTED}.get(args.only, default)
+    cases = [case for case in cases if args.match in case[0]]
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
     try:
-        run(cases, BEFORE[args.compare], args)
+        run(cases, BEFORE[args.compare], AFTER.get(args.compare, {}), args)
     finally:
         for process in busy:
             process.kill()
             process.wait()
 
 
-def run(cases, before: dict, args) -> None:
-    """Print the table for `cases`, `before` against the defaults."""
+def run(cases, before: dict, after: dict, args) -> None:
+    """Print the table for `cases`, `before` against `after` (over the defaults)."""
     print(f"best of {args.repeats}, ms, before/after interleaved ({args.compare}, "
           f"{args.busy} busy processes)")
     print("| layer | batch | fwd before | fwd after | bwd before | bwd after | after/before |")
     print("|---|---|---|---|---|---|---|")
     for name, body, shape, batch in cases:
-        pair = [build_with(before, body, shape, batch), build_with({}, body, shape, batch)]
+        pair = [build_with(before, body, shape, batch), build_with(after, body, shape, batch)]
         best = [[float("inf")] * 2 for _ in pair]
         for repeat in range(args.repeats + 1):  # the first pass is a warm-up
             for k, (layer, bottom, top) in enumerate(pair):

@@ -1,12 +1,19 @@
-"""Whole nets with the convolutions' per-sample GEMMs split over threads or not, alternated.
+"""Whole nets with one convolution choice off and on, alternated pass by pass.
 
-Builds each net once (deploy prototxt, random input of the given batch) and times forward +
-backward passes (as `mgcaffe time`: every layer's backward, parameter diffs cleared before
-each pass), switching `Convolution.split_sample_gemms` (kernels.sample_gemm) off and on
-pass by pass, so that a change in the machine's load hits both ways. Prints the best and
-the median pass of each way and their ratio. `--busy K` keeps K busy-loop processes running
-meanwhile (a loaded node). Usage: python benchmarks/bench_conv_split_net.py
-[--nets alexnet,googlenet,resnet50] [--passes P] [--busy K] [--same]
+`--compare split` (the default): the convolutions' per-sample GEMMs split over threads or
+not (`Convolution.split_sample_gemms`, kernels.sample_gemm). `--compare shift`: the
+shifted-GEMM path (`Convolution.shift_gemm`, kernels.shift_conv) never (before) or by its
+rule (after), the net reshaped at each switch. `--compare keep`: the shifted layers keep
+their stacked input for backward (before) or rebuild it there (after). Builds each net
+once (random input of the benchmark batch) and times forward + backward passes (as
+`mgcaffe time`: every layer's backward, parameter diffs cleared before each pass),
+switching pass by pass, so that a change in the machine's load hits both ways. Prints the
+best and the median pass of each way, their ratio, and the conv+ip GEMM rate of each way's
+median pass beside numpy's matmul rate measured in the same run. `--rss`: each way also
+once in a fresh process (two passes), its peak RSS. `--busy K` keeps K busy-loop
+processes running meanwhile. Usage: python benchmarks/bench_conv_split_net.py
+[--nets alexnet,googlenet,resnet50] [--compare split|shift|keep] [--passes P] [--busy K]
+[--same] [--rss]
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_engine import gemm_flops, matmul_gflops  # noqa: E402 - same folder
+from bench_vs_caffe import peak_rss_mb  # noqa: E402
+
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
@@ -35,7 +45,13 @@ NETS = {
     "alexnet": ("models/alexnet/deploy.prototxt", (8, 3, 227, 227)),
     "googlenet": ("models/googlenet/deploy.prototxt", (8, 3, 224, 224)),
     "resnet50": ("models/resnet50/deploy.prototxt", (4, 3, 224, 224)),
+    "cifar10_quick": ("models/cifar10_quick/cifar10_quick_train_test.prototxt",
+                      (100, 3, 32, 32)),
+    "lenet": ("models/lenet/lenet_train_test.prototxt", (64, 1, 28, 28)),
 }
+#: Per comparison: the Convolution class attribute switched, its "before" and "after" values.
+SWITCHES = {"split": ("split_sample_gemms", False, True), "shift": ("shift_gemm", False, None),
+            "keep": ("shift_keep_input", True, False)}
 
 
 def build(name: str) -> Net:
@@ -55,38 +71,77 @@ def one_pass(net, propagate) -> float:
     return time.perf_counter() - start
 
 
+def set_way(net, compare: str, after: bool) -> None:
+    """Switch the compared attribute (and, for shift, reshape: the layers choose there)."""
+    attribute, off, on = SWITCHES[compare]
+    setattr(Convolution, attribute, on if after else off)
+    if compare in ("shift", "keep"):
+        net.reshape()
+
+
+def peak_rss_child(name: str, compare: str, after: bool) -> float:
+    """Peak RSS (MB) of a fresh process that builds `name` and runs two passes one way."""
+    code = f"import bench_conv_split_net as b; b.child({name!r}, {compare!r}, {after!r})"
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(Path(__file__).parent),
+                         capture_output=True, text=True, timeout=900, check=True).stdout
+    return float(out.split()[-1])
+
+
+def child(name: str, compare: str, after: bool) -> None:
+    """Two passes of `name` one way, then print this process's peak RSS in MB (VmHWM)."""
+    attribute, off, on = SWITCHES[compare]
+    setattr(Convolution, attribute, on if after else off)
+    net = build(name)
+    propagate = timing_propagate_down(net)
+    for _ in range(2):
+        one_pass(net, propagate)
+    print(peak_rss_mb(os.getpid()))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default=",".join(NETS))
+    parser.add_argument("--nets", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--compare", choices=sorted(SWITCHES), default="split")
     parser.add_argument("--passes", type=int, default=6, help="timed passes per way")
     parser.add_argument("--busy", type=int, default=0,
                         help="busy-loop processes to run meanwhile (default 0)")
     parser.add_argument("--same", action="store_true",
-                        help="both ways split (an A/A run: the noise of the comparison)")
+                        help="both ways 'after' (an A/A run: the noise of the comparison)")
+    parser.add_argument("--rss", action="store_true",
+                        help="also each way's peak RSS, in a fresh process")
     args = parser.parse_args(argv)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
     try:
-        print(f"ms per forward+backward pass, {args.passes} per way, alternated, "
-              f"{args.busy} busy processes")
-        print("| net | best unsplit | best split | median unsplit | median split | "
-              "split/unsplit (median) |")
-        print("|---|---|---|---|---|---|")
+        print(f"ms per forward+backward pass, {args.passes} per way, alternated "
+              f"({args.compare}), {args.busy} busy processes; numpy matmul "
+              f"{matmul_gflops(repeats=3, n=1024):.0f} GFLOP/s before")
+        print("| net | best before | best after | median before | median after | "
+              "after/before (median) | conv+ip GFLOP/s before / after |"
+              + (" peak RSS MB before / after |" if args.rss else ""))
+        print("|---|---|---|---|---|---|---|" + ("---|" if args.rss else ""))
         for name in args.nets.split(","):
             net = build(name)
             propagate = timing_propagate_down(net)
+            flops = sum(gemm_flops(net, propagate))
             times = {False: [], True: []}
             for k in range(2 * args.passes + 2):  # the first pass of each way: a warm-up
-                split = bool(k % 2)
-                Convolution.split_sample_gemms = split or args.same
+                after = bool(k % 2)
+                set_way(net, args.compare, after or args.same)
                 seconds = one_pass(net, propagate)
                 if k >= 2:
-                    times[split].append(seconds * 1e3)
-            Convolution.split_sample_gemms = True
-            off, on = times[False], times[True]
-            print(f"| {name} | {min(off):.0f} | {min(on):.0f} | {statistics.median(off):.0f} | "
-                  f"{statistics.median(on):.0f} | "
-                  f"{statistics.median(on) / statistics.median(off):.2f} |", flush=True)
+                    times[after].append(seconds * 1e3)
+            set_way(net, args.compare, True)
+            net.close()
+            off, on = statistics.median(times[False]), statistics.median(times[True])
+            line = (f"| {name} | {min(times[False]):.0f} | {min(times[True]):.0f} | "
+                    f"{off:.0f} | {on:.0f} | {on / off:.2f} | "
+                    f"{flops / off / 1e6:.0f} / {flops / on / 1e6:.0f} |")
+            if args.rss:
+                line += (f" {peak_rss_child(name, args.compare, False):.0f} / "
+                         f"{peak_rss_child(name, args.compare, not args.same):.0f} |")
+            print(line, flush=True)
+        print(f"numpy matmul {matmul_gflops(repeats=3, n=1024):.0f} GFLOP/s after")
     finally:
         for process in busy:
             process.kill()

@@ -13,7 +13,9 @@ The axes before the channel axis (`axis`, default 1) are batch axes. With 2 spat
 it the layers use the kernels below; other counts (1-D, 3-D, ...) go through the generic N-D
 code in convolution_nd.py. Memory: each layer keeps, per bottom, the columns (Convolution) or
 the transposed input (Deconvolution) of its last forward, so backward needs no second im2col;
-that is N times the single-image buffer Caffe keeps.
+that is N times the single-image buffer Caffe keeps. Stride-1 kxk convolutions where it
+measures faster run as shifted GEMMs on the padded input instead (kernels.shift_conv): no
+column matrix; they keep kw copies of the padded input.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, im2col
+from ..kernels import col2im, conv_output_size, im2col, shift_conv
+from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
 from ..kernels.parallel import for_each_chunk
@@ -157,6 +160,11 @@ class _ConvolutionBase(Layer):
         if array is None or array.shape != shape:
             array = self._buffers[role] = self.xp.empty(shape, dtype=self.dtype)
         return array
+
+    def drop_buffers(self, prefix: str) -> None:
+        """Forget the kept arrays whose role starts with `prefix` (their memory is freed)."""
+        for role in [r for r in self._buffers if r.startswith(prefix)]:
+            del self._buffers[role]
 
     # Per-call temporaries (Layer.scratch) by slot: 0 the GEMM product / transposed top
     # diff, 1 the padded image im2col reads or col2im sums into, 2 the weight gradient
@@ -365,7 +373,10 @@ class Convolution(_ConvolutionBase):
     the GEMM (BLAS beta = 1, kernels.gemm) where that measures faster (`_weight_diff_in_gemm`),
     sample by sample where the GEMMs are per sample. The per-sample and direct layouts hand
     their GEMMs to the chunk runner's threads, one BLAS thread each (`split_sample_gemms`,
-    kernels.sample_gemm).
+    kernels.sample_gemm). "shifted" (`shift_gemm`, stride 1, mid-size planes with at least
+    32 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
+    padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
+    the runner's threads.
     """
 
     type = "Convolution"
@@ -385,6 +396,29 @@ class Convolution(_ConvolutionBase):
     #: GoogleNet 7x7 and 14x14 layers 2-8% faster; the output transposes cost more than the
     #: im2col saves on larger planes, e.g. CIFAR-10 conv1 at 32x32 15.3 -> 17.3 ms).
     batch_last_upto = 256
+    #: Shifted GEMMs on the padded input instead of im2col (kernels.shift_conv), for stride
+    #: 1: None by the rule below, True forced (any stride-1 kernel), False never.
+    shift_gemm = None
+    #: The rule, measured (bench_conv_paths.py --compare shift, fwd+bwd): a kxk kernel (not
+    #: 1x1) with at least this many input channels per group (3-channel conv1 layers lost,
+    #: 1.0-1.6; GoogleNet's 16-channel 5x5 layers lost 1.1-1.5 on a quiet machine, won
+    #: 0.5 on a loaded one) ...
+    shift_from_channels = 32
+    #: ... at most this many full-output positions computed per position kept (CIFAR-10
+    #: conv3, 8x8 with pad 2, computes 2.25 and lost, 1.3-1.4) ...
+    shift_max_waste = 2.0
+    #: ... on planes the per-sample layout does not take (56x56 GoogleNet conv2/3x3 and
+    #: ResNet res2a_branch2b: 0.8-1.2, no clear gain), with a full output of at least this
+    #: many positions (N*Hp*Wp: 7x7 planes at batch 4 and 8, 324 and 648, lost 1.5-2.4x,
+    #: computing 1.65x the positions; res4a_branch2b, 14x14 at batch 4, 1024: 0.39-0.66;
+    #: AlexNet conv3-5 at batch 8, 1800: 0.4-0.8).
+    shift_from_length = 1000
+    #: Stack the kernel's width offsets into each GEMM's reduction (kw copies of the input
+    #: kept, kh GEMMs) rather than one GEMM per offset (1 copy, kh*kw GEMMs).
+    shift_stack = True
+    #: Keep the stacked input from forward to backward (kw copies of the padded input per
+    #: layer); off: a per-call scratch, rebuilt from the bottom in backward.
+    shift_keep_input = True
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group) + self.kernel
@@ -398,6 +432,19 @@ class Convolution(_ConvolutionBase):
         if self.nd:
             return
         self._spatial = self.out_hw[0] * self.out_hw[1]
+        self._image_shape = (self.num, self.channels) + self.in_hw
+        self._shift = self._shift_geometry()
+        # The other path's kept arrays go (a reshape can switch paths).
+        self.drop_buffers("columns" if self._shift is not None else "shift_input")
+        if self._shift is not None:  # shifted GEMMs on the padded input, no columns
+            self._direct = False
+            if not self.shift_keep_input:
+                self.drop_buffers("shift_input")
+            self._shift_inputs = [self.buffer(f"shift_input{i}",
+                                              (self._shift.rows, self._shift.row))
+                                  if self.shift_keep_input else None
+                                  for i in range(len(bottom))]
+            return
         # 1x1, pad 0, dilation 1: plain GEMMs on the input (subsampled first for a stride),
         # no im2col/col2im (_forward_direct, _backward_direct).
         self._direct = (self.kernel == (1, 1) and self.pad == (0, 0)
@@ -426,6 +473,82 @@ class Convolution(_ConvolutionBase):
                       for i in range(len(bottom))]
         self._cols_hold_input = [False] * len(bottom)
         self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def _shift_geometry(self):
+        """The shifted-GEMM layout (kernels.shift_conv) where this layer runs it, else None:
+        `shift_gemm` True forces it (stride 1 only), False never; None by the rule."""
+        if self.xp is not np or self.stride != (1, 1) or self.shift_gemm is False:
+            return None
+        stack = self.kernel[1] if self.shift_stack else 1
+        geometry = shift_conv.ShiftGeometry(self._image_shape, self.kernel, self.pad,
+                                            self.dilation, self.group, stack)
+        if self.shift_gemm:
+            return geometry
+        if self.kernel == (1, 1) or not gemm_available(self.dtype):
+            return None
+        if self.channels // self.group < self.shift_from_channels:
+            return None
+        if self._spatial >= self.per_sample_from or geometry.length < self.shift_from_length:
+            return None
+        return geometry if geometry.waste() <= self.shift_max_waste else None
+
+    def _packed_weight(self):
+        """The weight regrouped by kernel offset (shift_conv.pack_weight), in scratch 3."""
+        g = self._shift
+        packed = self.scratch(3, (g.kh, g.kw // g.stack, self.num_output,
+                                  self.channels // self.group * g.stack))
+        shift_conv.pack_weight(self.blobs[0].data, g, packed)
+        return packed
+
+    def _stacked_input(self, b, kept):
+        """Bottom b's stacked, shifted copies (shift_conv.fill_stacked_input), into `kept`
+        or (shift_keep_input off) into scratch 4."""
+        g = self._shift
+        xs = kept if kept is not None else self.scratch(4, (g.rows, g.row))
+        shift_conv.fill_stacked_input(b.data.reshape(self._image_shape), xs, g,
+                                      self.ctx.chunk_runner)
+        return xs
+
+    def _forward_shift(self, bottom, top):
+        """top = crop(sum over kernel offsets of W[i, j] @ shifted input) (+ bias)."""
+        g, runner = self._shift, self.ctx.chunk_runner
+        packed = self._packed_weight()
+        y_full = self.scratch(0, (self.num_output, g.length))
+        bias = self.blobs[1].data if self.bias_term else None
+        for b, t, kept in zip(bottom, top, self._shift_inputs):
+            xs = self._stacked_input(b, kept)
+            shift_conv.forward_full(packed, xs, y_full, g, runner)
+            out = t.data.reshape((self.num, self.num_output) + self.out_hw)
+            shift_conv.crop_output(y_full, g, out, bias, runner)
+
+    def _backward_shift(self, top, propagate_down, bottom):
+        """Weight and input gradients from the input forward kept (shift_conv)."""
+        g, runner = self._shift, self.ctx.chunk_runner
+        weight = self.blobs[0]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        packed = None
+        for t, down, b, kept in zip(top, propagate_down, bottom, self._shift_inputs):
+            top_diff = t.diff.reshape((self.num, self.num_output) + self.out_hw)
+            if want_bias:
+                self.add_bias_diff(top_diff.reshape(self.num, self.num_output, -1))
+            if not (want_weight or down):
+                continue
+            dy_ext = self.scratch(0, (self.num_output, g.row))  # zeros, then the full dy
+            shift_conv.spread_output_grad(top_diff, g, dy_ext, runner)
+            if want_weight:
+                # Rebuilt from the bottom (as Caffe rebuilds its columns) unless kept.
+                xs = kept if kept is not None else self._stacked_input(b, None)
+                grad = self.scratch(2, shift_conv.grad_shape(g, self.num_output))
+                shift_conv.weight_grad_full(dy_ext[:, g.row - g.length:], xs, g, grad,
+                                            runner)
+                diff, overwrite = weight.diff_for_write()
+                shift_conv.unpack_weight_grad(grad, g, diff.reshape(weight.shape), overwrite)
+            if down:
+                packed = self._packed_weight() if packed is None else packed
+                dxs = self.scratch(1, (g.rows, g.length))
+                shift_conv.input_grad_full(packed, dy_ext, dxs, g, runner)
+                shift_conv.fold_input_grad(dxs, g, b.diff.reshape(self._image_shape), runner)
 
     def _fill_columns(self, i, b):
         """im2col of bottom i into its column matrix (unless it already holds it)."""
@@ -466,6 +589,8 @@ class Convolution(_ConvolutionBase):
     def forward(self, bottom, top):
         if self.nd:
             return convolution_nd.conv_forward(self, bottom, top)
+        if self._shift is not None:
+            return self._forward_shift(bottom, top)
         if self._direct:
             return self._forward_direct(bottom, top)
         xp, weight = self.xp, self.blobs[0].data
@@ -487,6 +612,8 @@ class Convolution(_ConvolutionBase):
     def backward(self, top, propagate_down, bottom):
         if self.nd:
             return convolution_nd.conv_backward(self, top, propagate_down, bottom)
+        if self._shift is not None:
+            return self._backward_shift(top, propagate_down, bottom)
         if self._direct:
             return self._backward_direct(top, propagate_down, bottom)
         o, n, p = self.num_output, self.num, self._spatial

@@ -1,0 +1,214 @@
+"""Convolution's shifted-GEMM path (kernels.shift_conv, no column matrix): forward against a
+naive loop, float64 central-difference gradients from stale diffs, the same numbers as the
+im2col path, bit-identical on any thread count, and the rule that picks it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.gradient_check import check_layer_gradients
+from mgcaffe.kernels import shift_conv
+from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.proto import caffe_pb2
+
+# body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
+# off, dilation, batch 1 and 3.
+CASES = [
+    ("num_output: 4 kernel_size: 3 pad: 1", (3, 2, 5, 4)),
+    ("num_output: 3 kernel_size: 5 pad: 2 bias_term: false", (1, 3, 6, 7)),
+    ("num_output: 4 kernel_h: 2 kernel_w: 4 pad_h: 0 pad_w: 2 group: 2", (3, 4, 5, 5)),
+    ("num_output: 2 kernel_h: 1 kernel_w: 3 pad: 0", (1, 2, 4, 6)),
+    ("num_output: 3 kernel_size: 1 pad: 1", (3, 2, 3, 3)),
+    ("num_output: 6 kernel_size: 3 pad: 2 group: 3 bias_term: false", (1, 6, 4, 5)),
+    ("num_output: 3 kernel_size: 2 dilation: 2 pad: 1", (3, 2, 5, 6)),
+    ("num_output: 2 kernel_h: 4 kernel_w: 2 pad_h: 1 pad_w: 0", (3, 3, 6, 4)),
+]
+
+
+def build(body, shape, shift=True, stack=True, threads=2, dtype=np.float64, seed=0,
+          bottoms=1, keep=True):
+    """A layer on a non-adaptive runner with tiny chunks (the threaded hand-out runs on these
+    shapes), forced onto (or off) the shifted path, and its bottom/top blobs."""
+    text = ('name: "c" type: "Convolution" convolution_param { ' + body +
+            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    param = text_format.Parse(text, caffe_pb2.LayerParameter())
+    param.top.extend([f"t{i}" for i in range(bottoms)])
+    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
+    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
+    layer = create_layer(param, ctx)
+    layer.shift_gemm = shift
+    layer.shift_stack = stack
+    layer.shift_keep_input = keep
+    rng = np.random.default_rng(seed + 1)
+    bottom = [Blob(shape, dtype=dtype, name=f"x{i}") for i in range(bottoms)]
+    for b in bottom:
+        b.data[...] = rng.standard_normal(shape)
+    top = [Blob((), dtype=dtype, name=f"y{i}") for i in range(bottoms)]
+    layer.setup(bottom, top)
+    if shift is not None:
+        assert (layer._shift is not None) == shift
+    return layer, bottom, top
+
+
+def naive_conv(x, w, b, kernel, pad, dilation, group):
+    """Caffe's stride-1 convolution by loops over every output element."""
+    n, c, h, wd = x.shape
+    o, cg = w.shape[:2]
+    oh = h + 2 * pad[0] - dilation[0] * (kernel[0] - 1)
+    ow = wd + 2 * pad[1] - dilation[1] * (kernel[1] - 1)
+    out = np.zeros((n, o, oh, ow))
+    og = o // group
+    for ni in range(n):
+        for oi in range(o):
+            g = oi // og
+            for y in range(oh):
+                for z in range(ow):
+                    total = b[oi] if b is not None else 0.0
+                    for ci in range(cg):
+                        for i in range(kernel[0]):
+                            for j in range(kernel[1]):
+                                yy = y - pad[0] + i * dilation[0]
+                                zz = z - pad[1] + j * dilation[1]
+                                if 0 <= yy < h and 0 <= zz < wd:
+                                    total += w[oi, ci, i, j] * x[ni, g * cg + ci, yy, zz]
+                    out[ni, oi, y, z] = total
+    return out
+
+
+@pytest.mark.parametrize("stack", [True, False], ids=["stacked", "per offset"])
+@pytest.mark.parametrize("body,shape", CASES)
+def test_forward_matches_naive(body, shape, stack):
+    layer, bottom, top = build(body, shape, stack=stack)
+    layer.forward(bottom, top)
+    b = layer.blobs[1].data if layer.bias_term else None
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, layer.kernel, layer.pad,
+                          layer.dilation, layer.group)
+    assert top[0].shape == expected.shape
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stack,keep", [(True, True), (False, True), (True, False)],
+                         ids=["stacked", "per offset", "rebuilt in backward"])
+@pytest.mark.parametrize("body,shape", CASES)
+def test_gradients_match_central_differences(body, shape, stack, keep):
+    """Bottom, weight and bias against central differences in float64, from stale diffs
+    (lazily cleared NaN params, junk bottom diffs: both must be overwritten)."""
+    layer, bottom, top = build(body, shape, stack=stack, keep=keep)
+    check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7, max_checks=60)
+
+
+def forward_backward(layer, bottom, top, start):
+    """Forward, two backwards (the param diffs accumulate onto `start`), every result."""
+    layer.forward(bottom, top)
+    rng = np.random.default_rng(5)
+    for t in top:
+        t.diff[...] = rng.standard_normal(t.shape)
+    for p, s in zip(layer.blobs, start):
+        p.diff[...] = s
+    layer.backward(top, [True] * len(bottom), bottom)
+    layer.backward(top, [True] * len(bottom), bottom)
+    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
+            + [p.diff.copy() for p in layer.blobs])
+
+
+def run_float32(body, shape, **kwargs):
+    layer, bottom, top = build(body, shape, dtype=np.float32, **kwargs)
+    start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
+             for i, p in enumerate(layer.blobs)]
+    return forward_backward(layer, bottom, top, start)
+
+
+# A full output long enough for several column blocks and reduction parts (8712 positions).
+WIDE = ("num_output: 5 kernel_size: 3 pad: 1", (2, 3, 64, 64))
+
+
+@pytest.mark.parametrize("body,shape", CASES[:3] + [WIDE])
+def test_same_numbers_as_the_im2col_path_and_on_any_thread_count(body, shape):
+    """float32, two bottoms: within rounding of the im2col path; bit for bit on 1, 2 and 3
+    runner threads (fixed column blocks and reduction parts, one BLAS thread per GEMM) and
+    with the input rebuilt in backward instead of kept."""
+    old = run_float32(body, shape, shift=False, bottoms=2)
+    shifted = [run_float32(body, shape, threads=t, bottoms=2) for t in (1, 2, 3)]
+    shifted.append(run_float32(body, shape, bottoms=2, keep=False))
+    for a, b in zip(old, shifted[0]):
+        np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4)
+    for other in shifted[1:]:
+        for a, b in zip(shifted[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_wide_output_splits_blocks_and_reduction():
+    """The WIDE case really takes several column blocks and reduction parts; its weight
+    gradient against einsum over sliding windows (float64)."""
+    layer, bottom, top = build(*WIDE)
+    g = layer._shift
+    assert len(shift_conv._blocks(g.length)) > 1 and shift_conv.reduction_parts(g) > 1
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)
+    layer.blobs[0].clear_diff_lazily()
+    layer.backward(top, [False], bottom)
+    x = np.pad(bottom[0].data, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    expected = np.einsum("noyz,ncyzij->ocij", top[0].diff, patches)
+    np.testing.assert_allclose(layer.blobs[0].diff, expected, rtol=1e-10, atol=1e-10)
+
+
+def rule_picks(body, shape):
+    layer, bottom, top = build(body, shape, shift=None)
+    return layer._shift is not None
+
+
+def test_rule_takes_mid_size_planes_with_enough_channels():
+    # AlexNet conv3-like: 13x13, pad 1, batch 8 (full output 8 * 15 * 15 = 1800)
+    assert rule_picks("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13))
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 13, 13), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 13, 13), "strided"),
+    ("num_output: 4 kernel_size: 1", (8, 32, 13, 13), "1x1"),
+    ("num_output: 4 kernel_size: 5 pad: 2", (64, 32, 8, 8), "computes 2.25x"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "too few columns"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "per-sample plane"),
+])
+def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
+    assert not rule_picks(body, shape), why
+
+
+def test_stride_is_never_forced_onto_the_shifted_path():
+    layer, bottom, top = build("num_output: 2 kernel_size: 3 stride: 2", (1, 2, 7, 7),
+                               shift=False)
+    layer.shift_gemm = True
+    layer.reshape(bottom, top)
+    assert layer._shift is None
+
+
+def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
+    """Old path -> shifted: the column matrix is dropped; and back: the stacked input."""
+    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 5, 5),
+                               shift=False)
+    assert any(role.startswith("columns") for role in layer._buffers)
+    layer.shift_gemm = True
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("columns") for role in layer._buffers)
+    assert any(role.startswith("shift_input") for role in layer._buffers)
+    layer.shift_gemm = False
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("shift_input") for role in layer._buffers)
+
+
+@pytest.mark.parametrize("body,shape", [CASES[2], WIDE])
+def test_stale_buffers_do_not_leak_into_results(body, shape):
+    """Every kept array and scratch filled with NaN between two runs: the same results
+    (the padding, the tails and the garbage positions are written, never assumed zero)."""
+    layer, bottom, top = build(body, shape, dtype=np.float32)
+    start = [np.zeros(p.shape, np.float32) for p in layer.blobs]
+    first = forward_backward(layer, bottom, top, start)
+    for array in list(layer._buffers.values()) + list(layer.__dict__["_scratch"].values()):
+        array[...] = np.nan
+    for a, b in zip(first, forward_backward(layer, bottom, top, start)):
+        np.testing.assert_array_equal(a, b)

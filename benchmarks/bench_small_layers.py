@@ -22,6 +22,7 @@ from google.protobuf import text_format  # noqa: E402
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.inner_product import InnerProduct  # noqa: E402
 from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
 from mgcaffe.layer_types.scale_bias import ScaleLayer  # noqa: E402
 from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
@@ -33,6 +34,7 @@ BEFORE = {
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
     ScaleLayer: {"fused_rows": False},
+    InnerProduct: {"weight_major_upto": 0},
 }
 
 #: ResNet-50's Scale after each BatchNorm: in place, with a bias.
@@ -42,6 +44,11 @@ SCALE = 'type: "Scale" scale_param { bias_term: true }'
 
 def pool(method: str, k: int, s: int) -> str:
     return f'type: "Pooling" pooling_param {{ pool: {method} kernel_size: {k} stride: {s} }}'
+
+
+def ip(out: int) -> str:
+    return (f'type: "InnerProduct" inner_product_param {{ num_output: {out} '
+            f'weight_filler {{ type: "xavier" }} }}')
 
 
 def conv(out: int, k: int, pad: int = 0) -> str:
@@ -73,6 +80,11 @@ CASES = [
     ("ResNet scale2a 256x56x56 b4 (in place)", SCALE, [(4, 256, 56, 56)]),
     ("ResNet scale4a 1024x14x14 b4 (in place)", SCALE, [(4, 1024, 14, 14)]),
     ("ResNet scale5a 2048x7x7 b4 (in place)", SCALE, [(4, 2048, 7, 7)]),
+    ("LeNet ip1 800->500 b64", ip(500), [(64, 50, 4, 4)]),
+    ("LeNet ip2 500->10 b64", ip(10), [(64, 500)]),
+    ("AlexNet fc6 9216->4096 b8", ip(4096), [(8, 256, 6, 6)]),
+    ("AlexNet fc7 4096->4096 b8", ip(4096), [(8, 4096)]),
+    ("AlexNet fc8 4096->1000 b8", ip(1000), [(8, 4096)]),
     # Eltwise: every bottom gets a diff.
     ("ResNet res2a Eltwise SUM 256x56x56 b4", 'type: "Eltwise"', [(4, 256, 56, 56)] * 2),
     ("ResNet res4a Eltwise SUM 1024x14x14 b4", 'type: "Eltwise"', [(4, 1024, 14, 14)] * 2),

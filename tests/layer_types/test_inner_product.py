@@ -27,6 +27,9 @@ CASES = [
     ("num_output: 3 axis: 2", (2, 3, 4, 2), (2, 3, 3)),
     ("num_output: 2 axis: -1 transpose: true", (2, 2, 5), (2, 2, 2)),
     ("num_output: 3 axis: 0", (2, 3), (3,)),
+    # Few rows into >= 4x as many outputs: the forward computes top.T = W @ bottom.T.
+    ("num_output: 9", (2, 5), (2, 9)),
+    ("num_output: 8 bias_term: false", (2, 3, 2), (2, 8)),
 ]
 
 

@@ -34,7 +34,7 @@ BEFORE = {
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
     ScaleLayer: {"fused_rows": False},
-    InnerProduct: {"weight_major_upto": 0},
+    InnerProduct: {"overwrite_block_elements": 0},
 }
 
 #: ResNet-50's Scale after each BatchNorm: in place, with a bias.
@@ -146,6 +146,8 @@ def main(argv=None) -> None:
                 layer.forward(bottom, top)
                 middle = time.perf_counter()
                 evict += 1
+                for blob in layer.blobs:  # as a solver or `mgcaffe time` does per pass
+                    blob.clear_diff_lazily()
                 back = time.perf_counter()
                 layer.backward(top, down, bottom)
                 end = time.perf_counter() - back + middle

@@ -32,6 +32,12 @@ class InnerProduct(Layer):
     #: 13.9, 14.0 -> 7.9; fc8 1.9-3.0 -> 1.5-1.7), the same bits in every shape measured. At
     #: M = 64 it lost on two threads (LeNet ip1: 0.47-0.49 -> 0.50-0.55). 0: bottom @ W.T.
     weight_major_upto = 16
+    #: On the CPU, the weight gradient of at most `weight_major_upto` rows written over a
+    #: lazily cleared diff goes in blocks of about this many diff elements: OpenBLAS's
+    #: beta = 0 first zeroes the whole output, then adds into it (two trips through a 151 MB
+    #: diff for AlexNet's fc6); per cache-sized block the zeroing stays in the cache. 0: one
+    #: call.
+    overwrite_block_elements = 1 << 16
 
     def layer_setup(self, bottom, top):
         p = self.param.inner_product_param
@@ -98,7 +104,13 @@ class InnerProduct(Layer):
             a, b = (x.T, top_diff) if self.transpose else (top_diff.T, x)
             # A lazily cleared diff (the iteration's first write) is overwritten: beta = 0.
             diff, overwrite = weight.diff_for_write()
-            if self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
+            if (self.xp is np and overwrite and self.m <= self.weight_major_upto
+                    and self.overwrite_block_elements > 0):
+                rows = max(1, self.overwrite_block_elements // diff.shape[1])
+                for start in range(0, diff.shape[0], rows):
+                    gemm_accumulate(a[start:start + rows], b, diff[start:start + rows],
+                                    lambda shape: self.scratch(0, shape), True)
+            elif self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
                 gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
             elif overwrite:
                 self.xp.matmul(a, b, out=diff)

@@ -122,3 +122,28 @@ def test_reshape_keeps_k_fixed():
     bottom[0].reshape(5, 11)
     with pytest.raises(LayerError, match="12 values per item"):
         layer.reshape(bottom, top)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose):
+    """Few rows: a lazily cleared weight diff is written block by block (here 2 diff rows a
+    block, 5 blocks, the last one short), every element overwritten (the raw memory is
+    poisoned with NaN); the next backward accumulates."""
+    body = "num_output: 9" + (" transpose: true" if transpose else "")
+    layer, bottom, top = make_layer(ip_param(body), [(3, 4)])
+    layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
+    rng = np.random.default_rng(8)
+    top[0].diff[...] = rng.standard_normal((3, 9))
+    dy, x = top[0].diff.copy(), bottom[0].data.copy()
+    expected = np.array([[sum(dy[m, n] * x[m, k] for m in range(3)) for k in range(4)]
+                         for n in range(9)])
+    if transpose:
+        expected = expected.T
+    weight = layer.blobs[0]
+    weight.diff[...] = np.nan
+    weight.clear_diff_lazily()
+    layer.forward(bottom, top)
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(weight.diff, expected, rtol=1e-12, atol=1e-12)
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(weight.diff, 2 * expected, rtol=1e-12, atol=1e-12)

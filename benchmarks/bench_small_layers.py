@@ -34,7 +34,7 @@ BEFORE = {
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
     ScaleLayer: {"fused_rows": False},
-    InnerProduct: {"overwrite_block_elements": 0},
+    InnerProduct: {"weight_major_upto": 0, "overwrite_block_elements": 0, "dx_block_rows": 0},
 }
 
 #: ResNet-50's Scale after each BatchNorm: in place, with a bias.

@@ -112,12 +112,10 @@ def test_needs_two_bottoms():
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("coeff", [None, [0.5, -2.0, 1.0]])
 def test_sum_float32_and_in_place(in_place, coeff):
-    """SUM in float32 (with a two-thread runner in tiny chunks): the forward as a
-    left-to-right sum written out here (same bits), each bottom diff coeff_i * dy, also when
-    the top is bottom 0 (in place: its diff is the top diff, scaled only after the others
-    read it)."""
+    """SUM in float32: the forward as a left-to-right sum written out here (same bits), each
+    bottom diff coeff_i * dy, also when the top is bottom 0 (in place: its diff is the top
+    diff, scaled only after the others read it)."""
     from mgcaffe.blob import Blob
-    from mgcaffe.kernels.parallel import ChunkRunner
     from mgcaffe.layer_types import LayerContext, create_layer
 
     rng = np.random.default_rng(3)
@@ -126,10 +124,7 @@ def test_sum_float32_and_in_place(in_place, coeff):
     dy = rng.standard_normal(shape).astype(np.float32)
     c = [np.float32(v) for v in (coeff or [1, 1, 1])]
     text = "operation: SUM " + " ".join(f"coeff: {v}" for v in coeff or [])
-    ctx = LayerContext(dtype=np.float32, chunk_runner=ChunkRunner(2, chunk_elements=1,
-                                                                  serial_below=0,
-                                                                  adaptive=False))
-    layer = create_layer(param(text), ctx)
+    layer = create_layer(param(text), LayerContext(dtype=np.float32))
     bottom = [Blob(shape, dtype=np.float32) for _ in xs]
     for blob, x in zip(bottom, xs):
         blob.data[...] = x

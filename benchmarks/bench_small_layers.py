@@ -22,7 +22,9 @@ from google.protobuf import text_format  # noqa: E402
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.inner_product import InnerProduct  # noqa: E402
 from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
+from mgcaffe.layer_types.scale_bias import ScaleLayer  # noqa: E402
 from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
 
@@ -31,11 +33,22 @@ BEFORE = {
     Pooling: {"max_backward_by_index": False, "ave_gemm_below": 0},
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
+    ScaleLayer: {"fused_rows": False},
+    InnerProduct: {"weight_major_upto": 0, "overwrite_block_elements": 0, "dx_block_rows": 0},
 }
+
+#: ResNet-50's Scale after each BatchNorm: in place, with a bias.
+SCALE = 'type: "Scale" scale_param { bias_term: true }'
+
 
 
 def pool(method: str, k: int, s: int) -> str:
     return f'type: "Pooling" pooling_param {{ pool: {method} kernel_size: {k} stride: {s} }}'
+
+
+def ip(out: int) -> str:
+    return (f'type: "InnerProduct" inner_product_param {{ num_output: {out} '
+            f'weight_filler {{ type: "xavier" }} }}')
 
 
 def conv(out: int, k: int, pad: int = 0) -> str:
@@ -62,10 +75,23 @@ CASES = [
      'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }',
      [(4, 64, 112, 112)]),
     ("GoogleNet loss1 AVE 5/3 512x14x14 b8", pool("AVE", 5, 3), [(8, 512, 14, 14)]),
+    # Cases named "(in place)" run with the top blob being the bottom blob.
+    ("ResNet scale_conv1 64x112x112 b4 (in place)", SCALE, [(4, 64, 112, 112)]),
+    ("ResNet scale2a 256x56x56 b4 (in place)", SCALE, [(4, 256, 56, 56)]),
+    ("ResNet scale4a 1024x14x14 b4 (in place)", SCALE, [(4, 1024, 14, 14)]),
+    ("ResNet scale5a 2048x7x7 b4 (in place)", SCALE, [(4, 2048, 7, 7)]),
+    ("LeNet ip1 800->500 b64", ip(500), [(64, 50, 4, 4)]),
+    ("LeNet ip2 500->10 b64", ip(10), [(64, 500)]),
+    ("AlexNet fc6 9216->4096 b8", ip(4096), [(8, 256, 6, 6)]),
+    ("AlexNet fc7 4096->4096 b8", ip(4096), [(8, 4096)]),
+    ("AlexNet fc8 4096->1000 b8", ip(1000), [(8, 4096)]),
+    # Eltwise: every bottom gets a diff.
+    ("ResNet res2a Eltwise SUM 256x56x56 b4", 'type: "Eltwise"', [(4, 256, 56, 56)] * 2),
+    ("ResNet res4a Eltwise SUM 1024x14x14 b4", 'type: "Eltwise"', [(4, 1024, 14, 14)] * 2),
 ]
 
 
-def build(text: str, shapes, settings: dict):
+def build(text: str, shapes, settings: dict, in_place: bool = False):
     """The layer, bottoms and tops, built with the class switches in `settings`."""
     param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
     saved = {}
@@ -80,7 +106,7 @@ def build(text: str, shapes, settings: dict):
         bottom[0].data[...] = rng.standard_normal(shapes[0])
         for blob in bottom[1:]:
             blob.data[...] = rng.integers(0, 10, size=blob.shape)
-        top = [Blob((), name="y")]
+        top = bottom[:1] if in_place else [Blob((), name="y")]
         layer.setup(bottom, top)
     finally:
         for cls, values in saved.items():
@@ -109,8 +135,9 @@ def main(argv=None) -> None:
     print("| layer | fwd before | fwd after | bwd before | bwd after | after/before |")
     print("|---|---|---|---|---|---|")
     for name, text, shapes in cases:
-        pair = [build(text, shapes, BEFORE), build(text, shapes, {})]
-        down = [True] + [False] * (len(shapes) - 1)
+        in_place = name.endswith("(in place)")
+        pair = [build(text, shapes, BEFORE, in_place), build(text, shapes, {}, in_place)]
+        down = [True] + [text.endswith('"Eltwise"')] * (len(shapes) - 1)
         best = [[float("inf")] * 2 for _ in pair]
         for repeat in range(args.repeats + 1):  # the first pass is a warm-up
             for k, (layer, bottom, top) in enumerate(pair):
@@ -119,6 +146,8 @@ def main(argv=None) -> None:
                 layer.forward(bottom, top)
                 middle = time.perf_counter()
                 evict += 1
+                for blob in layer.blobs:  # as a solver or `mgcaffe time` does per pass
+                    blob.clear_diff_lazily()
                 back = time.perf_counter()
                 layer.backward(top, down, bottom)
                 end = time.perf_counter() - back + middle

@@ -5,7 +5,8 @@ switched back on (`bench_small_layers.BEFORE`) and once as it is now, then alter
 forward+backward passes between the two, so both see the same load. Prints the median and
 best pass per net and way, and the per-layer medians where the two differ most.
 Usage: python benchmarks/bench_small_nets.py PROTOTXT... [--iterations N] [--threads T]
-(the prototxt files of bench_vs_caffe.py's --out folder: Input layers, force_backward).
+[--before CLASS,...] (the prototxt files of bench_vs_caffe.py's --out folder: Input layers,
+force_backward; --before: switch back only these layer classes, e.g. ScaleLayer).
 """
 
 from __future__ import annotations
@@ -65,10 +66,18 @@ def main(argv=None) -> None:
     parser.add_argument("prototxt", nargs="+")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--threads", default=None, help="as mgcaffe's --threads")
+    parser.add_argument("--before", default=None,
+                        help="comma-separated layer class names: switch back only these")
     args = parser.parse_args(argv)
     threads.configure(args.threads)
+    before = BEFORE
+    if args.before:
+        names = set(args.before.split(","))
+        before = {cls: v for cls, v in BEFORE.items() if cls.__name__ in names}
+        if len(before) != len(names):
+            parser.error(f"--before: choose from {', '.join(c.__name__ for c in BEFORE)}")
     for path in args.prototxt:
-        nets = [build(path, BEFORE), build(path, {})]
+        nets = [build(path, before), build(path, {})]
         count = len(nets[1].layers)
         totals = [[], []]
         layers = [np.zeros((args.iterations, count)) for _ in nets]

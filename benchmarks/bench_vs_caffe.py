@@ -122,21 +122,31 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[str, int, float]:
-    """(output, exit status, peak RSS in MB) of a fresh process."""
+def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[str, int, float, float, float]:
+    """(output, exit status, peak RSS in MB, CPU seconds, wall seconds) of a fresh process.
+
+    CPU seconds: user + system of the whole process (os.wait4's rusage of this child alone),
+    setup included; against the wall seconds it shows how many cores an engine kept busy,
+    which under a competing load says whether it took more than its share."""
     with tempfile.TemporaryFile("w+") as out:
+        start = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 cwd=ROOT)
-        deadline, rss = time.monotonic() + timeout, 0.0
-        while proc.poll() is None:
+        deadline, rss = start + timeout, 0.0
+        while True:
+            pid, wait_status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
             rss = max(rss, peak_rss_mb(proc.pid))
             if time.monotonic() > deadline:
                 proc.kill()
-                proc.wait()
+                pid, wait_status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.02)
+        wall = time.monotonic() - start
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)
         out.seek(0)
-        return out.read(), proc.returncode, rss
+        return out.read(), proc.returncode, rss, usage.ru_utime + usage.ru_stime, wall
 
 
 def parse_time_log(text: str) -> dict | None:
@@ -167,7 +177,7 @@ def engine_command(engine: str, prototxt: Path, iterations: int, args) -> tuple[
 
 def run_engine(engine: str, prototxt: Path, iterations: int, args) -> dict:
     cmd, env = engine_command(engine, prototxt, iterations, args)
-    text, status, rss = run_child(cmd, env, args.timeout)
+    text, status, rss, cpu_s, wall_s = run_child(cmd, env, args.timeout)
     if engine == "torch":
         lines = [ln for ln in text.splitlines() if ln.startswith("{")]
         result = json.loads(lines[-1]) if status == 0 and lines else None
@@ -177,6 +187,7 @@ def run_engine(engine: str, prototxt: Path, iterations: int, args) -> dict:
         tail = " | ".join(text.strip().splitlines()[-3:])
         return {"error": f"exit {status}: {tail[-300:]}", "rss_mb": rss}
     result["rss_mb"] = rss
+    result["cpu_s"], result["wall_s"] = cpu_s, wall_s
     if engine == "mgcaffe":
         found = re.search(r"Threads: .*", text)
         result["setup"] = found.group(0) if found else "?"
@@ -412,6 +423,16 @@ def report(results: dict, nets: list, engines: list, conditions: list, rounds: i
                     slowdown = statistics.median(busy) / statistics.median(idle)
                     parts.append(f"{engine} {slowdown:.2f}")
             print(f"\nloaded / idle (medians): {', '.join(parts)}")
+        cores = []
+        for cond in conditions:
+            for engine in engines:
+                runs = [r for r in results[name][cond][engine] if r.get("wall_s")]
+                if runs:
+                    share = statistics.median(r["cpu_s"] / r["wall_s"] for r in runs)
+                    cores.append(f"{cond} {engine} {share:.2f}")
+        if cores:
+            print(f"CPU time / wall time of the whole process (median; cores kept busy): "
+                  f"{', '.join(cores)}")
         mg = [r.get("ms") for r in results[name].get("idle", {}).get("mgcaffe", [])
               if r.get("ms")]
         if mg and flops.get(name):

@@ -298,3 +298,23 @@ def for_each_chunk(xp, count: int, body: Callable[[int, int], None], *,
     if cache_sized:
         grain = max(1, min(runner.chunk_elements // max(1, item_elements), per_thread))
     runner.run(count, body, grain)
+
+
+_blas_libraries: list | None = None
+
+
+def blas_threads() -> int:
+    """How many threads numpy's BLAS runs on now (threadpoolctl asks the library itself, a
+    ~1.5 us call, so it follows `layer_way`'s one-thread calls); 1 when it cannot tell.
+    Layers use it to take paths that pay only on one BLAS thread (many small GEMMs, each a
+    synchronisation of the BLAS's threads)."""
+    global _blas_libraries
+    if _blas_libraries is None:
+        try:
+            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
+            _blas_libraries = list(ThreadpoolController().select(user_api="blas")
+                                   .lib_controllers)
+        except ImportError:  # pragma: no cover - a dependency
+            _blas_libraries = []
+    counts = [lib.num_threads or 1 for lib in _blas_libraries]
+    return max(counts, default=1)

@@ -83,7 +83,11 @@ class EltwiseLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         xp, dy = self.xp, top[0].diff
-        for i, blob in enumerate(bottom):
+        # A bottom computed in place (its diff is the top diff) goes last: its scaled or
+        # masked diff would overwrite dy before the other bottoms read it.
+        order = sorted(range(len(bottom)), key=lambda i: bottom[i].diff is dy)
+        for i in order:
+            blob = bottom[i]
             if not propagate_down[i]:
                 continue
             dx = blob.diff

@@ -14,6 +14,7 @@ import numpy as np
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
+from ..kernels.parallel import blas_threads
 from .base import Layer
 from .registry import register_layer
 
@@ -25,6 +26,26 @@ class InnerProduct(Layer):
     type = "InnerProduct"
     exact_num_bottom = 1
     exact_num_top = 1
+    #: On the CPU, a forward of at most this many rows (M, the batch) into at least 4x as
+    #: many outputs computes top.T = W @ bottom.T (then one small transposing copy, with the
+    #: bias): OpenBLAS runs that layout faster at M = 8 (bench_small_layers.py, interleaved,
+    #: ms: AlexNet fc6 b8 77.9 -> 33.9 on two busy threads, 31.5 -> 18.7 on one; fc7 64.9 ->
+    #: 13.9, 14.0 -> 7.9; fc8 1.9-3.0 -> 1.5-1.7), the same bits in every shape measured. At
+    #: M = 64 it lost on two threads (LeNet ip1: 0.47-0.49 -> 0.50-0.55). 0: bottom @ W.T.
+    weight_major_upto = 16
+    #: On the CPU with the BLAS on one thread, at most `weight_major_upto` rows: the weight
+    #: gradient over a lazily cleared diff goes in blocks of about this many diff elements
+    #: (OpenBLAS's beta = 0 first zeroes its whole output, then adds into it: two trips
+    #: through fc6's 151 MB diff; per cache-sized block the zeroing stays in the cache);
+    #: 0: one call. Measured on one thread, fc6's dW alone: 30 -> 23 ms; fc7 26 -> 10.
+    overwrite_block_elements = 1 << 16
+    #: ... and the bottom diff sums the products of blocks of this many weight rows (the
+    #: first overwrites, the rest add inside the GEMM): fc6 32.3 -> 17.4 ms, fc7 13.2 ->
+    #: 10.4, fc8 2.8 -> 2.0 (another rounding order than one GEMM); 0: one call. On two BLAS
+    #: threads both lose badly on a busy machine (each small GEMM synchronises the BLAS's
+    #: threads: fc6 backward 170 -> 780 ms), so they run only when the BLAS has one thread
+    #: (`--threads 1`, ranks filling the cores, or `--threads adaptive`'s one-thread way).
+    dx_block_rows = 64
 
     def layer_setup(self, bottom, top):
         p = self.param.inner_product_param
@@ -69,6 +90,15 @@ class InnerProduct(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(self.m, self.k)
         out = top[0].data.reshape(self.m, self.num_output)
+        if (self.xp is np and not self.transpose and self.m <= self.weight_major_upto
+                and self.num_output >= 4 * self.m):
+            product = self.scratch(1, (self.num_output, self.m))
+            np.matmul(self.blobs[0].data, x.T, out=product)
+            if self.bias_term:
+                np.add(product.T, self.blobs[1].data, out=out)
+            else:
+                np.copyto(out, product.T)
+            return
         self.xp.matmul(x, self._weight_as_k_by_n(self.blobs[0].data), out=out)
         if self.bias_term:
             out += self.blobs[1].data
@@ -82,7 +112,13 @@ class InnerProduct(Layer):
             a, b = (x.T, top_diff) if self.transpose else (top_diff.T, x)
             # A lazily cleared diff (the iteration's first write) is overwritten: beta = 0.
             diff, overwrite = weight.diff_for_write()
-            if self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
+            if (self.xp is np and overwrite and self.m <= self.weight_major_upto
+                    and self.overwrite_block_elements > 0 and blas_threads() == 1):
+                rows = max(1, self.overwrite_block_elements // diff.shape[1])
+                for start in range(0, diff.shape[0], rows):
+                    gemm_accumulate(a[start:start + rows], b, diff[start:start + rows],
+                                    lambda shape: self.scratch(0, shape), True)
+            elif self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
                 gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
             elif overwrite:
                 self.xp.matmul(a, b, out=diff)
@@ -94,4 +130,12 @@ class InnerProduct(Layer):
             self.blobs[1].add_to_diff(top_diff.sum(axis=0))
         if propagate_down[0]:
             out = bottom[0].diff.reshape(self.m, self.k)
+            rows = self.dx_block_rows
+            if (self.xp is np and not self.transpose and self.m <= self.weight_major_upto
+                    and 0 < rows < self.num_output and blas_threads() == 1):
+                for start in range(0, self.num_output, rows):
+                    gemm_accumulate(top_diff[:, start:start + rows],
+                                    weight.data[start:start + rows], out,
+                                    lambda shape: self.scratch(0, shape), start == 0)
+                return
             self.xp.matmul(top_diff, self._weight_as_k_by_n(weight.data).T, out=out)

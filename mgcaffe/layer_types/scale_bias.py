@@ -7,6 +7,9 @@ scaled or shifted by operand[dim]. A scalar operand (0 axes) always uses axis 0,
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..kernels.parallel import for_each_chunk, runner_or_default
 from .base import Layer
 from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place
 from .registry import register_layer
@@ -101,6 +104,15 @@ class ScaleLayer(_BroadcastLayer):
     """
 
     type = "Scale"
+    #: On the CPU, forward and backward run over cache-sized blocks of (outer, channel) rows,
+    #: each block making all its passes while it is in the cache (the in-place copy, the
+    #: product and the bias; the two sums and the bottom diff), on the chunk threads: one
+    #: trip through memory per array instead of one per pass. False: whole-array passes.
+    fused_rows = True
+    #: ... in forward only for rows of at least this many elements: on short rows (ResNet's
+    #: 14x14 and 7x7 planes) the whole-array passes measured faster (1.05 vs 1.15 ms at
+    #: 4x1024x14x14, 0.50 vs 0.65 ms at 4x2048x7x7; the other way at 56x56: 4.3 vs 3.6 ms).
+    fused_forward_min_inner = 1024
 
     def layer_setup(self, bottom, top):
         p = self.param.scale_param
@@ -131,8 +143,23 @@ class ScaleLayer(_BroadcastLayer):
                 raise self.error(f"bias shape {tuple(bias.shape)} does not match scale shape "
                                  f"{tuple(scale.shape)}")
 
+    def _rows_path(self, array) -> bool:
+        return self.fused_rows and self.xp is np and array.dtype.kind == "f"
+
+    def _per_row(self, values):
+        """A (dim,) operand repeated for each of the `outer` blocks: one value per row."""
+        return np.broadcast_to(values.reshape(1, -1), self._dims[:2]).reshape(-1)
+
+    def _for_each_rows(self, body):
+        outer, dim, inner = self._dims
+        for_each_chunk(np, outer * dim, body, item_elements=max(1, inner),
+                       runner=runner_or_default(self.ctx.chunk_runner))
+
     def forward(self, bottom, top):
         xp = self.xp
+        if self._rows_path(bottom[0].data) and self._dims[2] >= self.fused_forward_min_inner:
+            self._forward_rows(bottom, top)
+            return
         if in_place(bottom, top):
             # The scale gradient needs x, which the in-place forward overwrites.
             if self._input_copy is None or self._input_copy.shape != bottom[0].shape:
@@ -144,8 +171,81 @@ class ScaleLayer(_BroadcastLayer):
         if self.bias_index is not None:
             y += self.blobs[self.bias_index].data.reshape(1, -1, 1)
 
+    def _forward_rows(self, bottom, top):
+        """forward() over blocks of rows: the same operations per element, the same bits."""
+        outer, dim, inner = self._dims
+        rows = (outer * dim, inner)
+        x = bottom[0].data.reshape(rows)
+        y = top[0].data.reshape(rows)
+        copy = None
+        if in_place(bottom, top):
+            if self._input_copy is None or self._input_copy.shape != bottom[0].shape:
+                self._input_copy = np.empty_like(bottom[0].data)
+            copy = self._input_copy.reshape(rows)
+        s = np.ascontiguousarray(self._per_row(self._scale(bottom).data))[:, None]
+        b = None
+        if self.bias_index is not None:
+            b = np.ascontiguousarray(self._per_row(self.blobs[self.bias_index].data))[:, None]
+
+        def body(start, stop):
+            if copy is not None:
+                np.copyto(copy[start:stop], x[start:stop])
+                source = copy[start:stop]
+            else:
+                source = x[start:stop]
+            out = y[start:stop]
+            np.multiply(source, s[start:stop], out=out)
+            if b is not None:
+                out += b[start:stop]
+
+        self._for_each_rows(body)
+
+    def _backward_rows(self, top, propagate_down, bottom):
+        """backward() over blocks of rows: per row, the bias and scale sums over `inner`
+        (summed over `outer` at the end: another rounding order than the whole-array sums)
+        and the bottom diff, which may overwrite the top diff (in place) once read."""
+        outer, dim, inner = self._dims
+        rows = (outer * dim, inner)
+        dy = top[0].diff.reshape(rows)
+        param = len(bottom) == 1
+        bias = None
+        if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
+            bias = np.empty(outer * dim, dtype=dy.dtype)
+        scale = None
+        if (param and self.param_propagate_down[0]) or (not param and propagate_down[1]):
+            scale = np.empty(outer * dim, dtype=dy.dtype)
+            x = (self._input_copy if in_place(bottom, top) else bottom[0].data)
+            x = x.reshape(rows)
+        dx = s = None
+        if propagate_down[0]:
+            dx = bottom[0].diff.reshape(rows)
+            s = np.ascontiguousarray(self._per_row(self._scale(bottom).data))[:, None]
+
+        def body(start, stop):
+            grad = dy[start:stop]
+            if bias is not None:
+                grad.sum(axis=1, out=bias[start:stop])
+            if scale is not None:
+                np.einsum("ij,ij->i", grad, x[start:stop], out=scale[start:stop])
+            if dx is not None:
+                np.multiply(grad, s[start:stop], out=dx[start:stop])
+
+        self._for_each_rows(body)
+        if bias is not None:
+            self.blobs[self.bias_index].add_to_diff(
+                bias.reshape(outer, dim).sum(axis=0).reshape(self.blobs[self.bias_index].shape))
+        if scale is not None:
+            total = scale.reshape(outer, dim).sum(axis=0).reshape(self._scale(bottom).shape)
+            if param:
+                self.blobs[0].add_to_diff(total)
+            else:
+                bottom[1].diff[...] = total
+
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
+        if self._rows_path(top[0].diff):
+            self._backward_rows(top, propagate_down, bottom)
+            return
         dy = self._view(top[0].diff)
         # Operand gradients first: in place, the bottom diff overwrites the top diff.
         if self.bias_index is not None and self.param_propagate_down[self.bias_index]:

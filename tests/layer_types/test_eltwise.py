@@ -107,3 +107,34 @@ def test_errors(text, shapes, match):
 def test_needs_two_bottoms():
     with pytest.raises(LayerError, match="at least 2"):
         make_layer(param(), [SHAPE])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("coeff", [None, [0.5, -2.0, 1.0]])
+def test_sum_float32_and_in_place(in_place, coeff):
+    """SUM in float32: the forward as a left-to-right sum written out here (same bits), each
+    bottom diff coeff_i * dy, also when the top is bottom 0 (in place: its diff is the top
+    diff, scaled only after the others read it)."""
+    from mgcaffe.blob import Blob
+    from mgcaffe.layer_types import LayerContext, create_layer
+
+    rng = np.random.default_rng(3)
+    shape = (2, 3, 5, 7)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    dy = rng.standard_normal(shape).astype(np.float32)
+    c = [np.float32(v) for v in (coeff or [1, 1, 1])]
+    text = "operation: SUM " + " ".join(f"coeff: {v}" for v in coeff or [])
+    layer = create_layer(param(text), LayerContext(dtype=np.float32))
+    bottom = [Blob(shape, dtype=np.float32) for _ in xs]
+    for blob, x in zip(bottom, xs):
+        blob.data[...] = x
+        blob.diff[...] = 123.0
+    top = bottom[0] if in_place else Blob((), dtype=np.float32)
+    layer.setup(bottom, [top])
+    layer.forward(bottom, [top])
+    expected = (xs[0] + xs[1] if coeff is None else xs[0] * c[0] + xs[1] * c[1]) + xs[2] * c[2]
+    np.testing.assert_array_equal(top.data, expected)
+    top.diff[...] = dy
+    layer.backward([top], [True, True, True], bottom)
+    for i in range(3):
+        np.testing.assert_array_equal(bottom[i].diff, dy * c[i])

@@ -7,9 +7,11 @@ import itertools
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from threadpoolctl import threadpool_limits
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.kernels.parallel import blas_threads
 from mgcaffe.proto import caffe_pb2
 
 
@@ -27,6 +29,9 @@ CASES = [
     ("num_output: 3 axis: 2", (2, 3, 4, 2), (2, 3, 3)),
     ("num_output: 2 axis: -1 transpose: true", (2, 2, 5), (2, 2, 2)),
     ("num_output: 3 axis: 0", (2, 3), (3,)),
+    # Few rows into >= 4x as many outputs: the forward computes top.T = W @ bottom.T.
+    ("num_output: 9", (2, 5), (2, 9)),
+    ("num_output: 8 bias_term: false", (2, 3, 2), (2, 8)),
 ]
 
 
@@ -119,3 +124,64 @@ def test_reshape_keeps_k_fixed():
     bottom[0].reshape(5, 11)
     with pytest.raises(LayerError, match="12 values per item"):
         layer.reshape(bottom, top)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, monkeypatch):
+    """Few rows: a lazily cleared weight diff is written block by block (here 2 diff rows a
+    block, 5 blocks, the last one short), every element overwritten (the raw memory is
+    poisoned with NaN); the next backward accumulates."""
+    body = "num_output: 9" + (" transpose: true" if transpose else "")
+    layer, bottom, top = make_layer(ip_param(body), [(3, 4)])
+    layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
+    calls = _count_gemm_calls(monkeypatch)
+    rng = np.random.default_rng(8)
+    top[0].diff[...] = rng.standard_normal((3, 9))
+    dy, x = top[0].diff.copy(), bottom[0].data.copy()
+    expected = np.array([[sum(dy[m, n] * x[m, k] for m in range(3)) for k in range(4)]
+                         for n in range(9)])
+    if transpose:
+        expected = expected.T
+    weight = layer.blobs[0]
+    weight.diff[...] = np.nan
+    weight.clear_diff_lazily()
+    layer.forward(bottom, top)
+    with threadpool_limits(1, user_api="blas"):  # the blocks run on one BLAS thread only
+        assert blas_threads() == 1
+        layer.backward(top, [True], bottom)
+        assert calls == ([(2, 9)] * 2 if transpose else [(2, 4)] * 4 + [(1, 4)])
+        np.testing.assert_allclose(weight.diff, expected, rtol=1e-12, atol=1e-12)
+        layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(weight.diff, 2 * expected, rtol=1e-12, atol=1e-12)
+
+
+def _count_gemm_calls(monkeypatch) -> list:
+    """Record each gemm_accumulate call the layer makes (its output shape)."""
+    from mgcaffe.layer_types import inner_product
+
+    calls, real = [], inner_product.gemm_accumulate
+
+    def counting(a, b, c, *args):
+        calls.append(c.shape)
+        real(a, b, c, *args)
+
+    monkeypatch.setattr(inner_product, "gemm_accumulate", counting)
+    return calls
+
+
+def test_bottom_diff_summed_over_blocks_of_weight_rows(monkeypatch):
+    """Few rows: the bottom diff sums blocks of 2 weight rows (5 blocks over 9 outputs, the
+    last one short); the first block overwrites the stale diff."""
+    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)])
+    layer.dx_block_rows = 2
+    layer.param_propagate_down = [False, False]
+    calls = _count_gemm_calls(monkeypatch)
+    rng = np.random.default_rng(9)
+    top[0].diff[...] = rng.standard_normal((3, 9))
+    bottom[0].diff[...] = 123.0
+    with threadpool_limits(1, user_api="blas"):  # the blocks run on one BLAS thread only
+        layer.backward(top, [True], bottom)
+    assert calls == [(3, 4)] * 5
+    dy, w = top[0].diff, layer.blobs[0].data
+    expected = [[sum(dy[m, n] * w[n, k] for n in range(9)) for k in range(4)] for m in range(3)]
+    np.testing.assert_allclose(bottom[0].diff, expected, rtol=1e-12, atol=1e-12)

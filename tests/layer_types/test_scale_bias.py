@@ -164,3 +164,51 @@ def test_operand_shape_mismatch(type_, bottoms):
 def test_num_axes_past_the_end():
     with pytest.raises(LayerError, match="extends past"):
         make_layer(param("Scale", "scale_param { axis: 2 num_axes: 3 }"), [X_SHAPE])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scale_row_blocks_on_threads(in_place, dtype):
+    """The CPU path over blocks of (outer, channel) rows, on two threads with one-row chunks:
+    forward bit for bit as x * s + b, backward against sums written out here, from stale
+    bottom diffs and lazily cleared parameter diffs."""
+    from mgcaffe.kernels.parallel import ChunkRunner
+
+    rng = np.random.default_rng(7)
+    shape = (3, 4, 5, 6)
+    x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    s, b = rng.standard_normal(4).astype(dtype), rng.standard_normal(4).astype(dtype)
+    ctx = LayerContext(dtype=dtype, chunk_runner=ChunkRunner(2, chunk_elements=1,
+                                                             serial_below=0, adaptive=False))
+    layer = create_layer(param("Scale", "scale_param { bias_term: true }"), ctx)
+    bottom = Blob(shape, dtype=dtype)
+    bottom.data[...] = x
+    top = bottom if in_place else Blob((), dtype=dtype)
+    layer.setup([bottom], [top])
+    assert layer.fused_rows
+    layer.fused_forward_min_inner = 1  # this test's rows are short
+    layer.blobs[0].data[...] = s
+    layer.blobs[1].data[...] = b
+    layer.forward([bottom], [top])
+    expected = np.empty_like(x)
+    for n, c in np.ndindex(3, 4):
+        expected[n, c] = x[n, c] * s[c]
+        expected[n, c] += b[c]
+    np.testing.assert_array_equal(top.data, expected)
+    if not in_place:
+        bottom.diff[...] = 123.0  # stale: must be overwritten
+    top.diff[...] = dy
+    for blob in layer.blobs:
+        blob.diff[...] = np.nan  # poisoned raw memory under a lazy clear
+        blob.clear_diff_lazily()
+    layer.backward([top], [True], [bottom])
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    ds = [sum(float(v) for v in (dy64[:, c] * x64[:, c]).ravel()) for c in range(4)]
+    db = [sum(float(v) for v in dy64[:, c].ravel()) for c in range(4)]
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(layer.blobs[0].diff, ds, rtol=tol, atol=tol)
+    np.testing.assert_allclose(layer.blobs[1].diff, db, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(bottom.diff, dy * s.reshape(1, 4, 1, 1))
+    top.diff[...] = dy  # in place, the first backward overwrote it with the bottom diff
+    layer.backward([top], [False], [bottom])  # the parameter diffs accumulate
+    np.testing.assert_allclose(layer.blobs[1].diff, 2 * np.array(db), rtol=tol, atol=tol)

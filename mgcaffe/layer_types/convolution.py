@@ -409,10 +409,14 @@ class Convolution(_ConvolutionBase):
     shift_max_waste = 2.0
     #: ... on planes the per-sample layout does not take (56x56 GoogleNet conv2/3x3 and
     #: ResNet res2a_branch2b: 0.8-1.2, no clear gain), with a full output of at least this
-    #: many positions (N*Hp*Wp: 7x7 planes at batch 4 and 8, 324 and 648, lost 1.5-2.4x,
-    #: computing 1.65x the positions; res4a_branch2b, 14x14 at batch 4, 1024: 0.39-0.66;
-    #: AlexNet conv3-5 at batch 8, 1800: 0.4-0.8).
-    shift_from_length = 1000
+    #: many positions (N*Hp*Wp). Below it the shifted path won only while other processes
+    #: held the cores (0.39-0.8) and lost on a quiet node, where im2col's one big GEMM is
+    #: fast: AlexNet conv3-5 at batch 8 (1800) 1.40-1.80, GoogleNet inception_4e/3x3 (2048)
+    #: 1.32-1.53, ResNet-50 res3a/res4a_branch2b at batch 4 (3600, 1024) 1.02-1.25 and
+    #: 1.66-1.82, 7x7 planes (324, 648) 2.3-3.8. From 6000 (CIFAR-10 conv2 40000, AlexNet
+    #: conv2 7688, GoogleNet's 28x28 layers 7200) it ties on a quiet node (0.94-1.16) and
+    #: wins on a loaded one (0.5-0.9), and keeps no column matrix.
+    shift_from_length = 6000
     #: Stack the kernel's width offsets into each GEMM's reduction (kw copies of the input
     #: kept, kh GEMMs) rather than one GEMM per offset (1 copy, kh*kw GEMMs).
     shift_stack = True

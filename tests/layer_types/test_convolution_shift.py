@@ -163,12 +163,13 @@ def rule_picks(body, shape):
 
 
 def test_rule_takes_mid_size_planes_with_enough_channels():
-    # AlexNet conv3-like: 13x13, pad 1, batch 8 (full output 8 * 15 * 15 = 1800)
-    assert rule_picks("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13))
+    # GoogleNet inception_3a/3x3-like: 28x28, pad 1, batch 8 (full output 8 * 30 * 30 = 7200)
+    assert rule_picks("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28))
 
 
 @pytest.mark.parametrize("body,shape,why", [
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 13, 13), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 28, 28), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13), "AlexNet conv3-like: 1800"),
     ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 13, 13), "strided"),
     ("num_output: 4 kernel_size: 1", (8, 32, 13, 13), "1x1"),
     ("num_output: 4 kernel_size: 5 pad: 2", (64, 32, 8, 8), "computes 2.25x"),

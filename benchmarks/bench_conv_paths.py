@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: park idle threads
 
 from bench_layers import build  # noqa: E402 - same folder
+from busy_load import BusyLoad  # noqa: E402 - same folder
 
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 
@@ -122,14 +121,8 @@ def main(argv=None) -> None:
     default = SHIFTED if args.compare in ("shift", "stack") else POINTWISE + SPATIAL
     cases = {"1x1": POINTWISE, "kxk": SPATIAL, "shifted": SHIFTED}.get(args.only, default)
     cases = [case for case in cases if args.match in case[0]]
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.busy)]
-    try:
+    with BusyLoad(args.busy):
         run(cases, BEFORE[args.compare], AFTER.get(args.compare, {}), args)
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
 
 
 def run(cases, before: dict, after: dict, args) -> None:

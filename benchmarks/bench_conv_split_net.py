@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_engine import gemm_flops, matmul_gflops  # noqa: E402 - same folder
 from bench_vs_caffe import peak_rss_mb  # noqa: E402
+from busy_load import BusyLoad  # noqa: E402 - same folder
 
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
@@ -110,9 +111,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rss", action="store_true",
                         help="also each way's peak RSS, in a fresh process")
     args = parser.parse_args(argv)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.busy)]
-    try:
+    with BusyLoad(args.busy):
         print(f"ms per forward+backward pass, {args.passes} per way, alternated "
               f"({args.compare}), {args.busy} busy processes; numpy matmul "
               f"{matmul_gflops(repeats=3, n=1024):.0f} GFLOP/s before")
@@ -142,10 +141,6 @@ def main(argv=None) -> None:
                          f"{peak_rss_child(name, args.compare, not args.same):.0f} |")
             print(line, flush=True)
         print(f"numpy matmul {matmul_gflops(repeats=3, n=1024):.0f} GFLOP/s after")
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
 
 
 if __name__ == "__main__":

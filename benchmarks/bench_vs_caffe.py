@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import re
 import shutil
@@ -42,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from busy_load import BusyLoad  # noqa: E402 - same folder
 
 # name: (prototxt, {input top: shape}, iterations at --scale 1)
 NETS = {
@@ -192,34 +193,6 @@ def run_engine(engine: str, prototxt: Path, iterations: int, args) -> dict:
         found = re.search(r"Threads: .*", text)
         result["setup"] = found.group(0) if found else "?"
     return result
-
-
-# -- the competing load
-def _busy() -> None:
-    while True:
-        pass
-
-
-class Load:
-    """One busy process per core while active (started by this script, ended by it)."""
-
-    def __init__(self, processes: int):
-        self.processes = processes
-        self.children: list = []
-
-    def __enter__(self):
-        ctx = multiprocessing.get_context("spawn")
-        self.children = [ctx.Process(target=_busy, daemon=True) for _ in range(self.processes)]
-        for child in self.children:
-            child.start()
-        time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        for child in self.children:
-            child.terminate()
-        for child in self.children:
-            child.join(5)
 
 
 # -- engine descriptions
@@ -527,7 +500,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for cond in conditions:
-            with (Load(cores) if cond == "loaded" else _Nothing()):
+            with BusyLoad(cores if cond == "loaded" else 0):
                 for name in nets:
                     iterations = max(1, round(NETS[name][2] * args.scale))
                     for engine in order:
@@ -545,14 +518,6 @@ def main(argv=None) -> int:
                      "conditions": conditions, "rounds": r + 1}, indent=1))
     report(results, nets, engines, conditions, args.rounds, flops, rate, setups)
     return 0
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

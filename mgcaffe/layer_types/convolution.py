@@ -397,8 +397,12 @@ class Convolution(_ConvolutionBase):
     #: im2col saves on larger planes, e.g. CIFAR-10 conv1 at 32x32 15.3 -> 17.3 ms).
     batch_last_upto = 256
     #: Shifted GEMMs on the padded input instead of im2col (kernels.shift_conv), for stride
-    #: 1: None by the rule below, True forced (any stride-1 kernel), False never.
-    shift_gemm = None
+    #: 1: None by the rule below, True forced (any stride-1 kernel), False never. Off by
+    #: default: inside whole nets on a quiet node the layers the rule takes ran slower than
+    #: on im2col (bench_vs_caffe.py, best idle fwd / bwd ms: AlexNet conv2 52.3 / 98.5
+    #: against 33.8 / 65.6, GoogleNet inception_3b/3x3 30.4 / 64.5 against 27.5 / 44.8); they
+    #: win only while other processes hold the cores (0.4-0.9) and keep no column matrix.
+    shift_gemm = False
     #: The rule, measured (bench_conv_paths.py --compare shift, fwd+bwd): a kxk kernel (not
     #: 1x1) with at least this many input channels per group (3-channel conv1 layers lost,
     #: 1.0-1.6; GoogleNet's 16-channel 5x5 layers lost 1.1-1.5 on a quiet machine, won

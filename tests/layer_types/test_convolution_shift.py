@@ -13,6 +13,7 @@ from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import shift_conv
 from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 # body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
@@ -160,6 +161,12 @@ def test_wide_output_splits_blocks_and_reduction():
 def rule_picks(body, shape):
     layer, bottom, top = build(body, shape, shift=None)
     return layer._shift is not None
+
+
+def test_the_shifted_path_is_off_by_default():
+    layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28),
+                               shift=Convolution.shift_gemm)
+    assert layer._shift is None
 
 
 def test_rule_takes_mid_size_planes_with_enough_channels():

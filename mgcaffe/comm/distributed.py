@@ -225,6 +225,7 @@ class DistributedTraining:
         self.insitu: Any = None  # the in-situ rho (insitu.InSitu) once measured
         self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
         self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
+        self.insitu_comm: Any = None  # the in-situ sigma (insitu.CommInSitu) once measured
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -636,9 +637,12 @@ class DistributedTraining:
         if state["seen"] > 1 and len(self._ready) == len(self.names):
             state["rows"].append(layer_overlaps(self.timer.forward_end, self._ready,
                                                 intervals, len(self.names)))
-            # the other direction, which the model does not have: messages sent while
-            # backward ran, their measured time against a + b*M
-            end = self._ready[1]
+            # the other direction (sigma): each message's time in flight, how much of it
+            # during backward, and what a + b*M predicts for it
+            start, end = self.timer.forward_end, self._ready[1]
+            state.setdefault("messages", []).append(
+                [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), self.cost.time(m))
+                 for t0, t1, m in intervals])
             comm = state.setdefault("comm", [0.0, 0.0])
             for t0, t1, m in intervals:
                 if t0 < end:
@@ -649,15 +653,27 @@ class DistributedTraining:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
         slowest rank's (a collective: every rank adopts the same points), and use it in the
         cost model for the re-plan, its prediction and the rest of the run."""
-        from .insitu import InSitu, estimate  # noqa: PLC0415
+        from .insitu import InSitu, estimate, estimate_comm  # noqa: PLC0415
 
         state, self._in_situ = self._in_situ, None
         self.executor.intervals = None
         probe = tuple(self.cost.interference)
-        mine = estimate([b for _, b in self.profiler.samples], state["rows"],
-                        [m for m, _ in probe])
+        classes = [m for m, _ in probe]
+        mine = estimate([b for _, b in self.profiler.samples], state["rows"], classes)
+        mine_comm = estimate_comm(state.get("messages", []), classes)
         with self._guard("gathering the in-situ interference estimates"):
-            found = [e for e in self.base_comm.allgather(mine) if e is not None]
+            gathered = self.base_comm.allgather((mine, mine_comm))
+        found = [e for e, _ in gathered if e is not None]
+        found_comm = [c for _, c in gathered if c is not None]
+        if found_comm:  # every rank adopts the slowest rank's sigma (the same object)
+            self.insitu_comm = max(found_comm, key=lambda c: c.single)
+            self.cost = self.cost.with_comm_slowdown(self.insitu_comm.points)
+            if self.rank == 0:
+                log.info("Communication slows beside backward, measured in situ on the "
+                         "slowest of %d rank(s): %s; the model now uses %s", self.size,
+                         self.insitu_comm.describe(),
+                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}"
+                                   for m, v in self.insitu_comm.points))
         probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
         if not found:
             if self.rank == 0:
@@ -675,8 +691,7 @@ class DistributedTraining:
         self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
         if self.rank == 0:
             log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
-                     "rank; the model keeps a + b*M: communication slowed by computation is "
-                     "not in it)", slowest)
+                     "rank; whole messages, also their part after backward)", slowest)
             log.info("Computation slows beside the all-reduces, measured in situ on the "
                      "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
                      "%s)", self.size, est.describe(),

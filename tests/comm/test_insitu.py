@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.insitu import estimate, layer_overlaps
+from mgcaffe.comm.insitu import estimate, estimate_comm, layer_overlaps
 from mgcaffe.comm.local import LocalWorld
 from mgcaffe.comm.testing import run_ranks
 from mgcaffe.proto import caffe_pb2
@@ -61,6 +61,41 @@ def test_rho_per_size_when_one_number_does_not_fit():
 def test_nothing_in_flight_gives_no_estimate():
     assert estimate([[1.0]], [[(1.0, [])]], [4]) is None
     assert estimate([[1.0]], [], [4]) is None
+
+
+def test_one_sigma_recovered_from_known_message_times():
+    # sigma = 1.5: a message progresses at 2/3 while backward runs, so one that overlaps
+    # backward for o seconds takes T + o / 3; those sent after backward take T exactly
+    its = [[(65536, 0.002 + o / 3, o, 0.002), (1 << 20, 0.010, 0.0, 0.010)]
+           for o in (0.003, 0.006, 0.009)]
+    est = estimate_comm(its, [65536, 1 << 20])
+    assert est.single == pytest.approx(1.5) and est.one
+    assert est.points == ((65536, pytest.approx(1.5)), (1 << 20, pytest.approx(1.5)))
+    assert est.messages == 3 and est.overlap_seconds == pytest.approx(0.018)
+    assert est.after == pytest.approx(1.0)
+    assert "x1.50 for one sigma" in est.describe()
+
+
+def test_sigma_per_size_when_one_number_does_not_fit():
+    # small messages x1.1 (z = 1/11), large ones x2 (z = 1/2), with a little noise
+    rng = np.random.default_rng(4)
+    its = []
+    for _ in range(6):
+        o1, o2 = rng.uniform(0.002, 0.004), rng.uniform(0.01, 0.02)
+        its.append([(65536, 0.001 + o1 / 11 + rng.normal(0, 1e-5), o1, 0.001),
+                    (16 << 20, 0.05 + o2 / 2 + rng.normal(0, 1e-5), o2, 0.05)])
+    est = estimate_comm(its, [65536, 16 << 20])
+    assert not est.one
+    got = dict(est.points)
+    assert got[65536] == pytest.approx(1.1, rel=0.03)
+    assert got[16 << 20] == pytest.approx(2.0, rel=0.03)
+
+
+def test_no_message_during_backward_gives_no_sigma():
+    assert estimate_comm([[(4, 0.1, 0.0, 0.1)]], [4]) is None
+    assert estimate_comm([], [4]) is None
+    # faster than modelled is not a speed-up: sigma stays >= 1
+    assert estimate_comm([[(4, 0.05, 0.1, 0.1)]], [4]).single == 1.0
 
 
 NET = """
@@ -164,3 +199,8 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     assert h0.plan.interference == h0.cost.interference
     # the emulated all-reduces last A: measured against the model's a + b*M (a = A), about 1
     assert 0.9 <= h0.comm_slowdown == h1.comm_slowdown
+    # sigma: emulated all-reduces sleep their time whatever backward does, so about 1; every
+    # rank adopted the same points, and the plan carries them
+    assert h0.insitu_comm is not None and 1.0 <= h0.insitu_comm.single <= 1.3
+    assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.insitu_comm.points
+    assert h0.plan.comm_slowdown == h0.cost.comm_slowdown

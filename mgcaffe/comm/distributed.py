@@ -415,6 +415,9 @@ class DistributedTraining:
                 plan = make_plan(profile, self.cost, o.scheme,
                                  int(o.bucket_mb * (1 << 20)) if o.comm == "threshold" else None,
                                  nodes=o.emulate_nodes or self.size)
+                if not plan.exact:
+                    log.warning("Plan %s: the optimal search was cut (too many states): the "
+                                "plan is not proven optimal under the model", where)
                 payload = ("ok", plan.to_dict(), profile.to_dict())
             except MgcaffeError as exc:  # every rank must learn why, not wait for a plan
                 payload = ("error", str(exc), None)

@@ -656,27 +656,27 @@ class DistributedTraining:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
         slowest rank's (a collective: every rank adopts the same points), and use it in the
         cost model for the re-plan, its prediction and the rest of the run."""
-        from .insitu import InSitu, estimate, estimate_comm  # noqa: PLC0415
+        from .insitu import InSitu, estimate, estimate_comm, last_arrivals  # noqa: PLC0415
 
         state, self._in_situ = self._in_situ, None
         self.executor.intervals = None
         probe = tuple(self.cost.interference)
         classes = [m for m, _ in probe]
         mine = estimate([b for _, b in self.profiler.samples], state["rows"], classes)
-        mine_comm = estimate_comm(state.get("messages", []), classes)
         with self._guard("gathering the in-situ interference estimates"):
-            gathered = self.base_comm.allgather((mine, mine_comm))
+            gathered = self.base_comm.allgather((mine, state.get("messages", [])))
         found = [e for e, _ in gathered if e is not None]
-        found_comm = [c for _, c in gathered if c is not None]
-        if found_comm:  # every rank adopts the slowest rank's sigma (the same object)
-            self.insitu_comm = max(found_comm, key=lambda c: c.single)
-            self.cost = self.cost.with_comm_slowdown(self.insitu_comm.points)
+        # sigma from each message as the rank that entered it last saw it (every rank
+        # computes the same from the same rows)
+        comm_est = estimate_comm(last_arrivals([m for _, m in gathered]), classes)
+        if comm_est is not None:
+            self.insitu_comm = comm_est
+            self.cost = self.cost.with_comm_slowdown(comm_est.points)
             if self.rank == 0:
-                log.info("Communication slows beside backward, measured in situ on the "
-                         "slowest of %d rank(s): %s; the model now uses %s", self.size,
-                         self.insitu_comm.describe(),
-                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}"
-                                   for m, v in self.insitu_comm.points))
+                log.info("Communication slows beside backward, measured in situ (each "
+                         "message as the last of %d rank(s) to enter it saw it): %s; the "
+                         "model now uses %s", self.size, comm_est.describe(),
+                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
         probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
         if not found:
             if self.rank == 0:

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CommInSitu", "InSitu", "estimate", "estimate_comm", "layer_overlaps"]
+__all__ = ["CommInSitu", "InSitu", "estimate", "estimate_comm", "last_arrivals",
+           "layer_overlaps"]
 
 MAX_X = 0.95  # x = rho / (1 + rho) < 1: rho at most 19 (a layer 20x slower)
 MIN_BUSY_SHARE = 0.10  # a size class needs this share of the in-flight time to be judged
@@ -220,6 +221,23 @@ class CommInSitu:
                 f"one sigma; per size {classes or 'none measured'}; {how} ({self.messages} "
                 f"message(s), {self.overlap_seconds * 1e3:.1f} ms of them during backward"
                 f"{after})")
+
+
+def last_arrivals(per_rank: Sequence[Sequence[Sequence[tuple]]]) -> list[list[tuple]]:
+    """Each message as seen by the rank that entered it last: the one with the least time in
+    the call. An all-reduce ends at about the same moment everywhere, so the other ranks' extra
+    time is waiting for that rank (a skew the model has already, in the slowest rank's ready
+    times), not the message's own slowdown. `per_rank[r][i][m]` is rank r's row (bytes,
+    seconds, ...) of message m of overlapped iteration i; ranks whose iterations or messages
+    do not line up (a rank skipped an incomplete iteration) are left out."""
+    ranks = [r for r in per_rank if r]
+    if not ranks:
+        return []
+    shape = [len(it) for it in ranks[0]]
+    same = [r for r in ranks if [len(it) for it in r] == shape
+            and all(a[0] == b[0] for x, y in zip(r, ranks[0]) for a, b in zip(x, y))]
+    return [[min((r[i][m] for r in same), key=lambda row: row[1]) for m in range(n)]
+            for i, n in enumerate(shape)]
 
 
 def estimate_comm(overlapped: Sequence[Sequence[tuple[int, float, float, float]]],

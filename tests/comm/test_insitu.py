@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.insitu import estimate, estimate_comm, layer_overlaps
+from mgcaffe.comm.insitu import estimate, estimate_comm, last_arrivals, layer_overlaps
 from mgcaffe.comm.local import LocalWorld
 from mgcaffe.comm.testing import run_ranks
 from mgcaffe.proto import caffe_pb2
@@ -204,3 +204,13 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     assert h0.insitu_comm is not None and 1.0 <= h0.insitu_comm.single <= 1.3
     assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.insitu_comm.points
     assert h0.plan.comm_slowdown == h0.cost.comm_slowdown
+
+
+def test_each_message_as_the_last_rank_to_enter_it_saw_it():
+    # rank 0 waited 5 ms in the first message for rank 1, rank 1 4 ms in the second
+    r0 = [[(4, 0.007, 0.002, 0.002), (8, 0.003, 0.0, 0.003)]]
+    r1 = [[(4, 0.002, 0.001, 0.002), (8, 0.007, 0.001, 0.003)]]
+    assert last_arrivals([r0, r1]) == [[r1[0][0], r0[0][1]]]
+    # a rank whose iterations do not line up is left out; no rows at all: nothing
+    assert last_arrivals([r0, [], [[r1[0][0]]]]) == r0
+    assert last_arrivals([[], []]) == []

@@ -546,10 +546,9 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     exceeds it cannot lead to anything better and is dropped (branch and bound, still exact:
     the states of an optimal grouping never exceed its time).
 
-    `budget`: about this many state transitions in all. Front k's states each try up to k
-    groups, so before expanding it the front is cut to what the rest of the budget allows
-    if every later front were as large (those of least lower bound are kept, at least one);
-    the result is then no longer proven optimal. Returns (runs, exact): exact is False when
+    `budget`: about this many state transitions in all. Before expanding front k it is cut
+    to its share of what is left (those of least lower bound are kept, at least one); the
+    result is then no longer proven optimal. Returns (runs, exact): exact is False when
     a front was cut; runs is [] when every state was dropped (`upper` below what is
     reachable)."""
     L = profile.num_layers
@@ -564,7 +563,7 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     lower = _lower(profile, cost, total)
     cum = list(itertools.accumulate(p))  # cum[k]: parameters of layers 1..k
     need = [cost.time(nb * c) for c in cum]  # need[k]: T of layers 1..k in one message
-    exact, spent = True, 0
+    exact, spent, per_state = True, 0, float(L)
     # per message size: its full-speed time, 1 + rho and sigma (sizes repeat across states)
     terms: dict[int, tuple[float, float, float]] = {}
     # fronts[k]: states after sending layers L..k+1: (F, w, parent k, parent state, j)
@@ -573,15 +572,18 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     for k in range(L, 0, -1):
         front = _pareto(fronts[k], strict)
         if budget is not None:
-            cap = max(1, (budget - spent) // (k * (k + 1) // 2))
+            # this front's share of what is left (fronts k..1 try about k(k+1)/2 groups per
+            # state), in states at the transitions per state seen on the previous front
+            cap = max(1, int(2 * (budget - spent) / (k + 1) / max(1.0, per_state)))
             if len(front) > cap:
                 front = sorted(front, key=lambda st: lower(k, st[0], st[1]))[:cap]
                 exact = False
-            spent += len(front) * k
         fronts[k] = front
+        before = spent
         for si, (F, w, *_) in enumerate(front):
             params = 0
             for j in range(k, 0, -1):
+                spent += 1
                 params += p[j]
                 size = nb * params
                 term = terms.get(size)
@@ -600,6 +602,8 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
                 if prune and lower(j - 1, s + d, w2) > limit:
                     continue
                 fronts[j - 1].append((s + d, w2, k, si, j))
+        if front:
+            per_state = (spent - before) / len(front)
     if not fronts[0]:
         return [], exact
     final = min(fronts[0], key=lambda st: st[0])
@@ -663,7 +667,7 @@ def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
     return kept
 
 
-FRONT_BUDGET = 400_000  # state transitions of `optimal` under the extended model (~1 s)
+FRONT_BUDGET = 1_000_000  # state transitions of `optimal` under the extended model (~1 s)
 
 
 def _optimal_extended_runs(profile: Profile, cost: CostModel

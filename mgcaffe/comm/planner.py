@@ -620,11 +620,12 @@ def _lower(profile: Profile, cost: CostModel, total: float):
     """lower(k, F, w): a lower bound on the iteration time from the state (F, w) with layers
     1..k still to send. Let R = total - w and x the time a message is in flight between F
     and the end E of backward. Backward runs at most at 1/(1 + rho_min) while one is, so
-    E - F >= R + x q (q = rho_min / (1 + rho_min)), hence x <= R (1 + rho_min); the channel
-    does at most x / sigma_min of full-speed work before E; layers 1..k need at least
-    C = T(their bytes) of it (one message is the cheapest), and the group holding layer 1
-    starts after E and lasts at least T1 = T(layer 1's bytes). So the time is at least
-    F + R + x q + max(T1, C - x / sigma_min), minimised over x in [0, R (1 + rho_min)]."""
+    E - F >= R + x q (q = rho_min / (1 + rho_min)), and at least at 1/(1 + rho_max), so
+    x <= R (1 + rho_max); the channel does at most x / sigma_min of full-speed work before
+    E; layers 1..k need at least C = T(their bytes) of it (one message is the cheapest), and
+    the group holding layer 1 starts after E and lasts at least T1 = T(layer 1's bytes). So
+    the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised over x in
+    [0, R (1 + rho_max)]."""
     L = profile.num_layers
     nb = profile.dtype_bytes
     need = [0.0] * (L + 1)
@@ -635,6 +636,7 @@ def _lower(profile: Profile, cost: CostModel, total: float):
     first = cost.time(nb * profile.layers[0].params)
     sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
     rho_min = min([r for _, r in cost.interference] or [0.0])
+    rho_max = max([r for _, r in cost.interference] or [0.0])
     q = rho_min / (1.0 + rho_min)
 
     def lower(k: int, F: float, w: float) -> float:
@@ -646,7 +648,7 @@ def _lower(profile: Profile, cost: CostModel, total: float):
         c = need[k]
         if q * sigma_min >= 1.0 or c <= first:  # x = 0 is the least
             return F + rest + max(first, c)
-        x = min((c - first) * sigma_min, rest * (1.0 + rho_min))
+        x = min((c - first) * sigma_min, rest * (1.0 + rho_max))
         return F + rest + x * q + max(first, c - x / sigma_min)
 
     return lower

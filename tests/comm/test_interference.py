@@ -272,3 +272,37 @@ def test_comm_slowdown_in_network_json_and_plans(tmp_path):
     plan = make_plan(profile, cost, "optimal")
     again = Plan.from_dict(json.loads(plan.to_json()))
     assert again.comm_slowdown == cost.comm_slowdown
+
+
+def test_the_bound_stays_below_every_continuation():
+    # the branch and bound's lower bound must hold for per-size rho far apart (backward
+    # slowed +0% beside small messages, up to +1900% beside large ones): compare with every
+    # grouping, and the bound of the start state with the optimum
+    rng = random.Random(77)
+    for _ in range(60):
+        L = rng.randint(2, 7)
+        profile = toy([rng.randint(0, 8) for _ in range(L)],
+                      [rng.uniform(0, 4) for _ in range(L)], forward=rng.uniform(0, 1))
+        cost = CostModel(rng.uniform(0, 2), 0.25 * rng.uniform(0, 2),
+                         interference=((4, 0.0), (32, rng.uniform(5, 19))),
+                         comm_slowdown=((4, rng.uniform(1, 3)), (32, rng.uniform(1, 3))))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        total = sum(layer.backward_time for layer in profile.layers)
+        lower = planner._lower(profile, cost, total)
+        index = {n: i + 1 for i, n in enumerate(profile.names)}
+        W = {l: sum(x.backward_time for x in profile.layers[l - 1:]) for l in range(1, L + 1)}
+        for g in groupings(profile):
+            end = timeline(profile, cost, g).iteration_time
+            F, w, k = profile.forward_time, 0.0, L  # the state before each group
+            for group in g:
+                # every grouping is one continuation of each of its own states
+                assert lower(k, F, w) <= end * (1 + 1e-12)
+                j = index[group[-1]]
+                size = 4 * sum(profile.layers[index[n] - 1].params for n in group)
+                s, ws = (F, w) if w >= W[j] else (F + W[j] - w, W[j])
+                d, w = planner._message(ws, cost.time(size), 1 + cost.slowdown(size),
+                                        cost.sigma(size), total)
+                F, k = s + d, j - 1
+            assert F == pytest.approx(end, rel=1e-12)  # the states replay the timeline
+        assert make_plan(profile, cost, "optimal").iteration_time == pytest.approx(best,
+                                                                                   rel=1e-12)

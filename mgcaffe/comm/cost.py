@@ -16,6 +16,10 @@ byte):
   flight, as measured points `[[bytes, slowdown], ...]`: backward runs at 1/(1 + slowdown) of
   its speed while a message of that size is being all-reduced (docs/planner.md). Sizes in
   between are interpolated linearly in log2(bytes), sizes outside take the nearest point.
+- `comm_slowdown` (optional, inside a fit): the other direction, how much an all-reduce slows
+  while backward runs, sigma >= 1: a message progresses at 1/sigma of its speed while backward
+  is still computing, at full speed once backward is done. One number (every size) or points
+  `[[bytes, sigma], ...]`, interpolated like `interference`; absent means 1 (no slowdown).
 - Unknown extra keys (`source`, `units`, `fits_all_sizes`, ... and `rms_s` etc. inside a fit)
   are ignored.
 
@@ -82,6 +86,7 @@ class CostModel:
     nodes: int | None = field(default=None, compare=False)
     origin: str = field(default="", compare=False)
     interference: tuple[tuple[int, float], ...] = ()  # (bytes, backward slowdown), sorted
+    comm_slowdown: tuple[tuple[int, float], ...] = ()  # (bytes, sigma >= 1), sorted
 
     def __post_init__(self):
         for name in ("a", "b"):
@@ -91,18 +96,10 @@ class CostModel:
             if v < 0:
                 raise PlanError(f"cost model: {name}: must be >= 0, got {v!r}")
             object.__setattr__(self, name, float(v))
-        points = []
-        for i, point in enumerate(self.interference):
-            try:
-                m, rho = point
-            except (TypeError, ValueError):
-                raise PlanError(f"cost model: interference[{i}]: expected [bytes, slowdown], "
-                                f"got {point!r}") from None
-            m = as_int(m, "cost model", f"interference[{i}][0]", minimum=1)
-            rho = as_float(rho, "cost model", f"interference[{i}][1]")
-            points.append((m, rho))
-        points.sort()
-        object.__setattr__(self, "interference", tuple(points))
+        object.__setattr__(self, "interference", _points(self.interference, "interference",
+                                                         "slowdown", 0.0))
+        object.__setattr__(self, "comm_slowdown", _points(self.comm_slowdown, "comm_slowdown",
+                                                          "sigma", 1.0))
 
     def time(self, nbytes: float) -> float:
         """Seconds to all-reduce a message of `nbytes` bytes."""
@@ -110,39 +107,72 @@ class CostModel:
 
     @property
     def interferes(self) -> bool:
-        """Whether any all-reduce slows backward (a non-zero slowdown was measured)."""
-        return any(rho > 0 for _, rho in self.interference)
+        """Whether communication and backward slow each other (a rho > 0 or a sigma > 1):
+        the planner then uses the extended model (docs/planner.md)."""
+        return (any(rho > 0 for _, rho in self.interference)
+                or any(sigma > 1 for _, sigma in self.comm_slowdown))
 
     def slowdown(self, nbytes: float) -> float:
         """rho(M): while an all-reduce of M bytes is in flight backward runs at 1/(1 + rho)
         of its speed; interpolated linearly in log2(M) between the measured points."""
-        pts = self.interference
-        if not pts:
-            return 0.0
-        if nbytes <= pts[0][0]:
-            return pts[0][1]
-        if nbytes >= pts[-1][0]:
-            return pts[-1][1]
-        x = math.log2(nbytes)
-        for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
-            if nbytes <= m1:
-                x0, x1 = math.log2(m0), math.log2(m1)
-                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
-        return pts[-1][1]  # not reached
+        return _interpolate(self.interference, nbytes, 0.0)
 
-    def with_interference(self, points) -> CostModel:
-        """The same a and b with measured (bytes, slowdown) points."""
-        return CostModel(self.a, self.b, self.nodes, self.origin, tuple(points))
+    def sigma(self, nbytes: float) -> float:
+        """sigma(M) >= 1: while backward runs an all-reduce of M bytes progresses at 1/sigma
+        of its speed; interpolated linearly in log2(M) between the points (1 without any)."""
+        return _interpolate(self.comm_slowdown, nbytes, 1.0)
+
+    def with_interference(self, points, comm_slowdown=None) -> CostModel:
+        """The same a and b with measured (bytes, slowdown) points; `comm_slowdown` (bytes,
+        sigma) points replace the present ones when given."""
+        sigma = self.comm_slowdown if comm_slowdown is None else tuple(comm_slowdown)
+        return CostModel(self.a, self.b, self.nodes, self.origin, tuple(points), sigma)
+
+    def with_comm_slowdown(self, points) -> CostModel:
+        """The same model with these (bytes, sigma) points."""
+        return self.with_interference(self.interference, points)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"a": self.a, "b": self.b}
         if self.interference:
             d["interference"] = [[m, rho] for m, rho in self.interference]
+        if self.comm_slowdown:
+            d["comm_slowdown"] = [[m, sigma] for m, sigma in self.comm_slowdown]
         if self.nodes is not None:
             d["nodes"] = self.nodes
         if self.origin:
             d["origin"] = self.origin
         return d
+
+
+def _points(raw, name: str, what: str, least: float) -> tuple[tuple[int, float], ...]:
+    """Validated (bytes, value) points sorted by size; every value >= `least`."""
+    points = []
+    for i, point in enumerate(raw):
+        try:
+            m, v = point
+        except (TypeError, ValueError):
+            raise PlanError(f"cost model: {name}[{i}]: expected [bytes, {what}], "
+                            f"got {point!r}") from None
+        m = as_int(m, "cost model", f"{name}[{i}][0]", minimum=1)
+        points.append((m, as_float(v, "cost model", f"{name}[{i}][1]", minimum=least)))
+    return tuple(sorted(points))
+
+
+def _interpolate(pts, nbytes: float, default: float) -> float:
+    """Linear in log2(bytes) between the points, clamped at both ends."""
+    if not pts:
+        return default
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1]
+    x = math.log2(nbytes)
+    for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
+        if nbytes <= m1:
+            x0, x1 = math.log2(m0), math.log2(m1)
+            return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]  # not reached
 
 
 def _log2_steps(nodes: int) -> int:
@@ -207,9 +237,16 @@ class Network:
                 if not isinstance(points, (list, tuple)):
                     raise PlanError(f"{source}: fits.{key}.interference: must be a list of "
                                     f"[bytes, slowdown]")
+                sigma = fit.get("comm_slowdown") or ()
+                if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
+                    sigma = [[1, sigma]]  # one number: every size
+                if not isinstance(sigma, (list, tuple)):
+                    raise PlanError(f"{source}: fits.{key}.comm_slowdown: must be a number or "
+                                    f"a list of [bytes, sigma]")
                 try:
                     fits[n] = CostModel(a, b, nodes=n, origin="fit",
-                                        interference=tuple(points))
+                                        interference=tuple(points),
+                                        comm_slowdown=tuple(sigma))
                 except PlanError as exc:
                     raise PlanError(f"{source}: fits.{key}.{str(exc).split(': ', 1)[1]}") \
                         from None
@@ -270,7 +307,8 @@ def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
     if a is not None or b is not None:
         origin += " with --a" if a is not None else " with --b"
     return CostModel(base.a if a is None else a, base.b if b is None else b, nodes=nodes,
-                     origin=origin, interference=base.interference)
+                     origin=origin, interference=base.interference,
+                     comm_slowdown=base.comm_slowdown)
 
 
 def fit_linear(sizes: Sequence[float], times: Sequence[float],

@@ -225,6 +225,7 @@ class DistributedTraining:
         self.insitu: Any = None  # the in-situ rho (insitu.InSitu) once measured
         self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
         self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
+        self.insitu_comm: Any = None  # the in-situ sigma (insitu.CommInSitu) once measured
         provisional = self._initial_plan()
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
@@ -414,6 +415,9 @@ class DistributedTraining:
                 plan = make_plan(profile, self.cost, o.scheme,
                                  int(o.bucket_mb * (1 << 20)) if o.comm == "threshold" else None,
                                  nodes=o.emulate_nodes or self.size)
+                if not plan.exact:
+                    log.warning("Plan %s: the optimal search was cut (too many states): the "
+                                "plan is not proven optimal under the model", where)
                 payload = ("ok", plan.to_dict(), profile.to_dict())
             except MgcaffeError as exc:  # every rank must learn why, not wait for a plan
                 payload = ("error", str(exc), None)
@@ -636,9 +640,12 @@ class DistributedTraining:
         if state["seen"] > 1 and len(self._ready) == len(self.names):
             state["rows"].append(layer_overlaps(self.timer.forward_end, self._ready,
                                                 intervals, len(self.names)))
-            # the other direction, which the model does not have: messages sent while
-            # backward ran, their measured time against a + b*M
-            end = self._ready[1]
+            # the other direction (sigma): each message's time in flight, how much of it
+            # during backward, and what a + b*M predicts for it
+            start, end = self.timer.forward_end, self._ready[1]
+            state.setdefault("messages", []).append(
+                [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), self.cost.time(m))
+                 for t0, t1, m in intervals])
             comm = state.setdefault("comm", [0.0, 0.0])
             for t0, t1, m in intervals:
                 if t0 < end:
@@ -649,15 +656,27 @@ class DistributedTraining:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
         slowest rank's (a collective: every rank adopts the same points), and use it in the
         cost model for the re-plan, its prediction and the rest of the run."""
-        from .insitu import InSitu, estimate  # noqa: PLC0415
+        from .insitu import InSitu, estimate, estimate_comm, last_arrivals  # noqa: PLC0415
 
         state, self._in_situ = self._in_situ, None
         self.executor.intervals = None
         probe = tuple(self.cost.interference)
-        mine = estimate([b for _, b in self.profiler.samples], state["rows"],
-                        [m for m, _ in probe])
+        classes = [m for m, _ in probe]
+        mine = estimate([b for _, b in self.profiler.samples], state["rows"], classes)
         with self._guard("gathering the in-situ interference estimates"):
-            found = [e for e in self.base_comm.allgather(mine) if e is not None]
+            gathered = self.base_comm.allgather((mine, state.get("messages", [])))
+        found = [e for e, _ in gathered if e is not None]
+        # sigma from each message as the rank that entered it last saw it (every rank
+        # computes the same from the same rows)
+        comm_est = estimate_comm(last_arrivals([m for _, m in gathered]), classes)
+        if comm_est is not None:
+            self.insitu_comm = comm_est
+            self.cost = self.cost.with_comm_slowdown(comm_est.points)
+            if self.rank == 0:
+                log.info("Communication slows beside backward, measured in situ (each "
+                         "message as the last of %d rank(s) to enter it saw it): %s; the "
+                         "model now uses %s", self.size, comm_est.describe(),
+                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
         probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
         if not found:
             if self.rank == 0:
@@ -675,8 +694,7 @@ class DistributedTraining:
         self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
         if self.rank == 0:
             log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
-                     "rank; the model keeps a + b*M: communication slowed by computation is "
-                     "not in it)", slowest)
+                     "rank; whole messages, also their part after backward)", slowest)
             log.info("Computation slows beside the all-reduces, measured in situ on the "
                      "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
                      "%s)", self.size, est.describe(),

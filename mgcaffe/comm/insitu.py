@@ -16,6 +16,14 @@ x = rho / (1 + rho), once for a single rho and once per size class (the start-up
 sizes, each message in the nearest class in log2), with a bootstrap over iterations for
 the spread of each class. One rho is reported when it lies inside every well-measured
 class's 10-90% bootstrap range (a single number fits within noise), else rho per size.
+The other direction, sigma (a message progresses at 1/sigma while backward runs, at full
+speed after), comes from the same overlapped iterations: a message of M bytes that was in
+flight for d seconds, o of them during backward, took
+
+    d - T(M) = o * z,   z = 1 - 1 / sigma(M)
+
+longer than the cost model's T(M) = a + b*M. `estimate_comm` fits z like x above (one z and
+per size class, bootstrap, one sigma when it fits every class within noise).
 Pure functions: the trainer gathers the rows, every rank computes the same result.
 """
 
@@ -28,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["InSitu", "estimate", "layer_overlaps"]
+__all__ = ["CommInSitu", "InSitu", "estimate", "estimate_comm", "last_arrivals",
+           "layer_overlaps"]
 
 MAX_X = 0.95  # x = rho / (1 + rho) < 1: rho at most 19 (a layer 20x slower)
 MIN_BUSY_SHARE = 0.10  # a size class needs this share of the in-flight time to be judged
@@ -106,6 +115,42 @@ def _rho(x: float) -> float:
     return float(x / (1.0 - x))
 
 
+def _sigma(z: float) -> float:
+    return float(1.0 / (1.0 - z))
+
+
+def _fit_classes(R: np.ndarray, Y: np.ndarray, owner: Sequence[int]):
+    """Least squares of Y = R @ x (one column per size class) and of Y = (row sums) * x1,
+    with each judged class's bootstrap (over iterations) 10-90% range. Returns (x1, x per
+    class, [(class index, lo, hi)] of the judged classes, one): one is whether x1 lies inside
+    every judged class's range (then one number fits every size within noise)."""
+    total = R.sum()
+    single_x = float(_solve(R.sum(axis=1, keepdims=True), Y)[0])
+    per_x = _solve(R, Y)
+    share = R.sum(axis=0) / total
+    judged = [j for j in range(R.shape[1]) if share[j] >= MIN_BUSY_SHARE]
+    owner_arr = np.array(owner)
+    rng = np.random.default_rng(0)  # deterministic: every rank computes the same numbers
+    iters = sorted(set(owner))
+    boots = []
+    for _ in range(BOOTSTRAP if len(iters) > 1 else 0):
+        pick = rng.choice(iters, size=len(iters), replace=True)
+        idx = np.concatenate([np.flatnonzero(owner_arr == i) for i in pick])
+        boots.append(_solve(R[idx], Y[idx]))
+    ranges = []
+    one = True
+    for j in judged:
+        if boots:
+            lo, hi = (float(v) for v in np.percentile([b[j] for b in boots], [10, 90]))
+        else:
+            lo = hi = float(per_x[j])
+        ranges.append((j, lo, hi))
+        one &= lo <= single_x <= hi
+    if len(judged) < 2:
+        one = True
+    return single_x, per_x, ranges, one
+
+
 def estimate(undisturbed: Sequence[Sequence[float]],
              overlapped: Sequence[Sequence[tuple[float, Sequence[tuple[int, float]]]]],
              classes: Sequence[int]) -> InSitu | None:
@@ -134,36 +179,95 @@ def estimate(undisturbed: Sequence[Sequence[float]],
     # diagnostic: the extra time of the whole backward (every layer, also those with nothing
     # in flight: a slowdown that outlasts the messages) per second in flight
     extra = sum(t - alone[l] for sample in overlapped for l, (t, _) in enumerate(sample))
-    R, Y, owner_arr = np.array(rows), np.array(y), np.array(owner)
+    R, Y = np.array(rows), np.array(y)
     total = R.sum()
     if total <= 0:
         return None
-    single_x = float(_solve(R.sum(axis=1, keepdims=True), Y)[0])
-    per_x = _solve(R, Y)
-    share = R.sum(axis=0) / total
-    judged = [j for j in range(len(classes)) if share[j] >= MIN_BUSY_SHARE]
-    rng = np.random.default_rng(0)  # deterministic: every rank computes the same numbers
-    iters = sorted(set(owner))
-    boots = []
-    for _ in range(BOOTSTRAP if len(iters) > 1 else 0):
-        pick = rng.choice(iters, size=len(iters), replace=True)
-        idx = np.concatenate([np.flatnonzero(owner_arr == i) for i in pick])
-        boots.append(_solve(R[idx], Y[idx]))
-    per_size = []
-    one = True
-    for j in judged:
-        if boots:
-            lo, hi = (float(v) for v in np.percentile([b[j] for b in boots], [10, 90]))
-        else:
-            lo = hi = float(per_x[j])
-        per_size.append((classes[j], _rho(per_x[j]), _rho(lo), _rho(hi)))
-        one &= lo <= single_x <= hi
-    if len(judged) < 2:
-        one = True
+    single_x, per_x, ranges, one = _fit_classes(R, Y, owner)
+    per_size = [(classes[j], _rho(per_x[j]), _rho(lo), _rho(hi)) for j, lo, hi in ranges]
     if one:
         points = tuple((c, _rho(single_x)) for c in classes)
     else:
-        points = tuple((classes[j], _rho(per_x[j])) for j in judged)
+        points = tuple((classes[j], _rho(per_x[j])) for j, _, _ in ranges)
     whole = _rho(min(MAX_X, max(0.0, extra / total)))
     return InSitu(points, _rho(single_x), tuple(per_size), one, len(overlapped),
                   len(undisturbed), float(total), whole)
+
+
+@dataclass(frozen=True)
+class CommInSitu:
+    """The in-situ sigma: `points` [(bytes, sigma)] for the cost model, `single` (one sigma
+    for every size), `per_size` [(bytes, sigma, p10, p90)] of the classes measured, `one`
+    whether the single sigma was used; the evidence: messages that overlapped backward, the
+    seconds they did so, and the measured / modelled time of the messages sent after backward
+    (`after`: how well a + b*M itself fits, 0 when there were none)."""
+
+    points: tuple[tuple[int, float], ...]
+    single: float
+    per_size: tuple[tuple[int, float, float, float], ...]
+    one: bool
+    messages: int
+    overlap_seconds: float
+    after: float = 0.0
+
+    def describe(self) -> str:
+        classes = ", ".join(f"{m / 1e6:.3g} MB x{r:.2f} (p10-p90 {lo:.2f}-{hi:.2f})"
+                            for m, r, lo, hi in self.per_size)
+        how = ("one sigma fits every size within noise" if self.one else
+               "sigma differs by size beyond noise: per-size points used")
+        after = (f"; messages sent after backward took {self.after:.2f}x a + b*M"
+                 if self.after else "")
+        return (f"in-situ slowdown of all-reduces while backward runs: x{self.single:.2f} for "
+                f"one sigma; per size {classes or 'none measured'}; {how} ({self.messages} "
+                f"message(s), {self.overlap_seconds * 1e3:.1f} ms of them during backward"
+                f"{after})")
+
+
+def last_arrivals(per_rank: Sequence[Sequence[Sequence[tuple]]]) -> list[list[tuple]]:
+    """Each message as seen by the rank that entered it last: the one with the least time in
+    the call. An all-reduce ends at about the same moment everywhere, so the other ranks' extra
+    time is waiting for that rank (a skew the model has already, in the slowest rank's ready
+    times), not the message's own slowdown. `per_rank[r][i][m]` is rank r's row (bytes,
+    seconds, ...) of message m of overlapped iteration i; ranks whose iterations or messages
+    do not line up (a rank skipped an incomplete iteration) are left out."""
+    ranks = [r for r in per_rank if r]
+    if not ranks:
+        return []
+    shape = [len(it) for it in ranks[0]]
+    same = [r for r in ranks if [len(it) for it in r] == shape
+            and all(a[0] == b[0] for x, y in zip(r, ranks[0]) for a, b in zip(x, y))]
+    return [[min((r[i][m] for r in same), key=lambda row: row[1]) for m in range(n)]
+            for i, n in enumerate(shape)]
+
+
+def estimate_comm(overlapped: Sequence[Sequence[tuple[int, float, float, float]]],
+                  classes: Sequence[int]) -> CommInSitu | None:
+    """sigma from the overlapped iterations' messages: per iteration, [(bytes, seconds in
+    flight, seconds of that during backward, the cost model's T(bytes))], sizes grouped into
+    `classes`. None when no message was in flight during backward."""
+    classes = sorted({int(c) for c in classes} or {1})
+    rows, y, owner = [], [], []
+    after_measured = after_modelled = 0.0
+    for i, messages in enumerate(overlapped):
+        for nbytes, seconds, during, modelled in messages:
+            if during <= 0:
+                after_measured += seconds
+                after_modelled += modelled
+                continue
+            row = [0.0] * len(classes)
+            row[_nearest(nbytes, classes)] = during
+            rows.append(row)
+            y.append(seconds - modelled)
+            owner.append(i)
+    if not rows:
+        return None
+    R, Y = np.array(rows), np.array(y)
+    single_z, per_z, ranges, one = _fit_classes(R, Y, owner)
+    per_size = [(classes[j], _sigma(per_z[j]), _sigma(lo), _sigma(hi)) for j, lo, hi in ranges]
+    if one:
+        points = tuple((c, _sigma(single_z)) for c in classes)
+    else:
+        points = tuple((classes[j], _sigma(per_z[j])) for j, _, _ in ranges)
+    after = after_measured / after_modelled if after_modelled > 0 else 0.0
+    return CommInSitu(points, _sigma(single_z), tuple(per_size), one, len(rows),
+                      float(R.sum()), after)

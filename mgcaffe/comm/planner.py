@@ -29,6 +29,7 @@ has a `digest()` that ranks compare before training together.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ class Plan:
     nodes: int | None = None
     bucket_bytes: int | None = field(default=None)
     interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
+    comm_slowdown: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, sigma)
+    # False only for an `optimal` plan whose search was cut (FRONT_BUDGET): not proven optimal
+    exact: bool = True
 
     # -- derived
     @property
@@ -161,6 +165,9 @@ class Plan:
             "digest": self.digest(),
             **({"interference": [[m, r] for m, r in self.interference]}
                if self.interference else {}),
+            **({"comm_slowdown": [[m, r] for m, r in self.comm_slowdown]}
+               if self.comm_slowdown else {}),
+            **({} if self.exact else {"exact": False}),
         }
 
     @classmethod
@@ -232,7 +239,9 @@ class Plan:
             a=as_float(require(d, "a", source), source, "a"),
             b=as_float(require(d, "b", source), source, "b"),
             nodes=nodes, bucket_bytes=bucket,
-            interference=_interference_from(d.get("interference"), source))
+            interference=_interference_from(d.get("interference"), source),
+            comm_slowdown=_interference_from(d.get("comm_slowdown"), source, "comm_slowdown"),
+            exact=d.get("exact", True) is not False)
         digest = d.get("digest")
         if digest is not None and digest != plan.digest():
             raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
@@ -246,13 +255,14 @@ class Plan:
         Path(path).write_text(self.to_json(), encoding="utf-8")
 
 
-def _interference_from(raw: Any, source: str) -> tuple[tuple[int, float], ...]:
+def _interference_from(raw: Any, source: str, key: str = "interference"
+                       ) -> tuple[tuple[int, float], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise PlanError(f"{source}: interference: must be a list of [bytes, slowdown]")
+        raise PlanError(f"{source}: {key}: must be a list of [bytes, value]")
     try:
-        return CostModel(0.0, 0.0, interference=tuple(raw)).interference
+        return getattr(CostModel(0.0, 0.0, **{key: tuple(raw)}), key)
     except PlanError as exc:
         raise PlanError(f"{source}: {str(exc).split(': ', 1)[1]}") from None
 
@@ -308,7 +318,8 @@ def _ready_times(profile: Profile) -> list[float]:
 
 
 def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom",
-             nodes: int | None = None, bucket_bytes: int | None = None) -> Plan:
+             nodes: int | None = None, bucket_bytes: int | None = None,
+             exact: bool = True) -> Plan:
     """The predicted timeline of one iteration when `groups` (lists of layer names, output side
     first, each in backward order) are all-reduced one after another: the one implementation
     of MODEL.md's recurrences that every scheme uses."""
@@ -323,7 +334,7 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
     index = {n: i + 1 for i, n in enumerate(names)}
     by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
     interference = getattr(cost, "interference", ())
-    if any(rho > 0 for _, rho in interference):
+    if getattr(cost, "interferes", False):
         sizes, cstart, cend, slowed = _interfered_timeline(profile, cost, groups, index,
                                                            by_name)
         bstart = tuple([slowed[l + 1] for l in range(1, L)] + [profile.forward_time])
@@ -346,13 +357,33 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
         backward_start=bstart, backward_end=bend, comm_start=tuple(cstart),
         comm_end=tuple(cend), iteration_time=t_iter, ideal=ready[1], a=cost.a, b=cost.b,
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
-        bucket_bytes=bucket_bytes, interference=tuple(interference))
+        bucket_bytes=bucket_bytes, interference=tuple(interference),
+        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact)
+
+
+def _message(ws: float, T: float, slow: float, sigma: float, total: float
+             ) -> tuple[float, float]:
+    """One message of the extended model, started when backward has done `ws` of its `total`
+    seconds of work: it needs T seconds at full speed, progresses at 1/sigma while backward
+    still runs, and backward runs at 1/slow (slow = 1 + rho) while it is in flight. Returns
+    (its duration, backward's work at its end). The timeline and the optimal programme both
+    use this one function, so they agree to the last bit."""
+    if ws >= total:
+        return T, total
+    left = (total - ws) * slow  # seconds until backward ends, with the message in flight
+    if sigma == 1.0 or T * sigma <= left:
+        d = T * sigma
+        return d, min(total, ws + d / slow)
+    return left + (T - left / sigma), total  # backward ends first: the rest at full speed
 
 
 def _interfered_timeline(profile: Profile, cost: CostModel, groups, index, by_name):
-    """The timeline when backward runs at 1/(1 + rho(M)) of its speed while a message of M
-    bytes is in flight (docs/planner.md): an event simulation of backward's progress through
-    the channel's busy intervals. Returns (sizes, comm starts, comm ends, ready[0..L])."""
+    """The timeline of the extended model (docs/planner.md): backward runs at 1/(1 + rho(M))
+    of its speed while a message of M bytes is in flight, a message at 1/sigma(M) of its speed
+    while backward runs. Messages go one at a time, so the state after each is (F, w): the
+    time the channel is free and the backward work done by then; each message's end follows
+    from `_message`, each layer's ready time from an event walk of backward's speed through
+    the messages' intervals. Returns (sizes, comm starts, comm ends, ready[0..L])."""
     L = profile.num_layers
     ready = [0.0] * (L + 1)
     busy: list[tuple[float, float, float]] = []  # (start, end, speed) of each message so far
@@ -385,18 +416,22 @@ def _interfered_timeline(profile: Profile, cost: CostModel, groups, index, by_na
     done = [0.0] * (L + 2)  # done[l]: work at which layer l's gradient is ready
     for l in range(L, 0, -1):
         done[l] = done[l + 1] + profile.layers[l - 1].backward_time
+    total = done[1]
     sizes, cstart, cend = [], [], []
-    free = 0.0
+    F, w = profile.forward_time, 0.0  # the state before the first message
     for group in groups:
         for n in group:
             ready[index[n]] = advance(done[index[n]])
         size = sum(by_name[n] for n in group)
-        start = max(free, ready[index[group[-1]]])
-        free = start + cost.time(size)
-        busy.append((start, free, 1.0 / (1.0 + cost.slowdown(size))))
+        need = done[index[group[-1]]]
+        s, ws = (F, w) if w >= need else (F + need - w, need)
+        slow = 1.0 + cost.slowdown(size)
+        d, w = _message(ws, cost.time(size), slow, cost.sigma(size), total)
+        F = s + d
+        busy.append((s, F, 1.0 / slow))
         sizes.append(size)
-        cstart.append(start)
-        cend.append(free)
+        cstart.append(s)
+        cend.append(F)
     return sizes, cstart, cend, ready
 
 
@@ -488,18 +523,34 @@ def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
     return runs
 
 
-def _optimal_interfered_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
-    """Exact optimum over groupings of consecutive layers when messages slow backward.
+def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool = True,
+                             upper: float = math.inf, budget: int | None = None
+                             ) -> tuple[list[tuple[int, int]], bool]:
+    """Exact optimum over groupings of consecutive layers under the extended model.
 
     Messages go in backward order, so after the groups holding layers L..k+1 the future
     depends only on the state (F, w): the time F the channel becomes free and the backward
     work w done by then (backward runs at full speed while the channel is idle). The next
     group j..k starts at s = F if w >= W(j) (the work after which layer j is ready), else at
-    s = F + W(j) - w; it ends at s + T and leaves w' = min(W_total, w(s) + T / (1 + rho)).
-    State A dominates B when F_A <= F_B and min(W_total, w_A + F_B - F_A) >= w_B: from A every
-    continuation ends no later than from B (docs/planner.md proves it), so keeping, per k, the
-    non-dominated states only is exact. The fronts stay small (a few states per layer on
-    real profiles); the brute-force test checks small L against every grouping."""
+    s = F + W(j) - w, with ws = max(w, W(j)) done; `_message` gives its duration and the work
+    at its end. Dominance (docs/planner.md proves both):
+
+    - `strict` (exact for every sigma >= 1): A dominates B when F_A <= F_B and w_A >= w_B. The
+      start is then no later, the work at the start no smaller, so the duration no longer and
+      the work at the end no smaller: A's next state dominates B's, and A ends no later.
+    - otherwise (exact only when sigma = 1 for every size): also when F_A <= F_B and
+      w_A + F_B - F_A >= w_B (A, had it idled until F_B, would have done w_B). With sigma > 1
+      it fails: a message started earlier overlaps more backward, so it can end later.
+
+    `upper`: the iteration time of a known grouping; a state whose lower bound (`_lower`)
+    exceeds it cannot lead to anything better and is dropped (branch and bound, still exact:
+    the states of an optimal grouping never exceed its time).
+
+    `budget`: about this many state transitions in all. Before expanding front k it is cut
+    to its share of what is left (those of least lower bound are kept, at least one); the
+    result is then no longer proven optimal. Returns (runs, exact): exact is False when
+    a front was cut; runs is [] when every state was dropped (`upper` below what is
+    reachable)."""
     L = profile.num_layers
     nb = profile.dtype_bytes
     p = [0] + [layer.params for layer in profile.layers]
@@ -507,24 +558,54 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel) -> list[tuple[in
     for l in range(L, 0, -1):
         W[l] = W[l + 1] + profile.layers[l - 1].backward_time
     total = W[1]
+    prune = math.isfinite(upper)
+    limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
+    lower = _lower(profile, cost, total)
+    cum = list(itertools.accumulate(p))  # cum[k]: parameters of layers 1..k
+    need = [cost.time(nb * c) for c in cum]  # need[k]: T of layers 1..k in one message
+    exact, spent, per_state = True, 0, float(L)
+    # per message size: its full-speed time, 1 + rho and sigma (sizes repeat across states)
+    terms: dict[int, tuple[float, float, float]] = {}
     # fronts[k]: states after sending layers L..k+1: (F, w, parent k, parent state, j)
     fronts: list[list[tuple]] = [[] for _ in range(L + 1)]
     fronts[L] = [(profile.forward_time, 0.0, None, None, None)]
     for k in range(L, 0, -1):
-        front = _pareto(fronts[k], total)
+        front = _pareto(fronts[k], strict)
+        if budget is not None:
+            # this front's share of what is left (fronts k..1 try about k(k+1)/2 groups per
+            # state), in states at the transitions per state seen on the previous front
+            cap = max(1, int(2 * (budget - spent) / (k + 1) / max(1.0, per_state)))
+            if len(front) > cap:
+                front = sorted(front, key=lambda st: lower(k, st[0], st[1]))[:cap]
+                exact = False
         fronts[k] = front
+        before = spent
         for si, (F, w, *_) in enumerate(front):
             params = 0
             for j in range(k, 0, -1):
+                spent += 1
                 params += p[j]
                 size = nb * params
+                term = terms.get(size)
+                if term is None:
+                    term = terms[size] = (cost.time(size), 1.0 + cost.slowdown(size),
+                                          cost.sigma(size))
                 if w >= W[j]:
                     s, ws = F, w
                 else:
                     s, ws = F + W[j] - w, W[j]
-                T = cost.time(size)
-                w2 = min(total, ws + T / (1.0 + cost.slowdown(size)))
-                fronts[j - 1].append((s + T, w2, k, si, j))
+                    # every larger group starts no earlier, and layers 1..k then need at
+                    # least need[k] of channel time: none of them can beat the bound
+                    if prune and s + need[k] > limit:
+                        break
+                d, w2 = _message(ws, term[0], term[1], term[2], total)
+                if prune and lower(j - 1, s + d, w2) > limit:
+                    continue
+                fronts[j - 1].append((s + d, w2, k, si, j))
+        if front:
+            per_state = (spent - before) / len(front)
+    if not fronts[0]:
+        return [], exact
     final = min(fronts[0], key=lambda st: st[0])
     runs, state = [], final
     while state[2] is not None:
@@ -532,21 +613,92 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel) -> list[tuple[in
         runs.append((k, j))
         state = fronts[k][si]
     runs.reverse()
-    return runs
+    return runs, exact
 
 
-def _pareto(states: list[tuple], total: float) -> list[tuple]:
-    """The states not dominated by another (see _optimal_interfered_runs)."""
+def _lower(profile: Profile, cost: CostModel, total: float):
+    """lower(k, F, w): a lower bound on the iteration time from the state (F, w) with layers
+    1..k still to send. Let R = total - w and x the time a message is in flight between F
+    and the end E of backward. Backward runs at most at 1/(1 + rho_min) while one is, so
+    E - F >= R + x q (q = rho_min / (1 + rho_min)), and at least at 1/(1 + rho_max), so
+    x <= R (1 + rho_max); the channel does at most x / sigma_min of full-speed work before
+    E; layers 1..k need at least C = T(their bytes) of it (one message is the cheapest), and
+    the group holding layer 1 starts after E and lasts at least T1 = T(layer 1's bytes). So
+    the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised over x in
+    [0, R (1 + rho_max)]."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    need = [0.0] * (L + 1)
+    params = 0
+    for k in range(1, L + 1):
+        params += profile.layers[k - 1].params
+        need[k] = cost.time(nb * params)
+    first = cost.time(nb * profile.layers[0].params)
+    sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
+    rho_min = min([r for _, r in cost.interference] or [0.0])
+    rho_max = max([r for _, r in cost.interference] or [0.0])
+    q = rho_min / (1.0 + rho_min)
+
+    def lower(k: int, F: float, w: float) -> float:
+        if k == 0:
+            return F
+        rest = total - w
+        if rest <= 0:
+            return F + need[k]
+        c = need[k]
+        if q * sigma_min >= 1.0 or c <= first:  # x = 0 is the least
+            return F + rest + max(first, c)
+        x = min((c - first) * sigma_min, rest * (1.0 + rho_max))
+        return F + rest + x * q + max(first, c - x / sigma_min)
+
+    return lower
+
+
+def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
+    """The states not dominated by another (see _optimal_interfered_runs), sorted by F (ties:
+    most work first). strict: kept when it has done more work than every state kept before
+    it; else when its w - F exceeds every kept one's."""
     states = sorted(states, key=lambda st: (st[0], -st[1]))
     kept: list[tuple] = []
-    best_u = -math.inf  # max over kept states of w - F
+    best = -math.inf
     for st in states:
-        F, w = st[0], st[1]
-        if best_u >= w - F:  # a kept A (F_A <= F) has w_A + F - F_A >= w: A dominates
-            continue
-        kept.append(st)
-        best_u = max(best_u, w - F)
+        v = st[1] if strict else st[1] - st[0]
+        if v > best:
+            kept.append(st)
+            best = v
     return kept
+
+
+FRONT_BUDGET = 1_000_000  # state transitions of `optimal` under the extended model (~1 s)
+
+
+def _optimal_extended_runs(profile: Profile, cost: CostModel
+                           ) -> tuple[list[tuple[int, int]], bool]:
+    """`optimal` under the extended model: (runs, proven optimal). The state programme
+    (strict dominance when some sigma > 1, else the idling one), bounded by the best of a few
+    groupings so that only states that could still beat it are kept; past FRONT_BUDGET
+    transitions fronts are cut (then not proven, and never worse than the best of those
+    groupings)."""
+    L = profile.num_layers
+    strict = any(sigma > 1 for _, sigma in cost.comm_slowdown)
+    candidates = [_wfbp_runs(L), [(L, 1)], _mgwfbp_runs(profile, cost),
+                  _optimal_runs(profile, cost)]
+
+    def time_of(runs):
+        return timeline(profile, cost, _groups_from_runs(profile, runs)).iteration_time
+
+    best = min(candidates, key=time_of)
+    if strict:  # the idling dominance is inexact here but a good bound
+        guess, _ = _optimal_interfered_runs(profile, cost, strict=False, upper=time_of(best),
+                                            budget=FRONT_BUDGET // 4)
+        if guess and time_of(guess) < time_of(best):
+            best = guess
+    runs, exact = _optimal_interfered_runs(profile, cost, strict=strict,
+                                           upper=time_of(best), budget=FRONT_BUDGET)
+    if not runs or time_of(best) < time_of(runs):
+        # only when a capped front lost the bound's states (exactly, best is optimal)
+        runs = best
+    return runs, exact
 
 
 def _threshold_runs(profile: Profile, bucket_bytes: int) -> list[tuple[int, int]]:
@@ -568,7 +720,7 @@ def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int 
     if not isinstance(profile, Profile):
         raise PlanError(f"make_plan: expected a Profile, got {type(profile).__name__}")
     L = profile.num_layers
-    bucket = None
+    bucket, exact = None, True
     if scheme == "wfbp":
         runs = _wfbp_runs(L)
     elif scheme == "synceasgd":
@@ -576,14 +728,16 @@ def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int 
     elif scheme == "mgwfbp":
         runs = _mgwfbp_runs(profile, cost)
     elif scheme == "optimal":
-        runs = (_optimal_interfered_runs(profile, cost) if getattr(cost, "interferes", False)
-                else _optimal_runs(profile, cost))
+        if not getattr(cost, "interferes", False):
+            runs = _optimal_runs(profile, cost)
+        else:
+            runs, exact = _optimal_extended_runs(profile, cost)
     else:
         bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
             bucket_bytes, "threshold", "bucket_bytes")
         runs = _threshold_runs(profile, bucket)
     return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=scheme,
-                    nodes=nodes, bucket_bytes=bucket)
+                    nodes=nodes, bucket_bytes=bucket, exact=exact)
 
 
 def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,

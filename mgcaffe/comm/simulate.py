@@ -81,6 +81,10 @@ class ScalingPoint:
              "ratios": self.ratios()}
         if "optimal" in self.schemes:
             d["above_optimal"] = {s: self.above_optimal(s) for s in self.schemes}
+        if self.cost.interference:
+            d["interference"] = [[m, rho] for m, rho in self.cost.interference]
+        if self.cost.comm_slowdown:
+            d["comm_slowdown"] = [[m, sigma] for m, sigma in self.cost.comm_slowdown]
         return d
 
 

@@ -87,12 +87,27 @@ def describe_profile(profile: Profile) -> str:
 def describe_cost(cost: CostModel, network: Network | None) -> str:
     where = f"; {network.source}" if network is not None else ""
     nodes = f"N = {cost.nodes}: " if cost.nodes is not None else ""
-    interference = ""
-    if cost.interference:
-        interference = "; backward slowed during an all-reduce: " + ", ".join(
-            f"{fmt_bytes(m)} +{rho * 100:.0f}%" for m, rho in cost.interference)
+    interference = describe_interference(cost)
     return (f"{nodes}a = {cost.a * 1e6:.2f} us, b = {cost.b * 1e9:.4f} ns/B "
-            f"({cost.origin or 'given'}{where}){interference}")
+            f"({cost.origin or 'given'}{where}){'; ' if interference else ''}{interference}")
+
+
+def describe_interference(cost: CostModel) -> str:
+    """The extended model's terms, '' without any: rho (backward slowed during an
+    all-reduce) and sigma (an all-reduce slowed while backward runs)."""
+    def points(pts, fmt):
+        if len(pts) == 1:  # one point: every size
+            return f"every size {fmt(pts[0][1])}"
+        return ", ".join(f"{fmt_bytes(m)} {fmt(v)}" for m, v in pts)
+
+    parts = []
+    if cost.interference:
+        parts.append("backward slowed during an all-reduce: "
+                     + points(cost.interference, lambda rho: f"+{rho * 100:.0f}%"))
+    if cost.comm_slowdown:
+        parts.append("all-reduces slowed while backward runs: "
+                     + points(cost.comm_slowdown, lambda sigma: f"x{sigma:.2f}"))
+    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- output
@@ -103,6 +118,8 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
            "schemes": {}}
     if cost.interference:
         out["interference"] = [[m, rho] for m, rho in cost.interference]
+    if cost.comm_slowdown:
+        out["comm_slowdown"] = [[m, sigma] for m, sigma in cost.comm_slowdown]
     for s, p in plans.items():
         d = {"groups": [list(g) for g in p.groups], "group_sizes": list(p.group_sizes),
              "messages": p.num_messages, "iteration_time": p.iteration_time,
@@ -116,6 +133,8 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
             d["above_optimal"] = p.iteration_time / best - 1
         if p.bucket_bytes is not None:
             d["bucket_bytes"] = p.bucket_bytes
+        if not p.exact:
+            d["exact"] = False
         out["schemes"][s] = d
     return out
 
@@ -141,6 +160,10 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
         if best is not None:
             row += f" {100 * (p.iteration_time / best - 1):>+10.2f}%"
         lines.append(row)
+    for s, p in plans.items():
+        if not p.exact:
+            lines.append(f"{s}: the search was cut (too many states): not proven optimal, "
+                         f"never slower than wfbp, synceasgd or mgwfbp")
     for s, p in plans.items():
         lines.append("")
         extra = f", buckets of >= {fmt_bytes(p.bucket_bytes)}" if p.bucket_bytes else ""

@@ -19,7 +19,13 @@ import sys
 
 from ..comm.simulate import Scaling, weak_scaling
 from ..errors import PlanError
-from .plan import add_input_arguments, describe_cost, describe_profile, load_inputs
+from .plan import (
+    add_input_arguments,
+    describe_cost,
+    describe_interference,
+    describe_profile,
+    load_inputs,
+)
 
 NAME = "simulate"
 HELP = "predict weak-scaling speed-up and efficiency of every merge scheme for several N"
@@ -114,6 +120,12 @@ def run(args) -> int:
         print(describe_profile(profile))
         print(f"network: {scaling.network}; speed-up over one node (scaling efficiency); "
               f"X/Y = how many times X is faster than Y")
+        for point in scaling.points:
+            terms = describe_interference(point.cost)
+            if terms:
+                print(f"N = {point.nodes}: {terms}")
+            if any(not p.exact for p in point.plans.values()):
+                print(f"N = {point.nodes}: optimal's search was cut: not proven optimal")
         print()
         print(format_table(scaling))
     if args.plot or args.gantt:

@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.insitu import estimate, layer_overlaps
+from mgcaffe.comm.insitu import estimate, estimate_comm, last_arrivals, layer_overlaps
 from mgcaffe.comm.local import LocalWorld
 from mgcaffe.comm.testing import run_ranks
 from mgcaffe.proto import caffe_pb2
@@ -63,6 +63,41 @@ def test_nothing_in_flight_gives_no_estimate():
     assert estimate([[1.0]], [], [4]) is None
 
 
+def test_one_sigma_recovered_from_known_message_times():
+    # sigma = 1.5: a message progresses at 2/3 while backward runs, so one that overlaps
+    # backward for o seconds takes T + o / 3; those sent after backward take T exactly
+    its = [[(65536, 0.002 + o / 3, o, 0.002), (1 << 20, 0.010, 0.0, 0.010)]
+           for o in (0.003, 0.006, 0.009)]
+    est = estimate_comm(its, [65536, 1 << 20])
+    assert est.single == pytest.approx(1.5) and est.one
+    assert est.points == ((65536, pytest.approx(1.5)), (1 << 20, pytest.approx(1.5)))
+    assert est.messages == 3 and est.overlap_seconds == pytest.approx(0.018)
+    assert est.after == pytest.approx(1.0)
+    assert "x1.50 for one sigma" in est.describe()
+
+
+def test_sigma_per_size_when_one_number_does_not_fit():
+    # small messages x1.1 (z = 1/11), large ones x2 (z = 1/2), with a little noise
+    rng = np.random.default_rng(4)
+    its = []
+    for _ in range(6):
+        o1, o2 = rng.uniform(0.002, 0.004), rng.uniform(0.01, 0.02)
+        its.append([(65536, 0.001 + o1 / 11 + rng.normal(0, 1e-5), o1, 0.001),
+                    (16 << 20, 0.05 + o2 / 2 + rng.normal(0, 1e-5), o2, 0.05)])
+    est = estimate_comm(its, [65536, 16 << 20])
+    assert not est.one
+    got = dict(est.points)
+    assert got[65536] == pytest.approx(1.1, rel=0.03)
+    assert got[16 << 20] == pytest.approx(2.0, rel=0.03)
+
+
+def test_no_message_during_backward_gives_no_sigma():
+    assert estimate_comm([[(4, 0.1, 0.0, 0.1)]], [4]) is None
+    assert estimate_comm([], [4]) is None
+    # faster than modelled is not a speed-up: sigma stays >= 1
+    assert estimate_comm([[(4, 0.05, 0.1, 0.1)]], [4]).single == 1.0
+
+
 NET = """
 name: "tiny"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
@@ -94,7 +129,9 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     # all-reduce lasts A seconds (emulated). The start-up "probe" (the network file) says
     # +5%; the re-plan window must measure RHO. With `threshold` (a 100 B bucket: fc3+fc2,
     # then fc1) the window's overlapped iterations alternate WFBP and the plan's 2 groups.
-    RHO, WORK, A = 1.0, 0.010, 0.008
+    # Each all-reduce needs A seconds of progress, made at 1/SIGMA while this rank's fc
+    # layers compute backward: the window must measure SIGMA too.
+    RHO, SIGMA, WORK, A = 1.0, 2.0, 0.010, 0.008
     profile_iters, replan_after, iters = 2, 2, 14
     network, emulated = tmp_path / "net.json", tmp_path / "emulated.json"
     network.write_text(json.dumps({"fits": {"2": {"a": A, "b": 1e-9,
@@ -112,9 +149,12 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
         def gradients_ready(self, solver):
             messages[self.r].append(len(self.handle.executor.groups))
 
-    def slowed(solver, backward):
+    computing = [False, False]  # per rank: inside the fc layers' backward
+
+    def slowed(r, solver, backward, first, last_layer):
         def run(*args, **kwargs):
             out = backward(*args, **kwargs)
+            computing[r] |= first
             executor = solver.gradient_sync.executor
             work, last = 0.0, time.perf_counter()
             while work < WORK:
@@ -123,8 +163,24 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
                 now = time.perf_counter()
                 work += (now - last) / (1 + RHO) if busy else now - last
                 last = now
+            computing[r] &= not last_layer
             return out
         return run
+
+    def sigma_slowed(r, allreduce_sum):
+        def run(buf):
+            allreduce_sum(buf)
+            done, last = 0.0, time.perf_counter()
+            while done < A:
+                slow = computing[r]
+                time.sleep(0.0005)
+                now = time.perf_counter()
+                done += (now - last) / SIGMA if slow else now - last
+                last = now
+        return run
+
+    for r in range(2):
+        comms[r].allreduce_sum = sigma_slowed(r, comms[r].allreduce_sum)
 
     def rank_main(r):
         args = SimpleNamespace(comm=comm, merge=None,
@@ -138,9 +194,10 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
         with attach(solver, args, comms[r]) as h:
             handles[r] = h
             solver.iteration_hooks.append(Messages(r, h))
-            for name in ("fc1", "fc2", "fc3"):
+            for name in ("fc1", "fc2", "fc3"):  # backward runs fc3, fc2, fc1
                 layer = solver.net.layers[solver.net.layer_names.index(name)]
-                layer.backward = slowed(solver, layer.backward)
+                layer.backward = slowed(r, solver, layer.backward, name == "fc3",
+                                        name == "fc1")
             solver.step(iters)
 
     _, errors = run_ranks(2, rank_main, timeout=90)
@@ -162,5 +219,21 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     assert h0.cost.interference == h1.cost.interference
     assert all(rho == pytest.approx(h0.insitu.single) for _, rho in h0.cost.interference)
     assert h0.plan.interference == h0.cost.interference
-    # the emulated all-reduces last A: measured against the model's a + b*M (a = A), about 1
+    # the all-reduces last at least A: against the model's a + b*M (a = A), at least 1
     assert 0.9 <= h0.comm_slowdown == h1.comm_slowdown
+    # sigma measured (each message as the last rank to enter it saw it); every rank
+    # adopted the same points, and the plan carries them
+    assert h0.insitu_comm is not None
+    assert 0.7 * SIGMA <= h0.insitu_comm.single <= 1.4 * SIGMA, h0.insitu_comm.describe()
+    assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.insitu_comm.points
+    assert h0.plan.comm_slowdown == h0.cost.comm_slowdown
+
+
+def test_each_message_as_the_last_rank_to_enter_it_saw_it():
+    # rank 0 waited 5 ms in the first message for rank 1, rank 1 4 ms in the second
+    r0 = [[(4, 0.007, 0.002, 0.002), (8, 0.003, 0.0, 0.003)]]
+    r1 = [[(4, 0.002, 0.001, 0.002), (8, 0.007, 0.001, 0.003)]]
+    assert last_arrivals([r0, r1]) == [[r1[0][0], r0[0][1]]]
+    # a rank whose iterations do not line up is left out; no rows at all: nothing
+    assert last_arrivals([r0, [], [[r1[0][0]]]]) == r0
+    assert last_arrivals([[], []]) == []

@@ -109,7 +109,7 @@ def test_state_dp_without_interference_matches_the_paper_dp(make_random_profile)
     for _ in range(30):
         profile = make_random_profile(rng, rng.randint(1, 40))
         cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8))
-        runs = planner._optimal_interfered_runs(profile, cost)
+        runs, _ = planner._optimal_interfered_runs(profile, cost, strict=False)
         t = timeline(profile, cost, planner._groups_from_runs(profile, runs)).iteration_time
         assert t == pytest.approx(make_plan(profile, cost, "optimal").iteration_time,
                                   rel=1e-12)
@@ -148,3 +148,161 @@ def test_measure_interference_is_a_collective_with_one_answer():
     assert results[0] == results[1]  # every rank keeps the slowest rank's slowdown
     assert [m for m, _ in results[0]] == [1024, 1 << 16]
     assert all(rho >= 0 for _, rho in results[0])
+
+
+# ----------------------------------------------------------------- sigma: comm slowed by backward
+def test_hand_computed_timeline_with_comm_slowed_during_backward():
+    # l2 (2 s) then l1 (2 s) of backward; messages take 1 s alone (a = 1, b = 0); while backward
+    # runs a message goes at half speed (sigma = 2) and backward at half speed (rho = 1)
+    profile = toy([1, 1], [2, 2])
+    cost = CostModel(1.0, 0.0, interference=((4, 1.0),), comm_slowdown=((4, 2.0),))
+    wfbp = make_plan(profile, cost, "wfbp")
+    # l2 sent at 2: 2 s long (half speed, backward still runs), l1 does 1 s of work meanwhile;
+    # the other 1 s after: l1 ready at 5, its message alone: [5, 6]
+    assert wfbp.comm_start == (2.0, 5.0) and wfbp.comm_end == (4.0, 6.0)
+    assert wfbp.backward_end == (5.0, 2.0)
+    assert make_plan(profile, cost, "synceasgd").iteration_time == 5.0
+    assert make_plan(profile, cost, "optimal").groups == (("l2", "l1"),)
+
+
+def test_backward_ends_inside_a_slowed_message():
+    # l2 (1 s) ready at 1; its message needs 2 s alone; l1 (1 s of work) runs beside it at half
+    # speed and ends at 3, by then the message has done 2 s / sigma 2 = 1 s of its 2: the other
+    # 1 s at full speed, end at 4; l1's message [4, 6]
+    profile = toy([1, 1], [1, 1])
+    cost = CostModel(2.0, 0.0, interference=((4, 1.0),), comm_slowdown=((4, 2.0),))
+    plan = make_plan(profile, cost, "wfbp")
+    assert plan.backward_end == (3.0, 1.0)
+    assert plan.comm_start == (1.0, 4.0) and plan.comm_end == (4.0, 6.0)
+
+
+def test_sigma_alone_is_in_the_model():
+    # rho = 0, sigma = 3: backward is not slowed, the message during it is
+    profile = toy([1, 1], [2, 2])
+    cost = CostModel(1.0, 0.0, comm_slowdown=((4, 3.0),))
+    assert cost.interferes and cost.sigma(1 << 30) == 3.0
+    plan = make_plan(profile, cost, "wfbp")
+    # l2's message from 2: by the end of backward (4) it has done 2/3 s of its 1 s, the rest
+    # at full speed: ends 4 + 1/3; l1 (ready at 4) is sent then, alone: 1 s
+    assert plan.comm_end == pytest.approx((13 / 3, 16 / 3), rel=1e-15)
+    assert plan.backward_end == (4.0, 2.0)
+
+
+@pytest.mark.parametrize("L", range(1, 10))
+def test_optimal_equals_brute_force_with_sigma(L, make_random_profile):
+    rng = random.Random(900 + L)
+    for _ in range(8 if L < 8 else 3):
+        profile = make_random_profile(rng, L, zero_params=True)
+        sizes = sorted(int(10 ** rng.uniform(2, 7)) for _ in range(2))
+        if rng.random() < 0.5:  # one number each, or per size
+            rho, sigma = ((4, rng.uniform(0, 3)),), ((4, rng.uniform(1, 2.5)),)
+        else:
+            rho = tuple((m, rng.uniform(0, 3)) for m in sizes)
+            sigma = tuple((m, rng.uniform(1, 2.5)) for m in sizes)
+        cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8),
+                         interference=rho, comm_slowdown=sigma)
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        opt = make_plan(profile, cost, "optimal")
+        assert opt.exact
+        assert opt.iteration_time == pytest.approx(best, rel=1e-12)
+        for s in SCHEMES:
+            assert opt.iteration_time <= make_plan(profile, cost, s).iteration_time * (1 + 1e-12)
+
+
+def test_optimal_exact_with_sigma_integer_times_and_ties():
+    rng = random.Random(5)
+    for _ in range(200):
+        L = rng.randint(1, 6)
+        profile = toy([rng.randint(0, 4) for _ in range(L)],
+                      [rng.randint(0, 4) for _ in range(L)], forward=rng.randint(0, 3))
+        # speeds 1/2 and 1/4, sigma 2 and 4: binary fractions, so every time is exact
+        cost = CostModel(rng.randint(0, 4), 0.25 * rng.randint(0, 2),
+                         interference=((4, rng.choice((0.0, 1.0, 3.0))),),
+                         comm_slowdown=((4, rng.choice((2.0, 4.0))),))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        assert make_plan(profile, cost, "optimal").iteration_time == best
+
+
+def test_the_idling_dominance_is_wrong_under_sigma():
+    # Two states with layers still to send, backward 2 s in all: A (channel free at 0, no work
+    # done) and B (free at 1, 1 s done). Without sigma A dominates B (A, had it idled until 1,
+    # would be B). The next message is ready in both and needs 1 s alone; rho = 9, sigma = 100.
+    # From A: backward's 2 s take 20 s beside it, the message does 0.2 s of its work by then and
+    # ends at 20.8. From B: the last 1 s takes 10 s (end 11), 0.1 s done, ends at 11.9: B wins.
+    A, B = (0.0, 0.0, None, None, None), (1.0, 1.0, None, None, None)
+    assert planner._pareto([A, B], strict=False) == [A]  # the old rule drops B: wrong
+    assert planner._pareto([A, B], strict=True) == [A, B]  # the strict rule keeps both
+    dA, _ = planner._message(0.0, 1.0, 10.0, 100.0, 2.0)
+    dB, _ = planner._message(1.0, 1.0, 10.0, 100.0, 2.0)
+    assert 0.0 + dA == pytest.approx(20.8) and 1.0 + dB == pytest.approx(11.9)
+
+
+def test_a_cut_search_says_it_is_not_proven(make_random_profile, monkeypatch):
+    rng = random.Random(2)
+    profile = make_random_profile(rng, 40)
+    cost = CostModel(2.7e-4, 3.4e-9, interference=((4, 1.0),), comm_slowdown=((4, 1.3),))
+    full = make_plan(profile, cost, "optimal")
+    monkeypatch.setattr(planner, "FRONT_BUDGET", 10)  # one state per front
+    cut = make_plan(profile, cost, "optimal")
+    assert full.exact and not cut.exact
+    assert Plan.from_dict(cut.to_dict()).exact is False
+    assert "exact" not in full.to_dict()
+    # never worse than the schemes it is bounded by
+    for s in ("wfbp", "synceasgd", "mgwfbp"):
+        assert cut.iteration_time <= make_plan(profile, cost, s).iteration_time * (1 + 1e-12)
+    assert cut.iteration_time >= full.iteration_time * (1 - 1e-12)
+
+
+def test_comm_slowdown_in_network_json_and_plans(tmp_path):
+    # one number, or points; old files without it load with sigma = 1
+    net = Network.from_dict({"fits": {"2": {"a": 1e-4, "b": 1e-9, "comm_slowdown": 1.25}}})
+    assert cost_for(net, 2).comm_slowdown == ((1, 1.25),)
+    assert cost_for(net, 2).sigma(1 << 20) == 1.25
+    net = Network.from_dict({"fits": {"2": {"a": 1e-4, "b": 1e-9,
+                                            "comm_slowdown": [[1024, 1.1], [1 << 20, 1.5]]}}})
+    cost = cost_for(net, 2)
+    assert cost.sigma(1 << 15) == pytest.approx(1.3)
+    assert Network.from_dict(net.to_dict()) == net
+    assert cost_for(Network.from_dict({"fits": {"2": {"a": 1, "b": 1}}}), 2).sigma(4) == 1.0
+    with pytest.raises(PlanError, match=r"fits.2.comm_slowdown\[0\]\[1\]: must be >= 1"):
+        Network.from_dict({"fits": {"2": {"a": 1, "b": 1, "comm_slowdown": 0.5}}})
+    with pytest.raises(PlanError, match=r"fits.2.comm_slowdown: must be a number or a list"):
+        Network.from_dict({"fits": {"2": {"a": 1, "b": 1, "comm_slowdown": "x"}}})
+    profile = toy([1000, 2000, 3000], [1e-3, 2e-3, 3e-3], forward=1e-3)
+    plan = make_plan(profile, cost, "optimal")
+    again = Plan.from_dict(json.loads(plan.to_json()))
+    assert again.comm_slowdown == cost.comm_slowdown
+
+
+def test_the_bound_stays_below_every_continuation():
+    # the branch and bound's lower bound must hold for per-size rho far apart (backward
+    # slowed +0% beside small messages, up to +1900% beside large ones): compare with every
+    # grouping, and the bound of the start state with the optimum
+    rng = random.Random(77)
+    for _ in range(60):
+        L = rng.randint(2, 7)
+        profile = toy([rng.randint(0, 8) for _ in range(L)],
+                      [rng.uniform(0, 4) for _ in range(L)], forward=rng.uniform(0, 1))
+        cost = CostModel(rng.uniform(0, 2), 0.25 * rng.uniform(0, 2),
+                         interference=((4, 0.0), (32, rng.uniform(5, 19))),
+                         comm_slowdown=((4, rng.uniform(1, 3)), (32, rng.uniform(1, 3))))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        total = sum(layer.backward_time for layer in profile.layers)
+        lower = planner._lower(profile, cost, total)
+        index = {n: i + 1 for i, n in enumerate(profile.names)}
+        W = {l: sum(x.backward_time for x in profile.layers[l - 1:]) for l in range(1, L + 1)}
+        for g in groupings(profile):
+            end = timeline(profile, cost, g).iteration_time
+            F, w, k = profile.forward_time, 0.0, L  # the state before each group
+            for group in g:
+                # every grouping is one continuation of each of its own states
+                assert lower(k, F, w) <= end * (1 + 1e-12)
+                j = index[group[-1]]
+                size = 4 * sum(profile.layers[index[n] - 1].params for n in group)
+                s, ws = (F, w) if w >= W[j] else (F + W[j] - w, W[j])
+                d, w = planner._message(ws, cost.time(size), 1 + cost.slowdown(size),
+                                        cost.sigma(size), total)
+                F, k = s + d, j - 1
+            assert F == pytest.approx(end, rel=1e-12)  # the states replay the timeline
+        assert make_plan(profile, cost, "optimal").iteration_time == pytest.approx(best,
+                                                                                   rel=1e-12)

@@ -146,3 +146,33 @@ def test_python_dash_m_discovers_the_command(paper_dir):
          str(paper_dir / "network-10gbe.json"), "--nodes", "4", "--scheme", "wfbp", "--json"],
         capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["schemes"]["wfbp"]["messages"] == 64
+
+
+def test_plan_and_simulate_show_rho_and_sigma(capsys, paper_dir, tmp_path):
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"fits": {"2": {"a": 2.3e-3, "b": 9.2e-9,
+                                              "interference": [[65536, 1.0]],
+                                              "comm_slowdown": 1.25}}}))
+    args = ["--profile", str(paper_dir / "googlenet-k80.json"), "--network", str(net),
+            "--nodes", "2"]
+    rc, out, err = run(capsys, "plan", *args)
+    assert rc == 0, err
+    assert ("backward slowed during an all-reduce: every size +100%; all-reduces slowed "
+            "while backward runs: every size x1.25") in out
+    rc, out, err = run(capsys, "plan", *args, "--json")
+    d = json.loads(out)
+    assert d["comm_slowdown"] == [[1, 1.25]] and d["interference"] == [[65536, 1.0]]
+    # the predicted times are the extended model's: slower than with sigma = 1
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"fits": {"2": {"a": 2.3e-3, "b": 9.2e-9,
+                                                "interference": [[65536, 1.0]]}}}))
+    rc, out, err = run(capsys, "plan", "--profile", str(paper_dir / "googlenet-k80.json"),
+                       "--network", str(plain), "--nodes", "2", "--json")
+    base = json.loads(out)
+    assert (d["schemes"]["wfbp"]["iteration_time"]
+            > base["schemes"]["wfbp"]["iteration_time"])
+    rc, out, err = run(capsys, "simulate", *args)
+    assert rc == 0, err
+    assert "N = 2: backward slowed during an all-reduce" in out and "x1.25" in out
+    rc, out, err = run(capsys, "simulate", *args, "--json")
+    assert json.loads(out)["points"][0]["comm_slowdown"] == [[1, 1.25]]

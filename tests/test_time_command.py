@@ -143,3 +143,38 @@ def test_synthetic_overrides_batch_size_and_labels():
     assert np.array_equal(values, np.floor(values))
     with pytest.raises(NetError, match="HDF5Data.*--synthetic-shape"):
         synthesize_data_layers(data_layer("HDF5Data", "hdf5_data_param { batch_size: 2 }"))
+
+
+def test_adaptive_threads_settle_before_the_timed_passes(repo_root, monkeypatch, capsys):
+    # `--threads adaptive` times each layer call site both ways in its first calls; the timed
+    # passes of `time` must all run after those trials, or they report the trials.
+    import mgcaffe.profiling as profiling  # noqa: PLC0415
+    from mgcaffe.kernels import layer_way, parallel  # noqa: PLC0415
+
+    timing, unsettled, calls = [False], [], [0]
+    real_call, real_profile = layer_way.LayerWay.call, profiling.profile_net
+
+    def call(self, key, fn, *args):
+        if timing[0] and self.threads > 1:
+            calls[0] += 1
+            site = self._sites.get(key)
+            if site is None or not site.settled():
+                unsettled.append(key)
+        return real_call(self, key, fn, *args)
+
+    def profile_net(net, iterations, *, warmup=1, **kwargs):
+        if warmup:
+            real_profile(net, warmup, warmup=0)
+        timing[0] = True
+        return real_profile(net, iterations, warmup=0, **kwargs)
+
+    monkeypatch.setattr(layer_way.LayerWay, "call", call)
+    monkeypatch.setattr(profiling, "profile_net", profile_net)
+    rc = main(["time", "--model", str(repo_root / "models/lenet/lenet.prototxt"),
+               "--iterations", "2", "--batch-size", "4", "--threads", "adaptive"])
+    assert rc == 0, capsys.readouterr().err
+    threads = parallel.default_runner().threads
+    if threads < 2:
+        pytest.skip("one usable core: --threads adaptive has nothing to choose")
+    assert calls[0] > 0
+    assert unsettled == []

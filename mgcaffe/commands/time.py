@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import threads
 from ..backend import CPU
 from ..errors import NetError
+from ..kernels import parallel
 from ..layer_types.base import TEST, TRAIN
 from .train import add_device_argument, device_from_flag, stages
 
@@ -99,11 +100,18 @@ def run(args) -> int:
     loss = net.forward_backward()  # also the warm-up pass Caffe does
     log.info("Initial loss: %g", loss)
     log.info("Performing Backward")
+    warmup = 0
+    if parallel.adaptive_blas():
+        # `--threads adaptive` times each layer call both ways in its first calls (TRIALS
+        # each); timing those calls would report the start-up trials, not the steady state.
+        # The profile passes run every layer's backward (the pass above may skip some).
+        warmup = 2 * parallel.TRIALS
+        log.info("Settling the adaptive thread choices: %d more warm-up passes", warmup)
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     result = profile_net(
         net, args.iterations, model=args.model_name or net.name or Path(args.model).stem,
-        warmup=0,
+        warmup=warmup,
         on_iteration=lambda j, s: log.info("Iteration: %d forward-backward time: %g ms.",
                                            j, s * 1e3))
     log.info("Average time per layer: ")

@@ -44,12 +44,7 @@ class LayerWay:
 
     def _blas_controllers(self) -> list:
         if self._blas is None:
-            try:
-                from threadpoolctl import ThreadpoolController  # noqa: PLC0415
-            except ImportError:  # pragma: no cover - a dependency
-                self._blas = []
-            else:
-                self._blas = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+            self._blas = parallel.blas_controllers()
         return self._blas
 
     def _set_blas(self, threads: int) -> None:

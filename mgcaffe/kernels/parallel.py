@@ -303,11 +303,9 @@ def for_each_chunk(xp, count: int, body: Callable[[int, int], None], *,
 _blas_libraries: list | None = None
 
 
-def blas_threads() -> int:
-    """How many threads numpy's BLAS runs on now (threadpoolctl asks the library itself, a
-    ~1.5 us call, so it follows `layer_way`'s one-thread calls); 1 when it cannot tell.
-    Layers use it to take paths that pay only on one BLAS thread (many small GEMMs, each a
-    synchronisation of the BLAS's threads)."""
+def blas_controllers() -> list:
+    """threadpoolctl's controllers of the BLAS libraries loaded (looked up once; [] without
+    threadpoolctl)."""
     global _blas_libraries
     if _blas_libraries is None:
         try:
@@ -316,5 +314,12 @@ def blas_threads() -> int:
                                    .lib_controllers)
         except ImportError:  # pragma: no cover - a dependency
             _blas_libraries = []
-    counts = [lib.num_threads or 1 for lib in _blas_libraries]
-    return max(counts, default=1)
+    return _blas_libraries
+
+
+def blas_threads() -> int:
+    """How many threads numpy's BLAS runs on now (threadpoolctl asks the library itself, a
+    ~1.5 us call, so it follows `layer_way`'s one-thread calls); 1 when it cannot tell.
+    Layers use it to take paths that pay only on one BLAS thread (many small GEMMs, each a
+    synchronisation of the BLAS's threads)."""
+    return max((lib.num_threads or 1 for lib in blas_controllers()), default=1)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -29,25 +27,6 @@ def weight_diff_way(request, monkeypatch):
     monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
     monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
     return request.param
-
-
-def naive_conv(x, w, b, stride, pad, dilation, group):
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    oh = (h + 2 * pad[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (wd + 2 * pad[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // group
-    for ni, oi, y, z in itertools.product(range(n), range(o), range(oh), range(ow)):
-        g = oi // og
-        total = b[oi] if b is not None else 0.0
-        for ci, i, j in itertools.product(range(cg), range(kh), range(kw)):
-            hi = y * stride[0] - pad[0] + i * dilation[0]
-            wi = z * stride[1] - pad[1] + j * dilation[1]
-            if 0 <= hi < h and 0 <= wi < wd:
-                total += w[oi, ci, i, j] * x[ni, g * cg + ci, hi, wi]
-        out[ni, oi, y, z] = total
-    return out
 
 
 CASES = [
@@ -86,7 +65,7 @@ def gemm_layout(request, monkeypatch):
 
 
 @pytest.mark.parametrize("body,shape,geometry,group", CASES)
-def test_forward_matches_naive(body, shape, geometry, group, gemm_layout):
+def test_forward_matches_naive(body, shape, geometry, group, gemm_layout, naive_conv):
     layer, bottom, top = make_layer(conv_param(body), [shape])
     kernel, stride, pad, dilation = geometry
     pointwise = kernel == (1, 1) and pad == (0, 0) and dilation == (1, 1)
@@ -109,7 +88,7 @@ def test_gradients(body, shape, geometry, group, gemm_layout):
     check_layer_gradients(layer, bottom, top, max_checks=60)
 
 
-def test_layout_follows_output_size(monkeypatch):
+def test_layout_follows_output_size(monkeypatch, naive_conv):
     # The real thresholds: large outputs go per sample; 1x1 convolutions (pad 0, dilation 1,
     # any stride) with 14x14 outputs or more run as direct GEMMs on their input. (The
     # few-row rule is off here: these 1-channel layers would all qualify; see below.)
@@ -150,7 +129,7 @@ def test_small_planes_use_the_batch_last_layout(shape, layout, monkeypatch):
     ("kernel_size: 3 pad: 1", (2, 4, 16, 16), False),  # 36 rows
     ("kernel_size: 3 pad: 1 group: 2", (2, 6, 16, 16), True),  # 27 rows per group
 ])
-def test_few_row_kernels_go_per_sample_from_256_outputs(body, shape, per_sample):
+def test_few_row_kernels_go_per_sample_from_256_outputs(body, shape, per_sample, naive_conv):
     layer, bottom, top = make_layer(conv_param(f"num_output: 2 {body}"), [shape])
     assert layer._per_sample is per_sample
     layer.forward(bottom, top)
@@ -159,7 +138,7 @@ def test_few_row_kernels_go_per_sample_from_256_outputs(body, shape, per_sample)
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
 
 
-def test_float32_forward():
+def test_float32_forward(naive_conv):
     layer, bottom, top = make_layer(conv_param("num_output: 4 kernel_size: 3 pad: 1 group: 2"),
                                     [(2, 4, 5, 5)], dtype=np.float32)
     layer.forward(bottom, top)
@@ -181,7 +160,7 @@ def test_shapes(body, shape, out_shape):
     assert top[0].shape == out_shape
 
 
-def test_axis_puts_batch_axes_before_the_channel_axis(gemm_layout):
+def test_axis_puts_batch_axes_before_the_channel_axis(gemm_layout, naive_conv):
     # axis 2 on a 5-D bottom: axes 0 and 1 are both batch axes.
     body = "num_output: 3 kernel_size: 2 axis: 2"
     layer, bottom, top = make_layer(conv_param(body), [(2, 3, 2, 4, 5)])
@@ -194,7 +173,7 @@ def test_axis_puts_batch_axes_before_the_channel_axis(gemm_layout):
     check_layer_gradients(layer, bottom, top, max_checks=40)
 
 
-def test_several_bottoms_share_the_weights(gemm_layout):
+def test_several_bottoms_share_the_weights(gemm_layout, naive_conv):
     param = conv_param("num_output: 2 kernel_size: 3 pad: 1", n_top=2)
     layer, bottom, top = make_layer(param, [(1, 2, 4, 4), (1, 2, 4, 4)], seed=3)
     layer.forward(bottom, top)
@@ -290,7 +269,7 @@ def test_loaded_blobs_are_kept_and_checked():
         layer.setup(bottom, top)
 
 
-def test_reshape_follows_new_input_shapes():
+def test_reshape_follows_new_input_shapes(naive_conv):
     layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 3 pad: 1"),
                                     [(1, 2, 4, 4)])
     bottom[0].reshape(3, 2, 6, 5)

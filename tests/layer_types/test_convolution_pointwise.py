@@ -34,26 +34,6 @@ def conv_param(body: str) -> caffe_pb2.LayerParameter:
     return text_format.Parse(text, caffe_pb2.LayerParameter())
 
 
-def naive_pointwise(x, w, b, stride, group):
-    """top[n, o, y, z] = sum_c w[o, c] x[n, g*cg + c, y*sh, z*sw] (+ b[o]), by loops."""
-    n, c, h, wd = x.shape
-    o, cg = w.shape[:2]
-    oh, ow = (h - 1) // stride[0] + 1, (wd - 1) // stride[1] + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // group
-    for ni in range(n):
-        for oi in range(o):
-            g = oi // og
-            for y in range(oh):
-                for z in range(ow):
-                    total = b[oi] if b is not None else 0.0
-                    for ci in range(cg):
-                        total += w[oi, ci, 0, 0] * x[ni, g * cg + ci, y * stride[0],
-                                                     z * stride[1]]
-                    out[ni, oi, y, z] = total
-    return out
-
-
 # body, bottom shape, stride, group
 CASES = [
     ("num_output: 4 kernel_size: 1", (2, 3, 4, 5), (1, 1), 1),
@@ -67,12 +47,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("body,shape,stride,group", CASES)
-def test_forward_matches_naive(body, shape, stride, group):
+def test_forward_matches_naive(body, shape, stride, group, naive_conv):
     layer, bottom, top = make_layer(conv_param(body), [shape])
     assert layer._direct
     layer.forward(bottom, top)
     b = layer.blobs[1].data if len(layer.blobs) > 1 else None
-    expected = naive_pointwise(bottom[0].data, layer.blobs[0].data, b, stride, group)
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, stride, (0, 0), (1, 1),
+                          group)
     assert top[0].shape == expected.shape
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-12, atol=1e-12)
 

@@ -90,8 +90,9 @@ def generate(name: str, out_dir: Path) -> Path:
     return target
 
 
-def conv_ip_flops(prototxt: Path) -> float:
-    """GEMM flops of Convolution/InnerProduct in one forward+backward (mgcaffe's net)."""
+def conv_ip_flops(prototxt: Path) -> tuple[float, list[str]]:
+    """GEMM flops of Convolution/InnerProduct in one forward+backward (mgcaffe's net), and
+    the names of the layers that do them."""
     from bench_engine import gemm_flops  # noqa: PLC0415
 
     from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
@@ -100,7 +101,9 @@ def conv_ip_flops(prototxt: Path) -> float:
 
     net = Net(str(prototxt), TRAIN)
     try:
-        return float(sum(gemm_flops(net, timing_propagate_down(net))))
+        per_layer = gemm_flops(net, timing_propagate_down(net))
+        names = [name for name, f in zip(net.layer_names, per_layer) if f]
+        return float(sum(per_layer)), names
     finally:
         net.close()
 
@@ -358,7 +361,7 @@ def fmt(ms) -> str:
 
 
 def report(results: dict, nets: list, engines: list, conditions: list, rounds: int,
-           flops: dict, rate: float, setups: dict) -> None:
+           flops: dict, rate: float, setups: dict, gemm_layers: dict | None = None) -> None:
     print("\n## Engines")
     for engine in engines:
         print(f"- {engine}: {setups.get(engine, '?')}")
@@ -412,8 +415,24 @@ def report(results: dict, nets: list, engines: list, conditions: list, rounds: i
             gflops = flops[name] / (min(mg) / 1e3) / 1e9
             print(f"mgcaffe conv+ip (whole pass, best idle): {gflops:.1f} GFLOP/s = "
                   f"{gflops / rate:.2f} of the matmul rate")
+        own = [conv_ip_rate(results[name]["idle"].get(engine, []), flops[name],
+                            (gemm_layers or {}).get(name)) for engine in ("mgcaffe", "caffe")]
+        if own[0]:
+            caffe = f"; Caffe {own[1]:.1f} = {own[1] / rate:.2f}" if own[1] else ""
+            print(f"conv+ip layers' own time (best idle round): mgcaffe {own[0]:.1f} GFLOP/s = "
+                  f"{own[0] / rate:.2f} of the matmul rate{caffe}")
         if "caffe" in engines and "mgcaffe" in engines:
             layer_table(results[name], conditions[0])
+
+
+def conv_ip_rate(runs: list, flops: float, names: list | None) -> float | None:
+    """GFLOP/s of the conv+ip layers over their own forward+backward time, in the run where
+    they took least (None without per-layer times)."""
+    if not names or not flops:
+        return None
+    times = [sum(run["layers"][n]["forward"] + run["layers"][n]["backward"] for n in names)
+             for run in runs if all(n in run.get("layers", {}) for n in names)]
+    return flops / (min(times) / 1e3) / 1e9 if times else None
 
 
 def layer_table(result: dict, cond: str) -> None:
@@ -466,7 +485,8 @@ def main(argv=None) -> int:
     if args.report_from:
         saved = json.loads(Path(args.report_from).read_text())
         report(saved["results"], saved["nets"], saved["engines"], saved["conditions"],
-               saved["rounds"], saved["flops"], saved["matmul_gflops"], saved["setups"])
+               saved["rounds"], saved["flops"], saved["matmul_gflops"], saved["setups"],
+               saved.get("gemm_layers"))
         return 0
     sys.path.insert(0, str(ROOT / "benchmarks"))
     nets = [n for n in args.nets.split(",") if n]
@@ -491,7 +511,9 @@ def main(argv=None) -> int:
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench_vs_caffe_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {n: generate(n, out_dir) for n in nets}
-    flops = {n: conv_ip_flops(files[n]) for n in nets}
+    counted = {n: conv_ip_flops(files[n]) for n in nets}
+    flops = {n: f for n, (f, _) in counted.items()}
+    gemm_layers = {n: names for n, (_, names) in counted.items()}
     rate = matmul_rate()
     cores = len(os.sched_getaffinity(0))
     results = {n: {c: {e: [] for e in engines} for c in conditions} for n in nets}
@@ -514,9 +536,10 @@ def main(argv=None) -> int:
             if args.json:  # a run cut short keeps its finished rounds
                 Path(args.json).write_text(json.dumps(
                     {"results": results, "setups": setups, "matmul_gflops": rate,
-                     "flops": flops, "nets": nets, "engines": engines,
+                     "flops": flops, "gemm_layers": gemm_layers, "nets": nets,
+                     "engines": engines,
                      "conditions": conditions, "rounds": r + 1}, indent=1))
-    report(results, nets, engines, conditions, args.rounds, flops, rate, setups)
+    report(results, nets, engines, conditions, args.rounds, flops, rate, setups, gemm_layers)
     return 0
 
 

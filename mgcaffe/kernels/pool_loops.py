@@ -1,0 +1,246 @@
+"""MAX and AVE pooling as compiled loops (numba), one output at a time, for the CPU.
+
+Why: the numpy formulations of pooling (`kernels.windows`: one ufunc pass per kernel offset,
+winner tags by small-int arithmetic, backward by np.add.at) make 4-5 passes over the whole
+input per offset. A loop per output reads each input cell a few times from the L1 cache,
+keeps the running maximum in a register and scatters the backward in output order with no
+index arrays.
+
+Semantics are Caffe's, bit for bit the same as the layer's numpy path (tests compare them):
+- MAX scans the window clipped to the input in row-major order and keeps a cell only when it
+  is strictly greater than the best so far (so the first maximum wins and NaN never does),
+  starting from `lowest` (-FLT_MAX); the winner tag is 1 + the kernel offset i*kw + j of the
+  winner (0: the window read no cell, or only -inf/NaN), the mask the flat index h*W + w of
+  the winner in its plane as a float (-1 for none).
+- MAX backward overwrites the bottom diff: zero, then each top diff added at its winner, the
+  outputs in order (Caffe's order, so ties and overlaps sum the same).
+- AVE sums the window clipped to the input in row-major order, from 0 in the blob's type,
+  and multiplies by the layer's 1/area table; backward gathers, per input cell, the outputs
+  whose window holds it in increasing kernel-offset order (the numpy path's order), each
+  top diff times its 1/area.
+
+Every function works on planes [p0, p1) of (planes, H, W) arrays, so the layer's chunk
+runner calls it from several threads on disjoint planes (`nogil`: they run in parallel).
+
+`load()` imports numba on first use and returns the compiled functions, or None when numba
+cannot be imported (the layer then keeps its numpy path). The on-disk cache (`cache=True`)
+saves the compilation in later processes; where no cache directory is writable, the
+functions compile in memory in each process instead.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import numpy as np
+
+_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
+
+
+#: Grid cells per block of planes: a block's phases and running results stay in the L2 cache
+#: across the kernel offsets.
+BLOCK_CELLS = 1 << 13
+
+
+def _layout(out_h, out_w, kh, kw, sh, sw, planes):
+    """Per plane a (hq, wq) grid of each stride phase (as `kernels.windows`): phase (a, b),
+    cell (u, v) holds padded cell (u*sh + a, v*sw + b), and output (oy, ox) at kernel offset
+    (i, j) reads phase (i % sh, j % sw) at grid cell (oy + i // sh, ox + j // sw): its own
+    flat grid index plus a shift, so that each offset is one contiguous pass over the grids
+    of a block of planes (vectorised loads; cells past (out_h, out_w) are junk outputs).
+    Returns (hq, wq, planes per block, cells per block, largest shift)."""
+    hq, wq = out_h + (kh - 1) // sh, out_w + (kw - 1) // sw
+    block = max(1, min(planes, BLOCK_CELLS // (hq * wq)))
+    return hq, wq, block, block * hq * wq, ((kh - 1) // sh) * wq + (kw - 1) // sw
+
+
+def _columns(sw, pw, phase, cols):
+    """(first input column, its grid column, how many) of column phase `phase`."""
+    first = (phase - pw) % sw
+    return first, (first + pw) // sw, max(0, (cols - first + sw - 1) // sw)
+
+
+def _load(phases, x, p, count, hq, wq, sh, sw, ph, pw):
+    """Planes [p, p + count) into the phases of a block; cells outside the input keep the
+    value they were given (padding) and those the windows never reach are not copied."""
+    rows, cols = min(x.shape[1], hq * sh - ph), min(x.shape[2], wq * sw - pw)
+    for k in range(count):
+        for y in range(rows):
+            a, u = (y + ph) % sh, (y + ph) // sh
+            at = (k * hq + u) * wq
+            line = x[p + k, y]
+            if sw == 2:
+                # Both phases in one loop: the even and odd columns are one interleaved
+                # load group, which the compiler vectorises (a strided loop alone is not).
+                even = phases[a * 2 + pw % 2, at + pw // 2:]
+                odd = phases[a * 2 + (pw + 1) % 2, at + (pw + 1) // 2:]
+                for m in range(cols // 2):
+                    even[m] = line[2 * m]
+                    odd[m] = line[2 * m + 1]
+                if cols % 2:
+                    even[cols // 2] = line[cols - 1]
+                continue
+            for b in range(sw):
+                first, start, n = _columns(sw, pw, b, cols)
+                dst = phases[a * sw + b, at + start:]
+                for m in range(n):
+                    dst[m] = line[first + m * sw]
+
+
+def _unload(phases, out, p, count, hq, wq, sh, sw, ph, pw):
+    """The reverse of `_load`; input cells the windows never reach get 0."""
+    height, width = out.shape[1], out.shape[2]
+    rows, cols = min(height, hq * sh - ph), min(width, wq * sw - pw)
+    for k in range(count):
+        for y in range(height):
+            line = out[p + k, y]
+            if y >= rows:
+                line[:] = 0
+                continue
+            a, u = (y + ph) % sh, (y + ph) // sh
+            at = (k * hq + u) * wq
+            if sw == 2:
+                even = phases[a * 2 + pw % 2, at + pw // 2:]
+                odd = phases[a * 2 + (pw + 1) % 2, at + (pw + 1) // 2:]
+                for m in range(cols // 2):
+                    line[2 * m] = even[m]
+                    line[2 * m + 1] = odd[m]
+                if cols % 2:
+                    line[cols - 1] = even[cols // 2]
+            else:
+                for b in range(sw):
+                    first, start, n = _columns(sw, pw, b, cols)
+                    src = phases[a * sw + b, at + start:]
+                    for m in range(n):
+                        line[first + m * sw] = src[m]
+            line[cols:] = 0
+
+
+def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, want_mask):
+    width = x.shape[2]
+    out_h, out_w = top.shape[1], top.shape[2]
+    hq, wq, block, cells, shift_max = _layout(out_h, out_w, kh, kw, sh, sw, p1 - p0)
+    # Padding holds -inf: never strictly greater than the running maximum (from -FLT_MAX).
+    phases = np.full((sh * sw, cells + shift_max), -np.inf, dtype=x.dtype)
+    best = np.empty(cells, dtype=x.dtype)
+    tags = np.empty(cells, dtype=np.int32)
+    for p in range(p0, p1, block):
+        count = min(block, p1 - p)
+        _load(phases, x, p, count, hq, wq, sh, sw, ph, pw)
+        best[:] = lowest
+        tags[:] = 0
+        # Offsets in row-major order: a later one wins only when strictly greater, so the
+        # first maximum stays (and NaN, never greater, never wins).
+        for i in range(kh):
+            for j in range(kw):
+                tag = i * kw + j + 1
+                at = (i // sh) * wq + j // sw
+                src = phases[(i % sh) * sw + j % sw, at:at + cells]
+                for q in range(cells):
+                    v = src[q]
+                    b = best[q]
+                    greater = v > b
+                    best[q] = v if greater else b
+                    tags[q] = tag if greater else tags[q]
+        for k in range(count):
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    q = (k * hq + oy) * wq + ox
+                    top[p + k, oy, ox] = best[q]
+                    winner[p + k, oy, ox] = tags[q]
+                    if want_mask:
+                        tag = tags[q] - 1
+                        mask[p + k, oy, ox] = -1 if tag < 0 else (
+                            (oy * sh - ph + tag // kw) * width + ox * sw - pw + tag % kw)
+
+
+def _max_backward(top_diff, winner, bottom_diff, p0, p1, kw, sh, sw, ph, pw):
+    out_h, out_w = top_diff.shape[1], top_diff.shape[2]
+    for p in range(p0, p1):
+        bottom_diff[p] = 0
+        for oy in range(out_h):
+            hs = oy * sh - ph
+            for ox in range(out_w):
+                tag = winner[p, oy, ox]
+                if tag > 0:
+                    tag -= 1
+                    bottom_diff[p, hs + tag // kw, ox * sw - pw + tag % kw] += top_diff[p, oy, ox]
+
+
+def _ave_forward(x, top, inv_area, p0, p1, kh, kw, sh, sw, ph, pw):
+    out_h, out_w = top.shape[1], top.shape[2]
+    hq, wq, block, cells, shift_max = _layout(out_h, out_w, kh, kw, sh, sw, p1 - p0)
+    # Padding holds 0 (Caffe sums the window clipped to the input; adding 0 changes nothing).
+    phases = np.zeros((sh * sw, cells + shift_max), dtype=x.dtype)
+    total = np.empty(cells, dtype=x.dtype)
+    for p in range(p0, p1, block):
+        count = min(block, p1 - p)
+        _load(phases, x, p, count, hq, wq, sh, sw, ph, pw)
+        total[:] = 0
+        for i in range(kh):  # row-major window order, as the numpy path adds
+            for j in range(kw):
+                at = (i // sh) * wq + j // sw
+                src = phases[(i % sh) * sw + j % sw, at:at + cells]
+                for q in range(cells):
+                    total[q] += src[q]
+        for k in range(count):
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    top[p + k, oy, ox] = total[(k * hq + oy) * wq + ox] * inv_area[oy, ox]
+
+
+def _ave_backward(top_diff, inv_area, bottom_diff, p0, p1, kh, kw, sh, sw, ph, pw):
+    out_h, out_w = top_diff.shape[1], top_diff.shape[2]
+    hq, wq, block, cells, shift_max = _layout(out_h, out_w, kh, kw, sh, sw, p1 - p0)
+    phases = np.empty((sh * sw, cells + shift_max), dtype=bottom_diff.dtype)
+    grad = np.zeros(cells, dtype=top_diff.dtype)  # junk outputs stay 0
+    for p in range(p0, p1, block):
+        count = min(block, p1 - p)
+        for k in range(count):
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    grad[(k * hq + oy) * wq + ox] = top_diff[p + k, oy, ox] * inv_area[oy, ox]
+        phases[:, :] = 0
+        # Each input cell adds the shares of the outputs that read it in increasing kernel
+        # offset order, as the numpy path gathers them.
+        for i in range(kh):
+            for j in range(kw):
+                at = (i // sh) * wq + j // sw
+                dst = phases[(i % sh) * sw + j % sw, at:at + cells]
+                for q in range(cells):
+                    dst[q] += grad[q]
+        _unload(phases, bottom_diff, p, count, hq, wq, sh, sw, ph, pw)
+
+
+def _compile(numba):
+    """The functions compiled lazily per argument types (float32 / float64 blobs)."""
+    def jit(fn):
+        try:
+            return numba.njit(nogil=True, cache=True)(fn)
+        except RuntimeError:  # no writable cache directory: compile in each process
+            return numba.njit(nogil=True)(fn)
+
+    global _layout, _columns, _load, _unload
+    # The helpers called from compiled code are compiled themselves (looked up as globals).
+    _layout, _columns, _load, _unload = jit(_layout), jit(_columns), jit(_load), jit(_unload)
+    with warnings.catch_warnings():
+        # numba warns once when it cannot save to or read from a cache directory.
+        warnings.simplefilter("ignore", numba.NumbaWarning)
+        return types.SimpleNamespace(
+            max_forward=jit(_max_forward),
+            max_backward=jit(_max_backward), ave_forward=jit(_ave_forward),
+            ave_backward=jit(_ave_backward))
+
+
+def load() -> types.SimpleNamespace | None:
+    """The compiled pooling functions, or None when numba cannot be imported."""
+    global _loaded
+    if _loaded is False:
+        try:
+            import numba  # noqa: PLC0415 - optional at run time, and slow to import
+        except ImportError:
+            _loaded = None
+        else:
+            _loaded = _compile(numba)
+    return _loaded

@@ -74,10 +74,7 @@ def run_both(text, shape, dtype, threads, method, n_top, special, seed=0):
         bottom.data[...] = x
         layer.setup([bottom], top)
         assert (layer._loops is not None) == compiled
-        with np.errstate(invalid="ignore"):
-            # The numpy passes also compute junk outputs past the plane, from cells of
-            # uninitialised scratch (dropped; they may warn).
-            layer.forward([bottom], top)
+        layer.forward([bottom], top)
         top[0].diff[...] = np.random.default_rng(seed + 1).standard_normal(top[0].shape)
         bottom.diff[...] = np.nan  # stale: must be overwritten everywhere
         layer.backward(top, [True], [bottom])
@@ -100,6 +97,9 @@ def test_max_compiled_equals_numpy(text, h, w, dtype):
         assert not np.isnan(diff_b).any()
 
 
+# The numpy passes compute junk outputs past a chunk's last plane from cells of the next
+# sample, not yet loaded (uninitialised scratch): dropped, but they may warn.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("text,h,w", GEOMETRIES)
 def test_ave_compiled_equals_numpy(text, h, w, dtype):

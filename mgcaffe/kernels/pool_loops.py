@@ -41,6 +41,8 @@ _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 #: Grid cells per block of planes: a block's phases and running results stay in the L2 cache
 #: across the kernel offsets.
 BLOCK_CELLS = 1 << 13
+#: Cells per run of the offset passes inside a block: the running results stay in L1.
+RUN_CELLS = 1 << 11
 
 
 def _layout(out_h, out_w, kh, kw, sh, sw, planes):
@@ -64,28 +66,28 @@ def _columns(sw, pw, phase, cols):
 def _load(phases, x, p, count, hq, wq, sh, sw, ph, pw):
     """Planes [p, p + count) into the phases of a block; cells outside the input keep the
     value they were given (padding) and those the windows never reach are not copied."""
+    # Plain indexing only: a view made per row (x[p, y], phases[b, at:]) costs two atomic
+    # reference counts, which dominated small planes (LeNet's 8x8: 6 ns per cell).
     rows, cols = min(x.shape[1], hq * sh - ph), min(x.shape[2], wq * sw - pw)
     for k in range(count):
         for y in range(rows):
             a, u = (y + ph) % sh, (y + ph) // sh
             at = (k * hq + u) * wq
-            line = x[p + k, y]
             if sw == 2:
                 # Both phases in one loop: the even and odd columns are one interleaved
                 # load group, which the compiler vectorises (a strided loop alone is not).
-                even = phases[a * 2 + pw % 2, at + pw // 2:]
-                odd = phases[a * 2 + (pw + 1) % 2, at + (pw + 1) // 2:]
+                even, odd = a * 2 + pw % 2, a * 2 + (pw + 1) % 2
+                at_even, at_odd = at + pw // 2, at + (pw + 1) // 2
                 for m in range(cols // 2):
-                    even[m] = line[2 * m]
-                    odd[m] = line[2 * m + 1]
+                    phases[even, at_even + m] = x[p + k, y, 2 * m]
+                    phases[odd, at_odd + m] = x[p + k, y, 2 * m + 1]
                 if cols % 2:
-                    even[cols // 2] = line[cols - 1]
+                    phases[even, at_even + cols // 2] = x[p + k, y, cols - 1]
                 continue
             for b in range(sw):
                 first, start, n = _columns(sw, pw, b, cols)
-                dst = phases[a * sw + b, at + start:]
                 for m in range(n):
-                    dst[m] = line[first + m * sw]
+                    phases[a * sw + b, at + start + m] = x[p + k, y, first + m * sw]
 
 
 def _unload(phases, out, p, count, hq, wq, sh, sw, ph, pw):
@@ -94,27 +96,27 @@ def _unload(phases, out, p, count, hq, wq, sh, sw, ph, pw):
     rows, cols = min(height, hq * sh - ph), min(width, wq * sw - pw)
     for k in range(count):
         for y in range(height):
-            line = out[p + k, y]
             if y >= rows:
-                line[:] = 0
+                for xx in range(width):
+                    out[p + k, y, xx] = 0
                 continue
             a, u = (y + ph) % sh, (y + ph) // sh
             at = (k * hq + u) * wq
             if sw == 2:
-                even = phases[a * 2 + pw % 2, at + pw // 2:]
-                odd = phases[a * 2 + (pw + 1) % 2, at + (pw + 1) // 2:]
+                even, odd = a * 2 + pw % 2, a * 2 + (pw + 1) % 2
+                at_even, at_odd = at + pw // 2, at + (pw + 1) // 2
                 for m in range(cols // 2):
-                    line[2 * m] = even[m]
-                    line[2 * m + 1] = odd[m]
+                    out[p + k, y, 2 * m] = phases[even, at_even + m]
+                    out[p + k, y, 2 * m + 1] = phases[odd, at_odd + m]
                 if cols % 2:
-                    line[cols - 1] = even[cols // 2]
+                    out[p + k, y, cols - 1] = phases[even, at_even + cols // 2]
             else:
                 for b in range(sw):
                     first, start, n = _columns(sw, pw, b, cols)
-                    src = phases[a * sw + b, at + start:]
                     for m in range(n):
-                        line[first + m * sw] = src[m]
-            line[cols:] = 0
+                        out[p + k, y, first + m * sw] = phases[a * sw + b, at + start + m]
+            for xx in range(cols, width):
+                out[p + k, y, xx] = 0
 
 
 def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, want_mask):
@@ -131,18 +133,24 @@ def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, w
         best[:] = lowest
         tags[:] = 0
         # Offsets in row-major order: a later one wins only when strictly greater, so the
-        # first maximum stays (and NaN, never greater, never wins).
-        for i in range(kh):
-            for j in range(kw):
-                tag = i * kw + j + 1
-                at = (i // sh) * wq + j // sw
-                src = phases[(i % sh) * sw + j % sw, at:at + cells]
-                for q in range(cells):
-                    v = src[q]
-                    b = best[q]
-                    greater = v > b
-                    best[q] = v if greater else b
-                    tags[q] = tag if greater else tags[q]
+        # first maximum stays (and NaN, never greater, never wins). Over L1-sized runs of
+        # cells, so the running maxima and tags stay in the L1 cache across the offsets.
+        # (Slices, not 2-D indexing: with an index that might be negative the loop is not
+        # vectorised; each view costs atomic reference counts, so they are made per run.)
+        for lo in range(0, count * hq * wq, RUN_CELLS):
+            hi = min(lo + RUN_CELLS, count * hq * wq)
+            run_best, run_tags = best[lo:hi], tags[lo:hi]
+            for i in range(kh):
+                for j in range(kw):
+                    tag = i * kw + j + 1
+                    at = lo + (i // sh) * wq + j // sw
+                    src = phases[(i % sh) * sw + j % sw, at:at + hi - lo]
+                    for q in range(hi - lo):
+                        v = src[q]
+                        b = run_best[q]
+                        greater = v > b
+                        run_best[q] = v if greater else b
+                        run_tags[q] = tag if greater else run_tags[q]
         for k in range(count):
             for oy in range(out_h):
                 for ox in range(out_w):
@@ -155,17 +163,25 @@ def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, w
                             (oy * sh - ph + tag // kw) * width + ox * sw - pw + tag % kw)
 
 
-def _max_backward(top_diff, winner, bottom_diff, p0, p1, kw, sh, sw, ph, pw):
+def _max_backward(top_diff, winner, bottom_diff, p0, p1, kh, kw, sh, sw, ph, pw):
     out_h, out_w = top_diff.shape[1], top_diff.shape[2]
+    height, width = bottom_diff.shape[1], bottom_diff.shape[2]
+    # The winner's row and column in its window, per tag (no divisions per output).
+    row_of = np.zeros(kh * kw + 1, dtype=np.int64)
+    col_of = np.zeros(kh * kw + 1, dtype=np.int64)
+    for tag in range(kh * kw):
+        row_of[tag + 1], col_of[tag + 1] = tag // kw, tag % kw
     for p in range(p0, p1):
-        bottom_diff[p] = 0
+        for y in range(height):
+            for xx in range(width):
+                bottom_diff[p, y, xx] = 0
         for oy in range(out_h):
             hs = oy * sh - ph
             for ox in range(out_w):
                 tag = winner[p, oy, ox]
                 if tag > 0:
-                    tag -= 1
-                    bottom_diff[p, hs + tag // kw, ox * sw - pw + tag % kw] += top_diff[p, oy, ox]
+                    bottom_diff[p, hs + row_of[tag], ox * sw - pw + col_of[tag]] += \
+                        top_diff[p, oy, ox]
 
 
 def _ave_forward(x, top, inv_area, p0, p1, kh, kw, sh, sw, ph, pw):
@@ -178,12 +194,15 @@ def _ave_forward(x, top, inv_area, p0, p1, kh, kw, sh, sw, ph, pw):
         count = min(block, p1 - p)
         _load(phases, x, p, count, hq, wq, sh, sw, ph, pw)
         total[:] = 0
-        for i in range(kh):  # row-major window order, as the numpy path adds
-            for j in range(kw):
-                at = (i // sh) * wq + j // sw
-                src = phases[(i % sh) * sw + j % sw, at:at + cells]
-                for q in range(cells):
-                    total[q] += src[q]
+        for lo in range(0, count * hq * wq, RUN_CELLS):
+            hi = min(lo + RUN_CELLS, count * hq * wq)
+            run = total[lo:hi]
+            for i in range(kh):  # row-major window order, as the numpy path adds
+                for j in range(kw):
+                    at = lo + (i // sh) * wq + j // sw
+                    src = phases[(i % sh) * sw + j % sw, at:at + hi - lo]
+                    for q in range(hi - lo):
+                        run[q] += src[q]
         for k in range(count):
             for oy in range(out_h):
                 for ox in range(out_w):
@@ -207,8 +226,8 @@ def _ave_backward(top_diff, inv_area, bottom_diff, p0, p1, kh, kw, sh, sw, ph, p
         for i in range(kh):
             for j in range(kw):
                 at = (i // sh) * wq + j // sw
-                dst = phases[(i % sh) * sw + j % sw, at:at + cells]
-                for q in range(cells):
+                dst = phases[(i % sh) * sw + j % sw, at:at + count * hq * wq]
+                for q in range(count * hq * wq):
                     dst[q] += grad[q]
         _unload(phases, bottom_diff, p, count, hq, wq, sh, sw, ph, pw)
 

@@ -437,7 +437,8 @@ class Pooling(Layer):
             winner = self._winner.reshape(grad.shape)
 
             def body(start, stop):
-                loops.max_backward(grad, winner, planes, start * c, stop * c, kw, sh, sw, ph, pw)
+                loops.max_backward(grad, winner, planes, start * c, stop * c, kh, kw, sh, sw,
+                                   ph, pw)
         else:
             def body(start, stop):
                 loops.ave_backward(grad, self._inv_area, planes, start * c, stop * c,

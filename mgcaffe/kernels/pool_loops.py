@@ -119,7 +119,70 @@ def _unload(phases, out, p, count, hq, wq, sh, sw, ph, pw):
                 out[p + k, y, xx] = 0
 
 
-def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, want_mask):
+def _max_offsets(phases, best, tags, cells, kh, kw, sh, sw, wq, lowest):
+    """Running maxima and tags of grid cells [0, cells) over the kernel offsets."""
+    best[:cells] = lowest
+    tags[:cells] = 0
+    # Offsets in row-major order: a later one wins only when strictly greater, so the
+    # first maximum stays (and NaN, never greater, never wins). Over L1-sized runs of
+    # cells, so the running maxima and tags stay in the L1 cache across the offsets.
+    # (Slices, not 2-D indexing: with an index that might be negative the loop is not
+    # vectorised; each view costs atomic reference counts, so they are made per run.)
+    for lo in range(0, cells, RUN_CELLS):
+        hi = min(lo + RUN_CELLS, cells)
+        run_best, run_tags = best[lo:hi], tags[lo:hi]
+        for i in range(kh):
+            for j in range(kw):
+                tag = i * kw + j + 1
+                at = lo + (i // sh) * wq + j // sw
+                src = phases[(i % sh) * sw + j % sw, at:at + hi - lo]
+                for q in range(hi - lo):
+                    v = src[q]
+                    b = run_best[q]
+                    greater = v > b
+                    run_best[q] = v if greater else b
+                    run_tags[q] = tag if greater else run_tags[q]
+
+
+def _max_rows_then_columns(phases, best, tags, row_best, row_col, cells, kh, kw, sw, wq,
+                           lowest):
+    """`_max_offsets` for stride 1 down the rows, separably: per grid cell the first
+    strictly greater maximum over the kw columns of its row, then per output the first of
+    its kh rows strictly greater. That is the first maximum in row-major window order (the
+    first row holding the maximum, the first column in it), which the offsets find; each
+    row's maxima serve kh outputs (kw + kh passes instead of kh * kw)."""
+    rows = cells + (kh - 1) * wq  # the rows of the last plane's lowest outputs too
+    for lo in range(0, rows, RUN_CELLS):
+        hi = min(lo + RUN_CELLS, rows)
+        run_best, run_col = row_best[lo:hi], row_col[lo:hi]
+        run_best[:] = lowest
+        run_col[:] = -1
+        for j in range(kw):
+            src = phases[j % sw, lo + j // sw:lo + j // sw + hi - lo]
+            for q in range(hi - lo):
+                v = src[q]
+                b = run_best[q]
+                greater = v > b
+                run_best[q] = v if greater else b
+                run_col[q] = j if greater else run_col[q]
+    for lo in range(0, cells, RUN_CELLS):
+        hi = min(lo + RUN_CELLS, cells)
+        run_best, run_tags = best[lo:hi], tags[lo:hi]
+        run_best[:] = lowest
+        run_tags[:] = 0
+        for i in range(kh):
+            src = row_best[lo + i * wq:lo + i * wq + hi - lo]
+            col = row_col[lo + i * wq:lo + i * wq + hi - lo]
+            for q in range(hi - lo):
+                v = src[q]
+                b = run_best[q]
+                greater = v > b
+                run_best[q] = v if greater else b
+                run_tags[q] = i * kw + col[q] + 1 if greater else run_tags[q]
+
+
+def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, want_mask,
+                 separable):
     width = x.shape[2]
     out_h, out_w = top.shape[1], top.shape[2]
     hq, wq, block, cells, shift_max = _layout(out_h, out_w, kh, kw, sh, sw, p1 - p0)
@@ -127,30 +190,18 @@ def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, w
     phases = np.full((sh * sw, cells + shift_max), -np.inf, dtype=x.dtype)
     best = np.empty(cells, dtype=x.dtype)
     tags = np.empty(cells, dtype=np.int32)
+    separable = separable and sh == 1 and kh > 1
+    if separable:  # row maxima and their columns, for every grid row the windows read
+        row_best = np.empty(cells + (kh - 1) * wq, dtype=x.dtype)
+        row_col = np.empty(cells + (kh - 1) * wq, dtype=np.int32)
     for p in range(p0, p1, block):
         count = min(block, p1 - p)
         _load(phases, x, p, count, hq, wq, sh, sw, ph, pw)
-        best[:] = lowest
-        tags[:] = 0
-        # Offsets in row-major order: a later one wins only when strictly greater, so the
-        # first maximum stays (and NaN, never greater, never wins). Over L1-sized runs of
-        # cells, so the running maxima and tags stay in the L1 cache across the offsets.
-        # (Slices, not 2-D indexing: with an index that might be negative the loop is not
-        # vectorised; each view costs atomic reference counts, so they are made per run.)
-        for lo in range(0, count * hq * wq, RUN_CELLS):
-            hi = min(lo + RUN_CELLS, count * hq * wq)
-            run_best, run_tags = best[lo:hi], tags[lo:hi]
-            for i in range(kh):
-                for j in range(kw):
-                    tag = i * kw + j + 1
-                    at = lo + (i // sh) * wq + j // sw
-                    src = phases[(i % sh) * sw + j % sw, at:at + hi - lo]
-                    for q in range(hi - lo):
-                        v = src[q]
-                        b = run_best[q]
-                        greater = v > b
-                        run_best[q] = v if greater else b
-                        run_tags[q] = tag if greater else run_tags[q]
+        if separable:
+            _max_rows_then_columns(phases, best, tags, row_best, row_col, count * hq * wq,
+                                   kh, kw, sw, wq, lowest)
+        else:
+            _max_offsets(phases, best, tags, count * hq * wq, kh, kw, sh, sw, wq, lowest)
         for k in range(count):
             for oy in range(out_h):
                 for ox in range(out_w):
@@ -240,9 +291,10 @@ def _compile(numba):
         except RuntimeError:  # no writable cache directory: compile in each process
             return numba.njit(nogil=True)(fn)
 
-    global _layout, _columns, _load, _unload
+    global _layout, _columns, _load, _unload, _max_offsets, _max_rows_then_columns
     # The helpers called from compiled code are compiled themselves (looked up as globals).
     _layout, _columns, _load, _unload = jit(_layout), jit(_columns), jit(_load), jit(_unload)
+    _max_offsets, _max_rows_then_columns = jit(_max_offsets), jit(_max_rows_then_columns)
     with warnings.catch_warnings():
         # numba warns once when it cannot save to or read from a cache directory.
         warnings.simplefilter("ignore", numba.NumbaWarning)

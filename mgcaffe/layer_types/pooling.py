@@ -68,6 +68,9 @@ class Pooling(Layer):
     #: On the CPU, MAX (and AVE not taken by the GEMM above) run as compiled loops
     #: (kernels/pool_loops.py, numba) when numba can be imported; False: the numpy passes.
     compiled = True
+    #: The compiled MAX forward with stride 1 down the rows (GoogleNet's inception pools)
+    #: takes the row maxima first, then the maxima of kh rows (same winners, fewer passes).
+    separable_max = True
 
     def layer_setup(self, bottom, top):
         p = self.param.pooling_param
@@ -309,7 +312,8 @@ class Pooling(Layer):
 
             def body(start, stop):
                 loops.max_forward(planes, out, winner, mask, start * c, stop * c,
-                                  kh, kw, sh, sw, ph, pw, lowest, len(top) > 1)
+                                  kh, kw, sh, sw, ph, pw, lowest, len(top) > 1,
+                                  self.separable_max)
         else:
             def body(start, stop):
                 loops.ave_forward(planes, out, self._inv_area, start * c, stop * c,

@@ -141,3 +141,30 @@ def test_without_numba_the_numpy_path_runs(monkeypatch):
     layer.forward([bottom], top)
     x = bottom.data
     np.testing.assert_array_equal(top[0].data[:, :, 0, 0], x[:, :, :3, :3].max(axis=(2, 3)))
+
+
+def test_without_a_writable_cache_directory_the_loops_compile_in_memory():
+    """numba's njit(cache=True) raises RuntimeError when no cache directory is writable:
+    `_compile` then compiles without the cache (checked with a stand-in for numba)."""
+    calls = []
+
+    class FakeNumba:
+        NumbaWarning = UserWarning
+
+        @staticmethod
+        def njit(**options):
+            calls.append(options)
+            if options.get("cache"):
+                raise RuntimeError("cannot cache function: no locator available")
+            return lambda fn: ("compiled", fn.__name__)
+
+    saved = {name: getattr(pool_loops, name) for name in ("_layout", "_columns", "_load",
+                                                           "_unload")}
+    try:
+        loops = pool_loops._compile(FakeNumba)
+    finally:
+        for name, fn in saved.items():  # _compile rebinds the helpers it compiles
+            setattr(pool_loops, name, fn)
+    assert loops.max_forward == ("compiled", "_max_forward")
+    assert loops.ave_backward == ("compiled", "_ave_backward")
+    assert {"nogil": True, "cache": True} in calls and {"nogil": True} in calls

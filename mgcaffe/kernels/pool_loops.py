@@ -66,13 +66,18 @@ def _columns(sw, pw, phase, cols):
 def _load(phases, x, p, count, hq, wq, sh, sw, ph, pw):
     """Planes [p, p + count) into the phases of a block; cells outside the input keep the
     value they were given (padding) and those the windows never reach are not copied."""
-    # Plain indexing only: a view made per row (x[p, y], phases[b, at:]) costs two atomic
-    # reference counts, which dominated small planes (LeNet's 8x8: 6 ns per cell).
+    # Inner loops index with the bare loop counter (of a view made per row): with any other
+    # index the compiler keeps a negative-index check per element and does not vectorise.
     rows, cols = min(x.shape[1], hq * sh - ph), min(x.shape[2], wq * sw - pw)
     for k in range(count):
         for y in range(rows):
             a, u = (y + ph) % sh, (y + ph) // sh
             at = (k * hq + u) * wq
+            if sw == 1:
+                dst, src = phases[a, at + pw:at + pw + cols], x[p + k, y, :cols]
+                for m in range(cols):
+                    dst[m] = src[m]
+                continue
             if sw == 2:
                 # Both phases in one loop: the even and odd columns are one interleaved
                 # load group, which the compiler vectorises (a strided loop alone is not).
@@ -102,7 +107,11 @@ def _unload(phases, out, p, count, hq, wq, sh, sw, ph, pw):
                 continue
             a, u = (y + ph) % sh, (y + ph) // sh
             at = (k * hq + u) * wq
-            if sw == 2:
+            if sw == 1:
+                dst, src = out[p + k, y, :cols], phases[a, at + pw:at + pw + cols]
+                for m in range(cols):
+                    dst[m] = src[m]
+            elif sw == 2:
                 even, odd = a * 2 + pw % 2, a * 2 + (pw + 1) % 2
                 at_even, at_odd = at + pw // 2, at + (pw + 1) // 2
                 for m in range(cols // 2):
@@ -204,12 +213,15 @@ def _max_forward(x, top, winner, mask, p0, p1, kh, kw, sh, sw, ph, pw, lowest, w
             _max_offsets(phases, best, tags, count * hq * wq, kh, kw, sh, sw, wq, lowest)
         for k in range(count):
             for oy in range(out_h):
+                at = (k * hq + oy) * wq
+                got, got_tags = best[at:at + out_w], tags[at:at + out_w]
+                out, won = top[p + k, oy], winner[p + k, oy]
                 for ox in range(out_w):
-                    q = (k * hq + oy) * wq + ox
-                    top[p + k, oy, ox] = best[q]
-                    winner[p + k, oy, ox] = tags[q]
-                    if want_mask:
-                        tag = tags[q] - 1
+                    out[ox] = got[ox]
+                    won[ox] = got_tags[ox]
+                if want_mask:
+                    for ox in range(out_w):
+                        tag = got_tags[ox] - 1
                         mask[p + k, oy, ox] = -1 if tag < 0 else (
                             (oy * sh - ph + tag // kw) * width + ox * sw - pw + tag % kw)
 
@@ -224,15 +236,16 @@ def _max_backward(top_diff, winner, bottom_diff, p0, p1, kh, kw, sh, sw, ph, pw)
         row_of[tag + 1], col_of[tag + 1] = tag // kw, tag % kw
     for p in range(p0, p1):
         for y in range(height):
+            row = bottom_diff[p, y]
             for xx in range(width):
-                bottom_diff[p, y, xx] = 0
+                row[xx] = 0
         for oy in range(out_h):
             hs = oy * sh - ph
+            won, sent = winner[p, oy], top_diff[p, oy]
             for ox in range(out_w):
-                tag = winner[p, oy, ox]
+                tag = won[ox]
                 if tag > 0:
-                    bottom_diff[p, hs + row_of[tag], ox * sw - pw + col_of[tag]] += \
-                        top_diff[p, oy, ox]
+                    bottom_diff[p, hs + row_of[tag], ox * sw - pw + col_of[tag]] += sent[ox]
 
 
 def _ave_forward(x, top, inv_area, p0, p1, kh, kw, sh, sw, ph, pw):
@@ -256,8 +269,10 @@ def _ave_forward(x, top, inv_area, p0, p1, kh, kw, sh, sw, ph, pw):
                         run[q] += src[q]
         for k in range(count):
             for oy in range(out_h):
+                at = (k * hq + oy) * wq
+                row, out, scale = total[at:at + out_w], top[p + k, oy], inv_area[oy]
                 for ox in range(out_w):
-                    top[p + k, oy, ox] = total[(k * hq + oy) * wq + ox] * inv_area[oy, ox]
+                    out[ox] = row[ox] * scale[ox]
 
 
 def _ave_backward(top_diff, inv_area, bottom_diff, p0, p1, kh, kw, sh, sw, ph, pw):
@@ -269,8 +284,10 @@ def _ave_backward(top_diff, inv_area, bottom_diff, p0, p1, kh, kw, sh, sw, ph, p
         count = min(block, p1 - p)
         for k in range(count):
             for oy in range(out_h):
+                at = (k * hq + oy) * wq
+                row, sent, scale = grad[at:at + out_w], top_diff[p + k, oy], inv_area[oy]
                 for ox in range(out_w):
-                    grad[(k * hq + oy) * wq + ox] = top_diff[p + k, oy, ox] * inv_area[oy, ox]
+                    row[ox] = sent[ox] * scale[ox]
         phases[:, :] = 0
         # Each input cell adds the shares of the outputs that read it in increasing kernel
         # offset order, as the numpy path gathers them.

@@ -24,6 +24,7 @@ remain the device path and are tested on the CPU too.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -67,7 +68,10 @@ class Pooling(Layer):
     ave_gemm_below = 1 << 16
     #: On the CPU, MAX (and AVE not taken by the GEMM above) run as compiled loops
     #: (kernels/pool_loops.py, numba) when numba can be imported; False: the numpy passes.
-    compiled = True
+    #: MGCAFFE_POOLING_LOOPS=0 in the environment (read at import) makes False the default:
+    #: for short-lived processes, where importing numba and loading the cached loops (about
+    #: 0.3 + 0.3-0.9 s of CPU per process) costs more than they save.
+    compiled = os.environ.get("MGCAFFE_POOLING_LOOPS", "1") != "0"
     #: The compiled MAX forward with stride 1 down the rows (GoogleNet's inception pools)
     #: takes the row maxima first, then the maxima of kh rows (same winners, fewer passes).
     separable_max = True

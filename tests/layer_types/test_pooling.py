@@ -22,8 +22,7 @@ def pooling_path(request, monkeypatch):
     """Every test runs on the CPU's compiled loops (MAX, and here AVE on every plane size), on
     its numpy paths (MAX backward by winner index, AVE of small planes as a GEMM) and on the
     offset-by-offset passes (the device path, large planes)."""
-    if request.param != "compiled":
-        monkeypatch.setattr(Pooling, "compiled", False)
+    monkeypatch.setattr(Pooling, "compiled", request.param == "compiled")
     if request.param != "numpy":
         monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
     if request.param == "offset-passes":

@@ -18,7 +18,6 @@ from mgcaffe.blob import Blob
 from mgcaffe.kernels import pool_loops
 from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
-from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
 
 pytest.importorskip("numba", reason="the compiled pooling loops need numba")
@@ -141,7 +140,7 @@ def test_without_numba_the_numpy_path_runs(monkeypatch):
     layer, bottom, top = pooling("kernel_size: 3 stride: 2", (2, 3, 9, 9), np.float64, True, 1)
     bottom.data[...] = data(bottom.shape, np.float64, 3, special=False)
     layer.setup([bottom], top)
-    assert layer._loops is None and Pooling.compiled
+    assert layer._loops is None and layer.compiled
     layer.forward([bottom], top)
     x = bottom.data
     np.testing.assert_array_equal(top[0].data[:, :, 0, 0], x[:, :, :3, :3].max(axis=(2, 3)))

@@ -5,6 +5,8 @@ switches of the layer) and once as it is now, and times forward and backward alt
 one process, repetition by repetition, so that both see the same load. Prints best-of-R ms
 and after/before. Between calls it writes `--evict-mb` of memory, as the rest of a net does.
 Usage: python benchmarks/bench_small_layers.py [--repeats R] [--only WORD] [--evict-mb MB].
+Pooling's "before" is its numpy path (`Pooling.compiled = False`), "after" the compiled loops
+(`--only pool` for the pooling cases alone).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mgcaffe.proto import caffe_pb2  # noqa: E402
 
 #: The previous paths, as class attribute settings per layer class.
 BEFORE = {
-    Pooling: {"max_backward_by_index": False, "ave_gemm_below": 0},
+    Pooling: {"compiled": False},  # the numpy passes (MAX backward by index, AVE GEMM)
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
     ScaleLayer: {"fused_rows": False},
@@ -44,6 +46,10 @@ SCALE = 'type: "Scale" scale_param { bias_term: true }'
 
 def pool(method: str, k: int, s: int) -> str:
     return f'type: "Pooling" pooling_param {{ pool: {method} kernel_size: {k} stride: {s} }}'
+
+
+#: GoogleNet's inception pools.
+POOL_S1 = 'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }'
 
 
 def ip(out: int) -> str:
@@ -67,10 +73,18 @@ CASES = [
     ("LeNet loss SoftmaxWithLoss 64x10", 'type: "SoftmaxWithLoss"', [(64, 10), (64,)]),
     # The larger nets' pools: the CPU paths must not lose there.
     ("AlexNet pool1 MAX 3/2 96x55x55 b8", pool("MAX", 3, 2), [(8, 96, 55, 55)]),
+    ("AlexNet pool2 MAX 3/2 256x27x27 b8", pool("MAX", 3, 2), [(8, 256, 27, 27)]),
+    ("AlexNet pool5 MAX 3/2 256x13x13 b8", pool("MAX", 3, 2), [(8, 256, 13, 13)]),
     ("GoogleNet pool1 MAX 3/2 64x112x112 b8", pool("MAX", 3, 2), [(8, 64, 112, 112)]),
-    ("GoogleNet 3a pool MAX 3/1p1 192x28x28 b8",
-     'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }',
-     [(8, 192, 28, 28)]),
+    ("GoogleNet pool2 MAX 3/2 192x56x56 b8", pool("MAX", 3, 2), [(8, 192, 56, 56)]),
+    ("GoogleNet 3a pool MAX 3/1p1 192x28x28 b8", POOL_S1, [(8, 192, 28, 28)]),
+    ("GoogleNet 3b pool MAX 3/1p1 256x28x28 b8", POOL_S1, [(8, 256, 28, 28)]),
+    ("GoogleNet pool3 MAX 3/2 480x28x28 b8", pool("MAX", 3, 2), [(8, 480, 28, 28)]),
+    ("GoogleNet 4a pool MAX 3/1p1 480x14x14 b8", POOL_S1, [(8, 480, 14, 14)]),
+    ("GoogleNet 4e pool MAX 3/1p1 528x14x14 b8", POOL_S1, [(8, 528, 14, 14)]),
+    ("GoogleNet pool4 MAX 3/2 832x14x14 b8", pool("MAX", 3, 2), [(8, 832, 14, 14)]),
+    ("GoogleNet 5a pool MAX 3/1p1 832x7x7 b8", POOL_S1, [(8, 832, 7, 7)]),
+    ("GoogleNet pool5 AVE global 1024x7x7 b8", pool("AVE", 7, 1), [(8, 1024, 7, 7)]),
     ("ResNet pool1 MAX 3/2p1 64x112x112 b4",
      'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }',
      [(4, 64, 112, 112)]),

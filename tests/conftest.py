@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+import mgcaffe.layer_types.pooling  # noqa: F401 - reads MGCAFFE_POOLING_LOOPS before it is set
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The processes that tests start (MPI ranks, CLI runs) pool with numpy: importing numba and
+# loading the compiled loops cost each ~1 s of CPU, and the loops give the same bits
+# (tests/layer_types/test_pooling_compiled.py); this process keeps them.
+os.environ.setdefault("MGCAFFE_POOLING_LOOPS", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,9 +24,11 @@ remain the device path and are tested on the CPU too.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from ..kernels import pool_loops
 from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
@@ -64,6 +66,15 @@ class Pooling(Layer):
     #: backward: BLAS beats the offset-by-offset passes on small planes (CIFAR-10's 16x16
     #: and 8x8 AVE pools); 0 turns it off.
     ave_gemm_below = 1 << 16
+    #: On the CPU, MAX (and AVE not taken by the GEMM above) run as compiled loops
+    #: (kernels/pool_loops.py, numba) when numba can be imported; False: the numpy passes.
+    #: MGCAFFE_POOLING_LOOPS=0 in the environment (read at import) makes False the default:
+    #: for short-lived processes, where importing numba and loading the cached loops (about
+    #: 0.3 + 0.3-0.9 s of CPU per process) costs more than they save.
+    compiled = os.environ.get("MGCAFFE_POOLING_LOOPS", "1") != "0"
+    #: The compiled MAX forward with stride 1 down the rows (GoogleNet's inception pools)
+    #: takes the row maxima first, then the maxima of kh rows (same winners, fewer passes).
+    separable_max = True
 
     def layer_setup(self, bottom, top):
         p = self.param.pooling_param
@@ -136,12 +147,21 @@ class Pooling(Layer):
         self.out_hw = tuple(out)
         self.kernel_now = kernel  # the kernel in effect (the whole plane for global pooling)
         self.whole_plane = tuple(out) == (1, 1) and kernel == (h, w) and self.pad == (0, 0)
+        self._ave_matrix = self._loops = None
+        loops = pool_loops.load() if self.compiled and self.xp is np else None
+        if self.whole_plane and self.method == _P.MAX and loops is not None:
+            # The loops treat NaN and -inf as Caffe does; the argmax of the plain reduction
+            # would let a NaN win and give -inf for a plane of -inf (not -FLT_MAX, mask -1).
+            self.whole_plane = False
         if self.whole_plane:
             return
-        self._ave_matrix = None
         if (self.method == _P.AVE and self.xp is np
                 and h * w * out[0] * out[1] <= self.ave_gemm_below):
             self._ave_matrix = self._ave_weights((h, w), kernel)
+            return
+        self._loops = loops
+        if self._loops is not None:
+            self._setup_compiled(shape, kernel)
             return
         fill = -np.inf if self.method == _P.MAX else 0
         self._windows = windows = ShiftedWindows(self.xp, self.dtype, shape, kernel,
@@ -167,6 +187,17 @@ class Pooling(Layer):
                 self._index_table, self._index_base = self._winner_indices(shape, kernel)
         else:
             self._inv_area = self._inverse_window_area((h, w), kernel)
+
+    def _setup_compiled(self, shape, kernel):
+        """Buffers of the compiled loops: MAX's winner tags (the numpy path's tag type), AVE's
+        1/area table."""
+        n, c, h, w = shape
+        if self.method == _P.MAX:
+            count = kernel[0] * kernel[1] + 1
+            tag_type = np.int8 if count <= 127 else (np.int16 if count <= 32767 else np.int32)
+            self._winner = np.zeros((n, c) + self.out_hw, dtype=tag_type)
+            return
+        self._inv_area = self._inverse_window_area((h, w), kernel)
 
     def _window_starts(self, axis):
         return self.xp.arange(self.out_hw[axis]) * self.stride[axis] - self.pad[axis]
@@ -238,6 +269,9 @@ class Pooling(Layer):
             np.matmul(x.reshape(n * c, -1), self._ave_matrix[0],
                       out=top[0].data.reshape(n * c, -1))
             return
+        if self._loops is not None:
+            self._forward_compiled(x, top)
+            return
         windows = self._windows
         # Per-call temporaries: the padded input in phases, the running result, and for MAX
         # the comparison flags and the candidate tags.
@@ -269,6 +303,32 @@ class Pooling(Layer):
         top[0].data[start:stop] = pooled
         if len(top) > 1:
             self._write_mask(top[1].data[start:stop], windows.valid(self._winner_grid)[start:stop])
+
+    def _forward_compiled(self, x, top):
+        loops, (kh, kw), (sh, sw), (ph, pw) = self._loops, self.kernel_now, self.stride, self.pad
+        n, c, h, w = x.shape
+        planes = x.reshape(n * c, h, w)
+        out = top[0].data.reshape((n * c,) + self.out_hw)
+        if self.method == _P.MAX:
+            winner = self._winner.reshape(out.shape)
+            mask = top[1].data.reshape(out.shape) if len(top) > 1 else out
+            lowest = x.dtype.type(_LOWEST)
+
+            def body(start, stop):
+                loops.max_forward(planes, out, winner, mask, start * c, stop * c,
+                                  kh, kw, sh, sw, ph, pw, lowest, len(top) > 1,
+                                  self.separable_max)
+        else:
+            def body(start, stop):
+                loops.ave_forward(planes, out, self._inv_area, start * c, stop * c,
+                                  kh, kw, sh, sw, ph, pw)
+        self._for_each_sample(n, x[0].size, body)
+
+    def _for_each_sample(self, n, sample_elements, body):
+        # One chunk per thread: a compiled call makes one pass, with no temporaries to keep
+        # in the cache.
+        for_each_chunk(np, n, body, item_elements=sample_elements, cache_sized=False,
+                       runner=self._runner())
 
     def _forward_whole_plane(self, x, top):
         n, c = x.shape[:2]
@@ -329,6 +389,9 @@ class Pooling(Layer):
             np.matmul(top_diff.reshape(n * c, -1), self._ave_matrix[1],
                       out=bottom_diff.reshape(n * c, -1))
             return
+        if self._loops is not None:
+            self._backward_compiled(top_diff, bottom_diff)
+            return
         if self.method == _P.MAX and self.xp is np and self.max_backward_by_index:
             self._backward_max_by_index(top_diff, bottom_diff)
             return
@@ -371,6 +434,24 @@ class Pooling(Layer):
                     target[...] = sent
                     written.add(index)
         windows.unload(phase_diff, bottom_diff, start, stop)
+
+    def _backward_compiled(self, top_diff, bottom_diff):
+        loops, (kh, kw), (sh, sw), (ph, pw) = (self._loops, self.kernel_now, self.stride,
+                                               self.pad)
+        n, c, h, w = bottom_diff.shape
+        planes = bottom_diff.reshape(n * c, h, w)
+        grad = top_diff.reshape((n * c,) + self.out_hw)
+        if self.method == _P.MAX:
+            winner = self._winner.reshape(grad.shape)
+
+            def body(start, stop):
+                loops.max_backward(grad, winner, planes, start * c, stop * c, kh, kw, sh, sw,
+                                   ph, pw)
+        else:
+            def body(start, stop):
+                loops.ave_backward(grad, self._inv_area, planes, start * c, stop * c,
+                                   kh, kw, sh, sw, ph, pw)
+        self._for_each_sample(n, bottom_diff[0].size, body)
 
     def _backward_max_by_index(self, top_diff, bottom_diff):
         """MAX backward on the CPU: bottom diff = 0, then each top diff added at its winner's

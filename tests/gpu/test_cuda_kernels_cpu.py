@@ -144,8 +144,10 @@ def pooling_layer(text, shape, dtype, with_mask):
                               caffe_pb2.LayerParameter())
     layer = create_layer(param, LayerContext(dtype=dtype, seed=0))
     # The twin gathers offset by offset, as the layer's generic (device) path does; the CPU's
-    # default scatter by winner index adds in another order (tests/layer_types/test_pooling).
+    # default scatter by winner index (and the compiled loops') adds in another order
+    # (tests/layer_types/test_pooling).
     layer.max_backward_by_index = False
+    layer.compiled = False
     rng = np.random.default_rng(2)
     bottom = Blob(shape, dtype=dtype, name="x")
     # Few distinct values: ties everywhere, so the first-maximum rule is exercised.

@@ -17,13 +17,16 @@ from mgcaffe.proto import caffe_pb2
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-@pytest.fixture(autouse=True, params=["default", "offset-passes"])
+@pytest.fixture(autouse=True, params=["compiled", "numpy", "offset-passes"])
 def pooling_path(request, monkeypatch):
-    """Every test runs on the CPU's default paths (MAX backward by winner index, AVE of small
-    planes as a GEMM) and on the offset-by-offset passes (the device path, large planes)."""
+    """Every test runs on the CPU's compiled loops (MAX, and here AVE on every plane size), on
+    its numpy paths (MAX backward by winner index, AVE of small planes as a GEMM) and on the
+    offset-by-offset passes (the device path, large planes)."""
+    monkeypatch.setattr(Pooling, "compiled", request.param == "compiled")
+    if request.param != "numpy":
+        monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
     if request.param == "offset-passes":
         monkeypatch.setattr(Pooling, "max_backward_by_index", False)
-        monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
     return request.param
 
 
@@ -195,9 +198,12 @@ def test_max_windows_of_only_minus_inf_or_nan_send_no_gradient():
 
 
 def test_the_cpu_paths_are_the_ones_under_test(pooling_path):
-    layer, _, _ = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 2"), [(1, 1, 8, 8)])
-    assert (layer._ave_matrix is not None) == (pooling_path == "default")
-    assert Pooling.max_backward_by_index == (pooling_path == "default")
+    for method in ("AVE", "MAX"):
+        layer, _, _ = make_layer(pool_param(f"pool: {method} kernel_size: 3 stride: 2"),
+                                 [(1, 1, 8, 8)])
+        assert (layer._loops is not None) == (pooling_path == "compiled")
+        assert (layer._ave_matrix is not None) == (pooling_path == "numpy" and method == "AVE")
+    assert Pooling.max_backward_by_index == (pooling_path != "offset-passes")
 
 
 def test_max_never_picks_padding():

@@ -11,18 +11,27 @@ extra row or column is computed and dropped). With B^T, G, A^T the F(2x2, 3x3) m
 
 so the multiplications are 16 GEMMs with 16*O*C*tiles = 4*O*C*N*H*W multiply-adds against
 im2col's 9*O*C*N*H*W (2.25x fewer). Backward uses the adjoints: dM = A dY A^T per tile,
-dU[k] = dM[k] @ V[k]^T (summed over all tiles) then dg = G^T dU G, and dV[k] = U[k]^T @ dM[k]
-then dd = B dV B^T added back onto the overlapping tiles and cropped by the pad.
+dU[k] = sum over tiles of dM[k] V[k]^T then dg = G^T dU G, and dV[k] = U[k]^T dM[k] then
+dd = B dV B^T added back onto the overlapping tiles (col2im) and cropped by the pad.
 
-Layouts (the tiles ordered sample, tile row, tile column; T = N * tiles_h * tiles_w):
-the transformed input V (16, C, T), the transformed output M (16, O, T), the transformed
-weight U (16, O, C/group). The transforms are a few adds over strided views, run over
-blocks of channels on the chunk runner; the 16*group GEMMs are handed to the runner's
-threads with one BLAS thread each (kernels.sample_gemm), so the results do not depend on the
-thread count. Rounding: the transforms add and subtract up to 9 (input), 4 (output) and 9
-(weight, with halves) values, so float32 results differ from a direct convolution's by a few
-units in the last place of the largest terms, more than im2col's (same products, other
-order) but of the same order as the GEMM's own rounding over C*9 terms.
+Each transform is itself a small GEMM: the 4x4 input tiles come from im2col (kernel 4,
+stride 2) on the padded image, V = kron(B^T, B^T) (16 x 16) times each channel's 16 tile
+rows, Y = kron(A^T, A^T) (4 x 16) times M, U = kron(G, G) (16 x 9) times the weight; the
+adjoints use the transposes and col2im. numpy's element-wise operations over the strided
+tile views ran 3-5x slower than these BLAS calls on the same data (measured on GoogleNet's
+conv2/3x3).
+
+Layouts, per sample n (P = tiles_h * tiles_w tiles, ordered tile row then column): V kept
+for backward (N, C, 16, P) (4x the input, im2col's columns are 9x); the per-call
+temporaries M and dM (N, 16, O, P), Y and the gathered dY tiles (N, 4, O, P), the tile
+columns and dV (N, C*16, P), the padded image (N, C, Hp, Wp). Each sample's pipeline runs on
+one runner thread with one BLAS thread (kernels.sample_gemm), and the weight gradient is
+split by tile position k, each summed over the samples in order, so the results do not
+depend on the thread count.
+
+Rounding: the transforms add and subtract up to 16 (input), 9 (output) and 9 (weight, in
+halves and quarters) terms, so float32 results differ from a direct convolution's by a few
+units in the last place of the largest terms (tests bound it).
 """
 
 from __future__ import annotations
@@ -31,21 +40,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import for_each_chunk
+from .gemm import gemm_accumulate
+from .im2col import col2im, im2col
 from .sample_gemm import for_each_gemm
 
-#: G (4x3): the weight transform U = G g G^T.
+#: The F(2x2, 3x3) matrices: input B^T (4x4), weight G (4x3), output A^T (2x4).
+BT = np.array([[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, -1.0, 1.0, 0.0],
+               [0.0, 1.0, 0.0, -1.0]])
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+AT = np.array([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]])
+#: The same as matrices on flattened tiles: tile[4i + j] (row-major), e.g.
+#: U[4i + j] = sum over (r, s) of G[i, r] G[j, s] g[3r + s].
+KRON_IN = np.kron(BT, BT)      # 16 x 16
+KRON_WEIGHT = np.kron(G, G)    # 16 x 9
+KRON_OUT = np.kron(AT, AT)     # 4 x 16
 
-#: A chunk of a transform holds about this fraction of the runner's chunk size per item:
-#: the transforms make a handful of passes over their block, and fewer, larger chunks save
-#: numpy's per-call overhead (tens of calls per chunk).
-CHUNK_SCALE = 8
+
+def applies(kernel, stride, dilation) -> bool:
+    """Whether a 2-D convolution's geometry is one this module computes."""
+    return tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
 
 
 @dataclass(frozen=True)
-class WinogradGeometry:
-    """Shapes of one Winograd layer: image (N, C, H, W), pad (ph, pw), O outputs, groups."""
+class Geometry:
+    """One Winograd layer: image (N, C, H, W), pad (ph, pw), O outputs, groups."""
 
     image: tuple
     pad: tuple
@@ -59,277 +77,225 @@ class WinogradGeometry:
 
     @property
     def tiles(self):
-        """(tiles_h, tiles_w): 2x2 output tiles per sample, the last ones partial for odd
-        sizes."""
+        """(tiles_h, tiles_w): 2x2 output tiles per sample, the last partial on odd sizes."""
         ho, wo = self.out_hw
         return -(-ho // 2), -(-wo // 2)
 
     @property
-    def padded(self):
-        """(Hp, Wp) of the zero-padded input the tiles read (at least H + 2*pad)."""
+    def per_sample(self):
+        """P: tiles per sample."""
         th, tw = self.tiles
-        return 2 * th + 2, 2 * tw + 2
+        return th * tw
 
     @property
-    def count(self):
-        """T: tiles in the whole batch."""
+    def padded(self):
+        """(N, C, Hp, Wp): the zero-padded image the tiles read (H + 2*pad, plus one row or
+        column where the output size is odd)."""
         th, tw = self.tiles
-        return self.image[0] * th * tw
+        return self.image[:2] + (2 * th + 2, 2 * tw + 2)
 
     def input_shape(self):
-        """The transformed input V: (16, C, T)."""
-        return (16, self.image[1], self.count)
+        """V, kept from forward to backward: (N, C, 16, P)."""
+        return (self.image[0], self.image[1], 16, self.per_sample)
 
-    def output_shape(self):
-        """The transformed output M (and its gradient): (16, O, T)."""
-        return (16, self.num_output, self.count)
+    def columns_shape(self):
+        """The tile columns (and dV): (N, C*16, P)."""
+        return (self.image[0], self.image[1] * 16, self.per_sample)
+
+    def product_shape(self):
+        """M and dM: (N, 16, O, P)."""
+        return (self.image[0], 16, self.num_output, self.per_sample)
+
+    def output_tiles_shape(self):
+        """Y and the gathered dY tiles: (N, 4, O, P)."""
+        return (self.image[0], 4, self.num_output, self.per_sample)
 
     def weight_shape(self):
-        """The transformed weight U: (16, O, C/group)."""
+        """U and dU: (16, O, C/group)."""
         return (16, self.num_output, self.image[1] // self.group)
 
 
-def applies(kernel, stride, dilation) -> bool:
-    """Whether a 2-D convolution's geometry is one this module computes."""
-    return tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
-
-
-def _tiled(array, geometry):
-    """(16, X, T) as (4, 4, X, N, tiles_h, tiles_w)."""
-    th, tw = geometry.tiles
-    return array.reshape((4, 4, array.shape[1], geometry.image[0], th, tw))
-
-
-def _chunks(xp, count, body, item_elements, runner):
-    for_each_chunk(xp, count, body, item_elements=max(1, item_elements // CHUNK_SCALE),
-                   runner=runner)
+def _constant(matrix, dtype):
+    return np.asarray(matrix, dtype=dtype)
 
 
 # -- weight ------------------------------------------------------------------------------
 def transform_weight(weight, out):
     """out (16, O, C/group) = G g G^T for each (o, c) of weight (O, C/group, 3, 3)."""
-    xp = _xp(weight)
-    g = xp.asarray(G, dtype=weight.dtype)
     o, c = weight.shape[:2]
-    # G g: (4, O, C, 3), then (G g) G^T: (4, 4, O, C)
-    left = xp.matmul(g, weight)                      # (O, C, 4, 3)
-    full = xp.matmul(left, g.T)                      # (O, C, 4, 4)
-    out.reshape(4, 4, o, c)[...] = full.transpose(2, 3, 0, 1)
+    np.matmul(_constant(KRON_WEIGHT, weight.dtype), weight.reshape(o * c, 9).T,
+              out=out.reshape(16, o * c))
     return out
 
 
 def weight_grad(du, out, overwrite: bool):
-    """out (O, C/group, 3, 3) (+)= G^T dU G, dU (16, O, C/group): the adjoint of
-    transform_weight; `overwrite` for a lazily cleared diff, else accumulated."""
-    xp = _xp(du)
-    g = xp.asarray(G, dtype=du.dtype)
+    """out (O, C/group, 3, 3) (+)= G^T dU G for dU (16, O, C/group): transform_weight's
+    adjoint; `overwrite` for a lazily cleared diff, else accumulated (as Caffe does)."""
     o, c = du.shape[1:]
-    full = du.reshape(4, 4, o, c).transpose(2, 3, 0, 1)   # (O, C, 4, 4)
-    grad = xp.matmul(xp.matmul(g.T, full), g)             # (O, C, 3, 3)
-    if overwrite:
-        out[...] = grad
-    else:
-        out += grad
+    grad = out.reshape(o * c, 9)
+    gemm_accumulate(du.reshape(16, o * c).T, _constant(KRON_WEIGHT, du.dtype), grad, None,
+                    overwrite)
 
 
-# -- input transform -----------------------------------------------------------------------
-def transform_input(image, geometry, out, runner=None):
-    """out (16, C, T) = B^T d B for every 4x4 input tile of image (N, C, H, W), zero padded."""
-    xp = _xp(image)
-    n, c, h, w = image.shape
+# -- per-sample stages ---------------------------------------------------------------------
+def _pad_sample(image, geometry, padded, s):
+    """padded[s] = image[s] with the zero border (pad, plus the odd-size extra row/col)."""
+    _, _, h, w = geometry.image
     ph, pw = geometry.pad
-    hp, wp = geometry.padded
-    th, tw = geometry.tiles
-    v = _tiled(out, geometry)
-
-    def channels(start, stop):
-        d = xp.zeros((n, stop - start, hp, wp), dtype=image.dtype)
-        d[:, :, ph:ph + h, pw:pw + w] = image[:, start:stop]
-        rows = [d[:, :, k:k + 2 * th:2] for k in range(4)]   # (n, cc, th, Wp) each
-        r = xp.empty((4,) + rows[0].shape, dtype=image.dtype)
-        xp.subtract(rows[0], rows[2], out=r[0])
-        xp.add(rows[1], rows[2], out=r[1])
-        xp.subtract(rows[2], rows[1], out=r[2])
-        xp.subtract(rows[1], rows[3], out=r[3])
-        for i in range(4):
-            cols = [r[i][..., k:k + 2 * tw:2] for k in range(4)]
-            target = [v[i, j, start:stop].transpose(1, 0, 2, 3) for j in range(4)]
-            xp.subtract(cols[0], cols[2], out=target[0])
-            xp.add(cols[1], cols[2], out=target[1])
-            xp.subtract(cols[2], cols[1], out=target[2])
-            xp.subtract(cols[1], cols[3], out=target[3])
-
-    _chunks(xp, c, channels, n * hp * wp * 6, runner)
-    return out
+    target = padded[s]
+    target[:, :ph] = 0
+    target[:, ph + h:] = 0
+    target[:, ph:ph + h, :pw] = 0
+    target[:, ph:ph + h, pw + w:] = 0
+    target[:, ph:ph + h, pw:pw + w] = image[s]
 
 
-def input_grad(dv, geometry, out, runner=None):
-    """out (N, C, H, W) = the adjoint of transform_input applied to dV (16, C, T): B dV B^T
-    per tile, added onto the overlapping tiles of the padded image, cropped (overwrites)."""
-    xp = _xp(dv)
-    n, c, h, w = geometry.image
-    ph, pw = geometry.pad
-    hp, wp = geometry.padded
-    th, tw = geometry.tiles
-    v = _tiled(dv, geometry)
-
-    def channels(start, stop):
-        cc = stop - start
-        # Columns first: per tile row i, S_i (cc, n, th, Wp), d_j = sum_k B^T[k, j] dV[i, k].
-        s = xp.zeros((4, cc, n, th, wp), dtype=dv.dtype)
-        for i in range(4):
-            t0, t1, t2, t3 = (v[i, j, start:stop] for j in range(4))
-            even, odd = s[i][..., 0::2], s[i][..., 1::2]     # tw + 1 columns each
-            even[..., :tw] = t0
-            even[..., 1:] += t1
-            even[..., 1:] += t2
-            even[..., 1:] -= t0
-            odd[..., :tw] = t1
-            odd[..., :tw] -= t2
-            odd[..., :tw] += t3
-            odd[..., 1:] -= t3
-        # Rows: the same adjoint over the tile rows, into the padded image.
-        p = xp.zeros((cc, n, hp, wp), dtype=dv.dtype)
-        even, odd = p[:, :, 0::2], p[:, :, 1::2]            # th + 1 rows each
-        even[:, :, :th] = s[0]
-        even[:, :, 1:] += s[1]
-        even[:, :, 1:] += s[2]
-        even[:, :, 1:] -= s[0]
-        odd[:, :, :th] = s[1]
-        odd[:, :, :th] -= s[2]
-        odd[:, :, :th] += s[3]
-        odd[:, :, 1:] -= s[3]
-        out[:, start:stop] = p[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3)
-
-    _chunks(xp, c, channels, n * hp * wp * 8, runner)
-    return out
+def _input_sample(image, geometry, padded, columns, v, s):
+    """V[s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2 tiles)."""
+    c = geometry.image[1]
+    _pad_sample(image, geometry, padded, s)
+    im2col(padded[s:s + 1], (4, 4), (0, 0), (2, 2), (1, 1), out=columns[s])
+    np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[s])
 
 
-# -- output transform ----------------------------------------------------------------------
-def transform_output(m, geometry, out, bias=None, runner=None):
-    """out (N, O, Ho, Wo) = A^T M A per tile (+ bias (O,)), the partial tiles cropped."""
-    xp = _xp(m)
+def _grouped_v(v_s, geometry):
+    """V[s] (C, 16, P) as (16, group, C/group, P) (a view)."""
+    c, _, p = v_s.shape
+    g = geometry.group
+    return v_s.transpose(1, 0, 2).reshape(16, g, c // g, p)
+
+
+def _grouped_m(m_s, geometry):
+    """M[s] (16, O, P) as (16, group, O/group, P)."""
+    _, o, p = m_s.shape
+    g = geometry.group
+    return m_s.reshape(16, g, o // g, p)
+
+
+def _put_output(y_s, geometry, top_s, bias):
+    """top_s (O, Ho, Wo) = the 2x2 tiles y_s (4, O, P), cropped (+ bias)."""
     ho, wo = geometry.out_hw
-    n = geometry.image[0]
     th, tw = geometry.tiles
-    mt = _tiled(m, geometry)
-    o = m.shape[1]
-
-    def outputs(start, stop):
-        # Rows: t[a, j] = sum_i A^T[a, i] M[i, j], (oc, n, th, tw) each.
-        t = xp.empty((2, 4, stop - start, n, th, tw), dtype=m.dtype)
-        for j in range(4):
-            m0, m1, m2, m3 = (mt[i, j, start:stop] for i in range(4))
-            xp.add(m1, m2, out=t[0, j])
-            t[0, j] += m0
-            xp.subtract(m1, m2, out=t[1, j])
-            t[1, j] -= m3
-        y = xp.empty((stop - start, n, th, tw), dtype=m.dtype)
-        for a in range(2):
-            xp.add(t[a, 1], t[a, 2], out=y)
-            y += t[a, 0]
-            _put(out, y, a, 0, start, stop, ho, wo, bias)
-            xp.subtract(t[a, 1], t[a, 2], out=y)
-            y -= t[a, 3]
-            _put(out, y, a, 1, start, stop, ho, wo, bias)
-
-    _chunks(xp, o, outputs, n * th * tw * 16, runner)
-    return out
-
-
-def _put(out, y, a, b, start, stop, ho, wo, bias):
-    """out[:, start:stop, a::2, b::2] = y (oc, n, th, tw) cropped (+ bias)."""
-    rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
-    target = out[:, start:stop, a::2, b::2]
-    source = y[:, :, :rows, :cols].transpose(1, 0, 2, 3)
-    if bias is None:
-        target[...] = source
-    else:
-        _xp(out).add(source, bias[start:stop, None, None], out=target)
-
-
-def output_grad(dy, geometry, out, runner=None):
-    """out (16, O, T) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo): the adjoint of
-    transform_output (the positions past the output's edge count as zero)."""
-    xp = _xp(dy)
-    ho, wo = geometry.out_hw
-    n = geometry.image[0]
-    th, tw = geometry.tiles
-    dm = _tiled(out, geometry)
-    o = dy.shape[1]
-
-    def outputs(start, stop):
-        z = xp.zeros((stop - start, n, 2 * th, 2 * tw), dtype=dy.dtype)
-        z[:, :, :ho, :wo] = dy[:, start:stop].transpose(1, 0, 2, 3)
-        # Rows: q[i, b] = sum_a A[i, a] z[a, b], (oc, n, th, tw) each.
-        q = xp.empty((4, 2, stop - start, n, th, tw), dtype=dy.dtype)
+    o = geometry.num_output
+    for a in range(2):
         for b in range(2):
-            y0, y1 = z[:, :, 0::2, b::2], z[:, :, 1::2, b::2]
-            q[0, b] = y0
-            xp.add(y0, y1, out=q[1, b])
-            xp.subtract(y0, y1, out=q[2, b])
-            xp.negative(y1, out=q[3, b])
-        for i in range(4):
-            target = [dm[i, j, start:stop] for j in range(4)]
-            target[0][...] = q[i, 0]
-            xp.add(q[i, 0], q[i, 1], out=target[1])
-            xp.subtract(q[i, 0], q[i, 1], out=target[2])
-            xp.negative(q[i, 1], out=target[3])
+            rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
+            source = y_s[2 * a + b].reshape(o, th, tw)[:, :rows, :cols]
+            target = top_s[:, a::2, b::2]
+            if bias is None:
+                target[...] = source
+            else:
+                np.add(source, bias, out=target)
 
-    _chunks(xp, o, outputs, n * th * tw * 16, runner)
+
+def _gather_output_grad(dy_s, geometry, tiles_s):
+    """tiles_s (4, O, P) = dy_s (O, Ho, Wo) as 2x2 tiles, zero past the output's edge."""
+    ho, wo = geometry.out_hw
+    th, tw = geometry.tiles
+    o = geometry.num_output
+    for a in range(2):
+        for b in range(2):
+            rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
+            target = tiles_s[2 * a + b].reshape(o, th, tw)
+            target[:, :rows, :cols] = dy_s[:, a::2, b::2]
+            target[:, rows:] = 0
+            target[:, :rows, cols:] = 0
+
+
+# -- the passes ----------------------------------------------------------------------------
+def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
+    """top (N, O, Ho, Wo) = the convolution of image (N, C, H, W) by the transformed weight
+    u (16, O, C/group) (+ bias (O,)); fills v (N, C, 16, P) for backward. `buffers(name,
+    shape)` gives the temporaries ("padded", "columns", "product", "tiles")."""
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
+    m = buffers("product", geometry.product_shape())
+    y = buffers("tiles", geometry.output_tiles_shape())
+    g = geometry.group
+    ug = u.reshape(16, g, u.shape[1] // g, u.shape[2])
+    kron_out = _constant(KRON_OUT, image.dtype)
+    bias3 = None if bias is None else bias[:, None, None]
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            _input_sample(image, geometry, padded, columns, v, s)
+            np.matmul(ug, _grouped_v(v[s], geometry), out=_grouped_m(m[s], geometry))
+            np.matmul(kron_out, m[s].reshape(16, -1), out=y[s].reshape(4, -1))
+            _put_output(y[s], geometry, top[s], bias3)
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
+
+
+def refill_input(image, geometry, v, buffers, runner=None):
+    """v = V of image again (after a backward took v's memory for dV)."""
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            _input_sample(image, geometry, padded, columns, v, s)
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
+
+
+def output_grad(dy, geometry, buffers, runner=None):
+    """dM (N, 16, O, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
+    tiles = buffers("tiles", geometry.output_tiles_shape())
+    dm = buffers("product", geometry.product_shape())
+    kron_out_t = _constant(KRON_OUT, dy.dtype).T
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            _gather_output_grad(dy[s], geometry, tiles[s])
+            np.matmul(kron_out_t, tiles[s].reshape(4, -1), out=dm[s].reshape(16, -1))
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
+    return dm
+
+
+def transformed_weight_grad(dm, v, geometry, du, runner=None):
+    """du (16, O, C/group) = sum over samples (in order) of dM[s, k] @ V[s, :, k]^T, per tile
+    position k and group: one task per (k, group), each on one BLAS thread."""
+    g = geometry.group
+    n = geometry.image[0]
+    og = geometry.num_output // g
+    cg = geometry.image[1] // g
+
+    def positions(start, stop):
+        for task in range(start, stop):
+            k, j = divmod(task, g)
+            target = du[k, j * og:(j + 1) * og]
+            for s in range(n):
+                gemm_accumulate(dm[s, k, j * og:(j + 1) * og], v[s, j * cg:(j + 1) * cg, k].T,
+                                target, None, s == 0)
+            if n == 0:
+                target[...] = 0
+
+    for_each_gemm(np, 16 * g, positions, runner)
+    return du
+
+
+def input_grad(dm, u, geometry, v, buffers, out, runner=None):
+    """out (N, C, H, W) = the input gradient from dM and u (overwritten); v's memory takes
+    B dV B^T per tile on the way (its V is lost)."""
+    padded = buffers("padded", geometry.padded)
+    dv = buffers("columns", geometry.columns_shape())
+    g = geometry.group
+    c = geometry.image[1]
+    _, _, h, w = geometry.image
+    ph, pw = geometry.pad
+    ug_t = u.reshape(16, g, u.shape[1] // g, u.shape[2]).transpose(0, 1, 3, 2)
+    kron_in_t = _constant(KRON_IN, dm.dtype).T
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            dv_s = dv[s].reshape(16, g, c // g, -1)
+            np.matmul(ug_t, _grouped_m(dm[s], geometry), out=dv_s)
+            # Per channel: the 16 tile rows d = B dV B^T, into V's memory as im2col's layout.
+            np.matmul(kron_in_t, dv[s].reshape(16, c, -1).transpose(1, 0, 2), out=v[s])
+            col2im(v[s].reshape(c * 16, -1), (1,) + geometry.padded[1:], (4, 4), (0, 0),
+                   (2, 2), (1, 1), out=padded[s:s + 1])
+            out[s] = padded[s, :, ph:ph + h, pw:pw + w]
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
     return out
-
-
-# -- the 16 GEMMs --------------------------------------------------------------------------
-def _grouped(array, group):
-    """(16, X, Y) as (16 * group, X / group, Y)."""
-    k, x, y = array.shape
-    return array.reshape(k * group, x // group, y)
-
-
-def multiply(u, v, group, out, runner=None):
-    """out[k] = U[k] @ V[k] per tile position k and group: (16, O, T)."""
-    xp = _xp(u)
-    ug = u.reshape(16 * group, u.shape[1] // group, u.shape[2])
-    vg, mg = _grouped(v, group), _grouped(out, group)
-
-    def gemms(start, stop):
-        xp.matmul(ug[start:stop], vg[start:stop], out=mg[start:stop])
-
-    for_each_gemm(xp, 16 * group, gemms, runner)
-    return out
-
-
-def multiply_weight_grad(dm, v, group, out, runner=None):
-    """out[k] = dM[k] @ V[k]^T per tile position and group: dU (16, O, C/group)."""
-    xp = _xp(dm)
-    dmg, vg = _grouped(dm, group), _grouped(v, group)
-    og = out.reshape(16 * group, out.shape[1] // group, out.shape[2])
-
-    def gemms(start, stop):
-        xp.matmul(dmg[start:stop], vg[start:stop].transpose(0, 2, 1), out=og[start:stop])
-
-    for_each_gemm(xp, 16 * group, gemms, runner)
-    return out
-
-
-def multiply_input_grad(u, dm, group, out, runner=None):
-    """out[k] = U[k]^T @ dM[k] per tile position and group: dV (16, C, T)."""
-    xp = _xp(u)
-    ug = u.reshape(16 * group, u.shape[1] // group, u.shape[2])
-    dmg, dvg = _grouped(dm, group), _grouped(out, group)
-
-    def gemms(start, stop):
-        xp.matmul(ug[start:stop].transpose(0, 2, 1), dmg[start:stop], out=dvg[start:stop])
-
-    for_each_gemm(xp, 16 * group, gemms, runner)
-    return out
-
-
-def _xp(array):
-    """numpy, or the array's own module (CuPy) where it is not a numpy array."""
-    if isinstance(array, np.ndarray):
-        return np
-    import importlib  # noqa: PLC0415 - only for non-numpy arrays
-
-    return importlib.import_module(type(array).__module__.split(".")[0])

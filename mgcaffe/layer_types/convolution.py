@@ -26,7 +26,7 @@ import numpy as np
 
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, im2col, shift_conv
+from ..kernels import col2im, conv_output_size, im2col, shift_conv, winograd
 from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
@@ -427,6 +427,16 @@ class Convolution(_ConvolutionBase):
     #: Keep the stacked input from forward to backward (kw copies of the padded input per
     #: layer); off: a per-call scratch, rebuilt from the bottom in backward.
     shift_keep_input = True
+    #: Winograd F(2x2, 3x3) (kernels.winograd) for 3x3, stride-1, dilation-1 kernels: None
+    #: by the rule below, True forced where the geometry allows, False never; numpy only.
+    #: It keeps the transformed input, 16/4 = 4x the input (im2col's columns: 9x).
+    winograd = None
+    #: The rule (bench_conv_paths.py --compare winograd): at least this many input channels
+    #: per group ...
+    winograd_from_channels = 32
+    #: ... and output positions per sample.
+    winograd_from_positions = 1
+    _wino = None
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group) + self.kernel
@@ -441,6 +451,8 @@ class Convolution(_ConvolutionBase):
             return
         self._spatial = self.out_hw[0] * self.out_hw[1]
         self._image_shape = (self.num, self.channels) + self.in_hw
+        if self._reshape_winograd(len(bottom)):
+            return
         self._shift = self._shift_geometry()
         # The other path's kept arrays go (a reshape can switch paths).
         self.drop_buffers("columns" if self._shift is not None else "shift_input")
@@ -481,6 +493,86 @@ class Convolution(_ConvolutionBase):
                       for i in range(len(bottom))]
         self._cols_hold_input = [False] * len(bottom)
         self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def _reshape_winograd(self, bottoms: int) -> bool:
+        """Take the Winograd path where `_winograd_geometry` says so (True), freeing the other
+        paths' kept arrays; else free its own."""
+        self._wino = self._winograd_geometry()
+        if self._wino is None:
+            self.drop_buffers("winograd_input")
+            return False
+        self.drop_buffers("columns")
+        self.drop_buffers("shift_input")
+        self._shift, self._direct = None, False
+        # V of each bottom, kept for backward's weight gradient (then it takes dV).
+        self._wino_inputs = [self.buffer(f"winograd_input{i}", self._wino.input_shape())
+                             for i in range(bottoms)]
+        self._wino_hold_input = [False] * bottoms
+        return True
+
+    def _winograd_geometry(self):
+        """The Winograd F(2x2, 3x3) layout (kernels.winograd) where this layer runs it, else
+        None: `winograd` True forces it (3x3, stride 1, dilation 1 only), False never; None by
+        the rule."""
+        if self.xp is not np or self.winograd is False or \
+                not winograd.applies(self.kernel, self.stride, self.dilation):
+            return None
+        geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group)
+        if self.winograd or self._winograd_rule():
+            return geometry
+        return None
+
+    def _winograd_rule(self) -> bool:
+        """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
+        return (self.channels // self.group >= self.winograd_from_channels
+                and self._spatial >= self.winograd_from_positions)
+
+    #: Scratch slots of the Winograd temporaries (by kernels.winograd's names).
+    _wino_slots = {"product": 0, "padded": 1, "columns": 4, "tiles": 5}
+
+    def _wino_buffer(self, name, shape):
+        return self.scratch(self._wino_slots[name], shape)
+
+    def _forward_winograd(self, bottom, top):
+        """top = A^T [(G g G^T) (x) (B^T d B)] A per 2x2 output tile (+ bias)."""
+        g, runner = self._wino, self.ctx.chunk_runner
+        u = winograd.transform_weight(self.blobs[0].data, self.scratch(3, g.weight_shape()))
+        bias = self.blobs[1].data if self.bias_term else None
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            winograd.forward(b.data.reshape(self._image_shape), u, g, self._wino_inputs[i],
+                             self._wino_buffer, t.data.reshape((self.num, self.num_output)
+                                                               + self.out_hw), bias, runner)
+            self._wino_hold_input[i] = True
+
+    def _backward_winograd(self, top, propagate_down, bottom):
+        """Weight gradient from the V forward kept (rebuilt after a backward took it for
+        dV), input gradient through U^T; the adjoint transforms (kernels.winograd)."""
+        g, runner = self._wino, self.ctx.chunk_runner
+        weight = self.blobs[0]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
+            top_diff = t.diff.reshape((self.num, self.num_output) + self.out_hw)
+            if want_bias:
+                self.add_bias_diff(top_diff.reshape(self.num, self.num_output, -1))
+            if not (want_weight or down):
+                continue
+            dm = winograd.output_grad(top_diff, g, self._wino_buffer, runner)
+            v = self._wino_inputs[i]
+            if want_weight:
+                if not self._wino_hold_input[i]:
+                    winograd.refill_input(b.data.reshape(self._image_shape), g, v,
+                                          self._wino_buffer, runner)
+                    self._wino_hold_input[i] = True
+                du = winograd.transformed_weight_grad(dm, v, g, self.scratch(2, g.weight_shape()),
+                                                      runner)
+                diff, overwrite = weight.diff_for_write()
+                winograd.weight_grad(du, diff.reshape(weight.shape), overwrite)
+            if down:
+                u = winograd.transform_weight(weight.data, self.scratch(3, g.weight_shape()))
+                self._wino_hold_input[i] = False  # V's memory takes the tile gradients
+                winograd.input_grad(dm, u, g, v, self._wino_buffer,
+                                    b.diff.reshape(self._image_shape), runner)
 
     def _shift_geometry(self):
         """The shifted-GEMM layout (kernels.shift_conv) where this layer runs it, else None:
@@ -597,6 +689,8 @@ class Convolution(_ConvolutionBase):
     def forward(self, bottom, top):
         if self.nd:
             return convolution_nd.conv_forward(self, bottom, top)
+        if self._wino is not None:
+            return self._forward_winograd(bottom, top)
         if self._shift is not None:
             return self._forward_shift(bottom, top)
         if self._direct:
@@ -620,6 +714,8 @@ class Convolution(_ConvolutionBase):
     def backward(self, top, propagate_down, bottom):
         if self.nd:
             return convolution_nd.conv_backward(self, top, propagate_down, bottom)
+        if self._wino is not None:
+            return self._backward_winograd(top, propagate_down, bottom)
         if self._shift is not None:
             return self._backward_shift(top, propagate_down, bottom)
         if self._direct:

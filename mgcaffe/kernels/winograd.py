@@ -95,20 +95,20 @@ class Geometry:
         return self.image[:2] + (2 * th + 2, 2 * tw + 2)
 
     def input_shape(self):
-        """V, kept from forward to backward: (N, C, 16, P)."""
-        return (self.image[0], self.image[1], 16, self.per_sample)
+        """V, kept from forward to backward: (C, 16, N, P)."""
+        return (self.image[1], 16, self.image[0], self.per_sample)
 
     def columns_shape(self):
         """The tile columns (and dV): (N, C*16, P)."""
         return (self.image[0], self.image[1] * 16, self.per_sample)
 
     def product_shape(self):
-        """M and dM: (N, 16, O, P)."""
-        return (self.image[0], 16, self.num_output, self.per_sample)
+        """M and dM: (16, O, N, P)."""
+        return (16, self.num_output, self.image[0], self.per_sample)
 
     def output_tiles_shape(self):
-        """Y and the gathered dY tiles: (N, 4, O, P)."""
-        return (self.image[0], 4, self.num_output, self.per_sample)
+        """Y and the gathered dY tiles: (4, O, N, P)."""
+        return (4, self.num_output, self.image[0], self.per_sample)
 
     def weight_shape(self):
         """U and dU: (16, O, C/group)."""
@@ -151,105 +151,88 @@ def _pad_sample(image, geometry, padded, s):
 
 
 def _input_sample(image, geometry, padded, columns, v, s):
-    """V[s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2 tiles)."""
+    """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2
+    tiles)."""
     c = geometry.image[1]
     _pad_sample(image, geometry, padded, s)
     im2col(padded[s:s + 1], (4, 4), (0, 0), (2, 2), (1, 1), out=columns[s])
-    np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[s])
+    np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[:, :, s])
 
 
-def _grouped_v(v_s, geometry):
-    """V[s] (C, 16, P) as (16, group, C/group, P) (a view)."""
-    c, _, p = v_s.shape
-    g = geometry.group
-    return v_s.transpose(1, 0, 2).reshape(16, g, c // g, p)
-
-
-def _grouped_m(m_s, geometry):
-    """M[s] (16, O, P) as (16, group, O/group, P)."""
-    _, o, p = m_s.shape
-    g = geometry.group
-    return m_s.reshape(16, g, o // g, p)
-
-
-def _put_output(y_s, geometry, top_s, bias):
-    """top_s (O', Ho, Wo) = the 2x2 tiles y_s (4, O', P), cropped (+ bias (O', 1, 1))."""
+def _put_output(y, geometry, top, bias):
+    """top (N, O', Ho, Wo) = the 2x2 tiles y (4, O', N, P), cropped (+ bias (O', 1, 1))."""
     ho, wo = geometry.out_hw
     th, tw = geometry.tiles
-    o = y_s.shape[1]
+    o, n = y.shape[1:3]
     for a in range(2):
         for b in range(2):
             rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
-            source = y_s[2 * a + b].reshape(o, th, tw)[:, :rows, :cols]
-            target = top_s[:, a::2, b::2]
+            source = y[2 * a + b].reshape(o, n, th, tw)[:, :, :rows, :cols]
+            source = source.transpose(1, 0, 2, 3)
+            target = top[:, :, a::2, b::2]
             if bias is None:
                 target[...] = source
             else:
                 np.add(source, bias, out=target)
 
 
-def _gather_output_grad(dy_s, geometry, tiles_s):
-    """tiles_s (4, O, P) = dy_s (O, Ho, Wo) as 2x2 tiles, zero past the output's edge."""
+def _gather_output_grad(dy, geometry, tiles):
+    """tiles (4, O', N, P) = dy (N, O', Ho, Wo) as 2x2 tiles, zero past the output's edge."""
     ho, wo = geometry.out_hw
     th, tw = geometry.tiles
-    o = geometry.num_output
+    o, n = tiles.shape[1:3]
     for a in range(2):
         for b in range(2):
             rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
-            target = tiles_s[2 * a + b].reshape(o, th, tw)
-            target[:, :rows, :cols] = dy_s[:, a::2, b::2]
-            target[:, rows:] = 0
-            target[:, :rows, cols:] = 0
+            target = tiles[2 * a + b].reshape(o, n, th, tw)
+            target[:, :, :rows, :cols] = dy[:, :, a::2, b::2].transpose(1, 0, 2, 3)
+            target[:, :, rows:] = 0
+            target[:, :, :rows, cols:] = 0
 
 
 # -- the passes ----------------------------------------------------------------------------
-#: Forward computes M for blocks of output channels of about this many bytes, each taken
-#: through the output transform while it is still in the core's cache: on conv2/3x3 (M is
-#: 9.6 MB per sample) the output transform's GEMM read M from memory at ~6 GB/s, 1.7 ms of a
-#: sample's 7.2.
-BLOCK_BYTES = 1 << 20
+def _gemm_tasks(geometry):
+    """(k, group) for each of the 16 * group GEMMs of a pass."""
+    return [divmod(task, geometry.group) for task in range(16 * geometry.group)]
 
 
-def _output_blocks(geometry, itemsize):
-    """[(first, stop)) output-channel blocks: within one group, about BLOCK_BYTES of M."""
-    og = geometry.num_output // geometry.group
-    width = max(1, min(og, BLOCK_BYTES // (16 * geometry.per_sample * itemsize)))
-    return [(j * og + first, j * og + min(og, first + width))
-            for j in range(geometry.group) for first in range(0, og, width)]
+def _by_output(count, body, runner):
+    """body(start, stop) over output-channel chunks on the runner (one BLAS thread each)."""
+    for_each_gemm(np, count, body, runner, grain=max(1, -(-count // 8)))
 
 
 def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     """top (N, O, Ho, Wo) = the convolution of image (N, C, H, W) by the transformed weight
-    u (16, O, C/group) (+ bias (O,)); fills v (N, C, 16, P) for backward. `buffers(name,
-    shape)` gives the temporaries ("padded", "columns", "product", "tiles")."""
+    u (16, O, C/group) (+ bias (O,)); fills v (C, 16, N, P) for backward. `buffers(name,
+    shape)` gives the temporaries ("padded", "columns", "product", "tiles").
+
+    Sample by sample (each on one runner thread): V, the 16 GEMMs, the output transform and
+    the crop, so that each sample's M is still in the cache when it is transformed (on
+    conv2/3x3 whole-batch GEMMs and then one output transform over all of M took 1.35x as
+    long)."""
     padded = buffers("padded", geometry.padded)
     columns = buffers("columns", geometry.columns_shape())
-    m = buffers("product", geometry.product_shape())
-    y = buffers("tiles", geometry.output_tiles_shape())
-    cg = geometry.image[1] // geometry.group
-    og = geometry.num_output // geometry.group
-    p = geometry.per_sample
-    blocks = _output_blocks(geometry, image.dtype.itemsize)
+    n, o, p = geometry.image[0], geometry.num_output, geometry.per_sample
+    g = geometry.group
+    m = buffers("product", geometry.product_shape()).reshape(n, 16, o, p)
+    y = buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
+    ug = u.reshape(16, g, o // g, u.shape[2])
     kron_out = _constant(KRON_OUT, image.dtype)
+    bias3 = None if bias is None else bias[:, None, None]
 
     def samples(start, stop):
         for s in range(start, stop):
             _input_sample(image, geometry, padded, columns, v, s)
-            vt = v[s].transpose(1, 0, 2)                  # (16, C, P)
-            for first, last in blocks:
-                width, j = last - first, first // og
-                block = m[s].reshape(-1)[:16 * width * p].reshape(16, width, p)
-                np.matmul(u[:, first:last], vt[:, j * cg:(j + 1) * cg], out=block)
-                tiles = y[s].reshape(-1)[:4 * width * p].reshape(4, width, p)
-                np.matmul(kron_out, block.reshape(16, -1), out=tiles.reshape(4, -1))
-                _put_output(tiles, geometry, top[s, first:last],
-                            None if bias is None else bias[first:last, None, None])
+            vs = v[:, :, s].transpose(1, 0, 2)                     # (16, C, P)
+            np.matmul(ug, vs.reshape(16, g, -1, p), out=m[s].reshape(16, g, -1, p))
+            np.matmul(kron_out, m[s].reshape(16, -1), out=y[s].reshape(4, -1))
+            _put_output(y[s][:, :, None], geometry, top[s:s + 1], bias3)
 
-    for_each_gemm(np, geometry.image[0], samples, runner)
+    for_each_gemm(np, n, samples, runner)
 
 
-def refill_input(image, geometry, v, buffers, runner=None):
-    """v = V of image again (after a backward took v's memory for dV)."""
+def fill_input(image, geometry, v, buffers, runner=None):
+    """v (C, 16, N, P) = B^T d B for every tile of image (kept for backward)."""
     padded = buffers("padded", geometry.padded)
     columns = buffers("columns", geometry.columns_shape())
 
@@ -261,62 +244,65 @@ def refill_input(image, geometry, v, buffers, runner=None):
 
 
 def output_grad(dy, geometry, buffers, runner=None):
-    """dM (N, 16, O, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
+    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
     tiles = buffers("tiles", geometry.output_tiles_shape())
     dm = buffers("product", geometry.product_shape())
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
+    mk = dm.reshape(16, geometry.num_output, -1)
 
-    def samples(start, stop):
-        for s in range(start, stop):
-            _gather_output_grad(dy[s], geometry, tiles[s])
-            np.matmul(kron_out_t, tiles[s].reshape(4, -1), out=dm[s].reshape(16, -1))
+    def outputs(start, stop):
+        _gather_output_grad(dy[:, start:stop], geometry, tiles[:, start:stop])
+        np.matmul(kron_out_t, tiles[:, start:stop].reshape(4, -1),
+                  out=mk[:, start:stop].reshape(16, -1))
 
-    for_each_gemm(np, geometry.image[0], samples, runner)
+    _by_output(geometry.num_output, outputs, runner)
     return dm
 
 
 def transformed_weight_grad(dm, v, geometry, du, runner=None):
-    """du (16, O, C/group) = sum over samples (in order) of dM[s, k] @ V[s, :, k]^T, per tile
-    position k and group: one task per (k, group), each on one BLAS thread."""
-    g = geometry.group
-    n = geometry.image[0]
-    og = geometry.num_output // g
-    cg = geometry.image[1] // g
+    """du (16, O, C/group) = dM[k] @ V[:, k]^T over all the tiles of the batch, per tile
+    position k and group: one GEMM per (k, group), each on one BLAS thread."""
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    vk = v.reshape(v.shape[0], 16, -1)
+    mk = dm.reshape(16, geometry.num_output, -1)
 
-    def positions(start, stop):
-        for task in range(start, stop):
-            k, j = divmod(task, g)
-            target = du[k, j * og:(j + 1) * og]
-            for s in range(n):
-                gemm_accumulate(dm[s, k, j * og:(j + 1) * og], v[s, j * cg:(j + 1) * cg, k].T,
-                                target, None, s == 0)
-            if n == 0:
-                target[...] = 0
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(mk[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k].T,
+                            du[k, j * og:(j + 1) * og], None, True)
 
-    for_each_gemm(np, 16 * g, positions, runner)
+    for_each_gemm(np, 16 * geometry.group, gemms, runner)
     return du
 
 
 def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     """out (N, C, H, W) = the input gradient from dM and u (overwritten); v's memory takes
-    B dV B^T per tile on the way (its V is lost)."""
-    padded = buffers("padded", geometry.padded)
-    dv = buffers("columns", geometry.columns_shape())
-    g = geometry.group
+    dV (16, C, N, P) on the way (its V is lost)."""
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     c = geometry.image[1]
+    mk = dm.reshape(16, geometry.num_output, -1)
+    dv = v.reshape(16, c, -1)
+
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(u[k, j * og:(j + 1) * og].T, mk[k, j * og:(j + 1) * og],
+                            dv[k, j * cg:(j + 1) * cg], None, True)
+
+    for_each_gemm(np, 16 * geometry.group, gemms, runner)
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
     _, _, h, w = geometry.image
     ph, pw = geometry.pad
-    ug_t = u.reshape(16, g, u.shape[1] // g, u.shape[2]).transpose(0, 1, 3, 2)
     kron_in_t = _constant(KRON_IN, dm.dtype).T
+    dv4 = v.reshape(16, c, geometry.image[0], -1)
 
     def samples(start, stop):
         for s in range(start, stop):
-            dv_s = dv[s].reshape(16, g, c // g, -1)
-            np.matmul(ug_t, _grouped_m(dm[s], geometry), out=dv_s)
-            # Per channel: the 16 tile rows d = B dV B^T, into V's memory as im2col's layout.
-            np.matmul(kron_in_t, dv[s].reshape(16, c, -1).transpose(1, 0, 2), out=v[s])
-            col2im(v[s].reshape(c * 16, -1), (1,) + geometry.padded[1:], (4, 4), (0, 0),
-                   (2, 2), (1, 1), out=padded[s:s + 1])
+            # Per channel the 16 tile rows d = B dV B^T, in im2col's layout, then col2im.
+            np.matmul(kron_in_t, dv4[:, :, s].transpose(1, 0, 2),
+                      out=columns[s].reshape(c, 16, -1))
+            col2im(columns[s], (1,) + geometry.padded[1:], (4, 4), (0, 0), (2, 2), (1, 1),
+                   out=padded[s:s + 1])
             out[s] = padded[s, :, ph:ph + h, pw:pw + w]
 
     for_each_gemm(np, geometry.image[0], samples, runner)

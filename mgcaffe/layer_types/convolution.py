@@ -561,7 +561,7 @@ class Convolution(_ConvolutionBase):
             v = self._wino_inputs[i]
             if want_weight:
                 if not self._wino_hold_input[i]:
-                    winograd.refill_input(b.data.reshape(self._image_shape), g, v,
+                    winograd.fill_input(b.data.reshape(self._image_shape), g, v,
                                           self._wino_buffer, runner)
                     self._wino_hold_input[i] = True
                 du = winograd.transformed_weight_grad(dm, v, g, self.scratch(2, g.weight_shape()),

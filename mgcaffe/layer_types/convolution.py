@@ -431,11 +431,20 @@ class Convolution(_ConvolutionBase):
     #: by the rule below, True forced where the geometry allows, False never; numpy only.
     #: It keeps the transformed input, 16/4 = 4x the input (im2col's columns: 9x).
     winograd = None
-    #: The rule (bench_conv_paths.py --compare winograd): at least this many input channels
-    #: per group ...
+    #: The rule (bench_conv_paths.py --compare winograd, fwd+bwd Winograd / im2col, three
+    #: runs on a 2-core machine with other work running): at least this many input channels
+    #: per group (the benchmark nets' 3x3 layers all have >= 64; few channels make short
+    #: GEMM reductions) ...
     winograd_from_channels = 32
-    #: ... and output positions per sample.
-    winograd_from_positions = 1
+    #: ... below this many output positions per sample (56x56 planes take the per-sample
+    #: im2col layout and tied: conv2/3x3 1.02-1.08, res2a_branch2b 0.92-1.19) ...
+    winograd_below_positions = 2048
+    #: ... and at least this many 2x2 tiles in the batch: the weight's transforms (forward
+    #: and backward, 16 values per weight pair) do not shrink with the batch (ResNet-50
+    #: res5a_branch2b, 512 -> 512 at 7x7, batch 4, 64 tiles: 1.7-1.9; GoogleNet 5a/5b at 7x7,
+    #: batch 8, 128 tiles: 0.44-1.0; 13x13 and 14x14 at batch 8, 392 tiles: 0.5-0.85 in most
+    #: runs).
+    winograd_from_tiles = 256
     _wino = None
 
     def weight_shape(self):
@@ -513,19 +522,22 @@ class Convolution(_ConvolutionBase):
     def _winograd_geometry(self):
         """The Winograd F(2x2, 3x3) layout (kernels.winograd) where this layer runs it, else
         None: `winograd` True forces it (3x3, stride 1, dilation 1 only), False never; None by
-        the rule."""
+        the rule, unless the shifted GEMMs were opted into."""
         if self.xp is not np or self.winograd is False or \
                 not winograd.applies(self.kernel, self.stride, self.dilation):
             return None
         geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group)
-        if self.winograd or self._winograd_rule():
+        # The rule yields to a shifted-GEMM path the user opted into (shift_gemm None/True).
+        if self.winograd or (self.shift_gemm is False and self._winograd_rule()):
             return geometry
         return None
 
     def _winograd_rule(self) -> bool:
         """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
+        th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
         return (self.channels // self.group >= self.winograd_from_channels
-                and self._spatial >= self.winograd_from_positions)
+                and self._spatial < self.winograd_below_positions
+                and self.num * th * tw >= self.winograd_from_tiles)
 
     #: Scratch slots of the Winograd temporaries (by kernels.winograd's names).
     _wino_slots = {"product": 0, "padded": 1, "columns": 4, "tiles": 5}

@@ -224,3 +224,28 @@ def test_transform_matrices_give_the_1d_f23_convolution():
     d, g = np.array([1.0, -2.0, 3.0, 0.5]), np.array([0.25, -1.0, 2.0])
     y = winograd.AT @ ((winograd.G @ g) * (winograd.BT @ d))
     np.testing.assert_allclose(y, [1 * .25 + 2 + 6, -2 * .25 - 3 + 1], rtol=1e-15)
+
+
+def test_the_rule_decides_by_default():
+    assert Convolution.winograd is None
+
+
+@pytest.mark.parametrize("body,shape", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14)),    # GoogleNet 4a-like: 392 tiles
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28)),    # 28x28, 1568 tiles
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 64, 13, 13)),  # AlexNet conv4-like
+])
+def test_rule_takes_mid_size_planes_with_enough_channels_and_tiles(body, shape):
+    assert rule_picks(body, shape)
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 28, 28), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 32, 28, 28), "16 per group"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "128 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 28, 28), "strided"),
+])
+def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
+    assert not rule_picks(body, shape), why

@@ -201,15 +201,47 @@ def _by_output(count, body, runner):
     for_each_gemm(np, count, body, runner, grain=max(1, -(-count // 8)))
 
 
+#: Forward runs sample by sample from this many tiles per sample (56x56 planes: 784), else
+#: as 16 whole-batch GEMMs: GEMMs of 49 columns (14x14) ran slower than of 392 (batch 8).
+PER_SAMPLE_FROM = 256
+
+
 def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     """top (N, O, Ho, Wo) = the convolution of image (N, C, H, W) by the transformed weight
     u (16, O, C/group) (+ bias (O,)); fills v (C, 16, N, P) for backward. `buffers(name,
-    shape)` gives the temporaries ("padded", "columns", "product", "tiles").
+    shape)` gives the temporaries ("padded", "columns", "product", "tiles")."""
+    if geometry.per_sample >= PER_SAMPLE_FROM:
+        _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner)
+        return
+    fill_input(image, geometry, v, buffers, runner)
+    m = buffers("product", geometry.product_shape())
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    vk = v.reshape(v.shape[0], 16, -1)                      # (C, 16, N*P)
+    mk = m.reshape(16, geometry.num_output, -1)            # (16, O, N*P)
 
-    Sample by sample (each on one runner thread): V, the 16 GEMMs, the output transform and
-    the crop, so that each sample's M is still in the cache when it is transformed (on
-    conv2/3x3 whole-batch GEMMs and then one output transform over all of M took 1.35x as
-    long)."""
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(u[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k],
+                            mk[k, j * og:(j + 1) * og], None, True)
+
+    for_each_gemm(np, 16 * geometry.group, gemms, runner)
+    y = buffers("tiles", geometry.output_tiles_shape())
+    kron_out = _constant(KRON_OUT, image.dtype)
+
+    def outputs(start, stop):
+        np.matmul(kron_out, mk[:, start:stop].reshape(16, -1),
+                  out=y[:, start:stop].reshape(4, -1))
+        _put_output(y[:, start:stop], geometry, top[:, start:stop],
+                    None if bias is None else bias[start:stop, None, None])
+
+    _by_output(geometry.num_output, outputs, runner)
+
+
+def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
+    """forward sample by sample (each on one runner thread): V, the 16 GEMMs, the output
+    transform and the crop, so that each sample's M is still in the cache when it is
+    transformed (on conv2/3x3 whole-batch GEMMs and then one output transform over all of M
+    took 1.35x as long)."""
     padded = buffers("padded", geometry.padded)
     columns = buffers("columns", geometry.columns_shape())
     n, o, p = geometry.image[0], geometry.num_output, geometry.per_sample

@@ -29,6 +29,8 @@ CASES = [
     ("num_output: 3 kernel_size: 3 pad: 0", (3, 2, 14, 14)),
     ("num_output: 2 kernel_size: 3 pad: 2", (1, 2, 7, 7)),
 ]
+# 16x16 tiles per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
+LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))
 
 
 def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
@@ -74,7 +76,7 @@ def naive_gradients(layer, x, dy):
     return dx, dw, dy.sum(axis=(0, 2, 3))
 
 
-@pytest.mark.parametrize("body,shape", CASES)
+@pytest.mark.parametrize("body,shape", CASES + [LARGE])
 def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_conv):
     """float64: top, bottom diff, weight diff (lazily cleared over NaN: overwritten) and bias
     diff (stale values: accumulated) against the loop reference, to ~1e-10."""
@@ -126,7 +128,7 @@ def run_float32(body, shape, **kwargs):
     return forward_backward(layer, bottom, top, start)
 
 
-@pytest.mark.parametrize("body,shape", CASES[:3])
+@pytest.mark.parametrize("body,shape", CASES[:3] + [LARGE])
 def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, shape):
     """float32, two bottoms, two backwards after one forward (stale diffs accumulated, the
     kept V rebuilt for the second): within the transforms' rounding of the im2col path (a
@@ -224,6 +226,12 @@ def test_transform_matrices_give_the_1d_f23_convolution():
     d, g = np.array([1.0, -2.0, 3.0, 0.5]), np.array([0.25, -1.0, 2.0])
     y = winograd.AT @ ((winograd.G @ g) * (winograd.BT @ d))
     np.testing.assert_allclose(y, [1 * .25 + 2 + 6, -2 * .25 - 3 + 1], rtol=1e-15)
+
+
+def test_large_case_takes_the_per_sample_forward():
+    layer, bottom, top = build(*LARGE)
+    assert layer._wino.per_sample >= winograd.PER_SAMPLE_FROM > winograd.Geometry(
+        (3, 2, 7, 7), (1, 1), 4, 1).per_sample
 
 
 def test_the_rule_decides_by_default():

@@ -431,20 +431,23 @@ class Convolution(_ConvolutionBase):
     #: by the rule below, True forced where the geometry allows, False never; numpy only.
     #: It keeps the transformed input, 16/4 = 4x the input (im2col's columns: 9x).
     winograd = None
-    #: The rule (bench_conv_paths.py --compare winograd, fwd+bwd Winograd / im2col, three
-    #: runs on a 2-core machine with other work running): at least this many input channels
-    #: per group (the benchmark nets' 3x3 layers all have >= 64; few channels make short
-    #: GEMM reductions) ...
+    #: The rule (bench_conv_paths.py --compare winograd, fwd+bwd Winograd / im2col, one
+    #: thread and two, five runs on a 2-core machine with other work running): at least
+    #: this many input channels per group (the benchmark nets' 3x3 layers all have >= 64;
+    #: few channels make short GEMM reductions) ...
     winograd_from_channels = 32
     #: ... below this many output positions per sample (56x56 planes take the per-sample
-    #: im2col layout and tied: conv2/3x3 1.02-1.08, res2a_branch2b 0.92-1.19) ...
+    #: im2col layout and tied: conv2/3x3 0.78-1.08, res2a_branch2b 0.92-1.19) ...
     winograd_below_positions = 2048
-    #: ... and at least this many 2x2 tiles in the batch: the weight's transforms (forward
-    #: and backward, 16 values per weight pair) do not shrink with the batch (ResNet-50
-    #: res5a_branch2b, 512 -> 512 at 7x7, batch 4, 64 tiles: 1.7-1.9; GoogleNet 5a/5b at 7x7,
-    #: batch 8, 128 tiles: 0.44-1.0; 13x13 and 14x14 at batch 8, 392 tiles: 0.5-0.85 in most
-    #: runs).
+    #: ... at least this many 2x2 tiles in the batch: the weight's transforms (forward and
+    #: backward, 16 values per weight pair) do not shrink with the batch (ResNet-50
+    #: res5a_branch2b, 512 -> 512 at 7x7, batch 4, 64 tiles: 1.5-1.9; GoogleNet 5a/5b at 7x7,
+    #: batch 8, 128 tiles: 1.5-1.7; res4a_branch2b at 14x14, batch 4, 196 tiles: 0.93-1.13) ...
     winograd_from_tiles = 256
+    #: ... and at most this many positions computed per output position kept (odd sizes
+    #: compute a partial last tile: AlexNet conv3-5 at 13x13, 1.16, ran 0.95-1.19; GoogleNet
+    #: 3a/3b at 28x28 0.67-1.07 and 4a-4e at 14x14 0.68-1.09, one thread 0.86-1.03).
+    winograd_max_waste = 1.1
     _wino = None
 
     def weight_shape(self):
@@ -537,7 +540,8 @@ class Convolution(_ConvolutionBase):
         th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
         return (self.channels // self.group >= self.winograd_from_channels
                 and self._spatial < self.winograd_below_positions
-                and self.num * th * tw >= self.winograd_from_tiles)
+                and self.num * th * tw >= self.winograd_from_tiles
+                and 4 * th * tw <= self.winograd_max_waste * self._spatial)
 
     #: Scratch slots of the Winograd temporaries (by kernels.winograd's names).
     _wino_slots = {"product": 0, "padded": 1, "columns": 4, "tiles": 5}

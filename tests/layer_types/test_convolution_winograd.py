@@ -241,7 +241,7 @@ def test_the_rule_decides_by_default():
 @pytest.mark.parametrize("body,shape", [
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14)),    # GoogleNet 4a-like: 392 tiles
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28)),    # 28x28, 1568 tiles
-    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 64, 13, 13)),  # AlexNet conv4-like
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 64, 14, 14)),  # 32 per group
 ])
 def test_rule_takes_mid_size_planes_with_enough_channels_and_tiles(body, shape):
     assert rule_picks(body, shape)
@@ -253,6 +253,7 @@ def test_rule_takes_mid_size_planes_with_enough_channels_and_tiles(body, shape):
     ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "128 tiles"),
     ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13), "odd: 1.16x computed"),
     ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 28, 28), "strided"),
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):

@@ -376,7 +376,8 @@ class Convolution(_ConvolutionBase):
     kernels.sample_gemm). "shifted" (`shift_gemm`, stride 1, mid-size planes with at least
     32 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
     padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
-    the runner's threads.
+    the runner's threads. "Winograd" (`winograd`, 3x3, stride 1, dilation 1): F(2x2, 3x3)
+    on 4x4 input tiles (kernels.winograd), 16 GEMMs with 2.25x fewer multiplications.
     """
 
     type = "Convolution"

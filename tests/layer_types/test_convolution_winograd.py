@@ -28,6 +28,8 @@ CASES = [
     ("num_output: 2 kernel_size: 3 pad: 1 group: 2 bias_term: false", (1, 4, 14, 14)),
     ("num_output: 3 kernel_size: 3 pad: 0", (3, 2, 14, 14)),
     ("num_output: 2 kernel_size: 3 pad: 2", (1, 2, 7, 7)),
+    ("num_output: 2 kernel_size: 3", (2, 2, 3, 3)),                    # one output position
+    ("num_output: 2 kernel_size: 3 pad_h: 0 pad_w: 2", (1, 2, 6, 5)),  # pad per axis
 ]
 # 16x16 tiles per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
 LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))

@@ -196,6 +196,22 @@ def _gemm_tasks(geometry):
     return [divmod(task, geometry.group) for task in range(16 * geometry.group)]
 
 
+#: The 16 * group GEMMs of a whole-batch pass: split over the runner's threads, one BLAS
+#: thread each (True), or one after another on the BLAS's own threads (False). Measured
+#: (2 cores, fwd+bwd of one layer, split / BLAS threads): 0.9-1.25 while the machine was
+#: quiet, but with other processes running the BLAS's threads stalled (inception_3a/3x3
+#: 322 ms against 83 split; 14x14 layers 140-150 ms against 25-40).
+SPLIT_GEMMS = True
+
+
+def _sixteen_gemms(geometry, body, runner):
+    count = 16 * geometry.group
+    if SPLIT_GEMMS:
+        for_each_gemm(np, count, body, runner)
+    else:
+        body(0, count)
+
+
 def _by_output(count, body, runner):
     """body(start, stop) over output-channel chunks on the runner (one BLAS thread each)."""
     for_each_gemm(np, count, body, runner, grain=max(1, -(-count // 8)))
@@ -224,7 +240,7 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
             gemm_accumulate(u[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k],
                             mk[k, j * og:(j + 1) * og], None, True)
 
-    for_each_gemm(np, 16 * geometry.group, gemms, runner)
+    _sixteen_gemms(geometry, gemms, runner)
     y = buffers("tiles", geometry.output_tiles_shape())
     kron_out = _constant(KRON_OUT, image.dtype)
 
@@ -303,7 +319,7 @@ def transformed_weight_grad(dm, v, geometry, du, runner=None):
             gemm_accumulate(mk[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k].T,
                             du[k, j * og:(j + 1) * og], None, True)
 
-    for_each_gemm(np, 16 * geometry.group, gemms, runner)
+    _sixteen_gemms(geometry, gemms, runner)
     return du
 
 
@@ -320,7 +336,7 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
             gemm_accumulate(u[k, j * og:(j + 1) * og].T, mk[k, j * og:(j + 1) * og],
                             dv[k, j * cg:(j + 1) * cg], None, True)
 
-    for_each_gemm(np, 16 * geometry.group, gemms, runner)
+    _sixteen_gemms(geometry, gemms, runner)
     padded = buffers("padded", geometry.padded)
     columns = buffers("columns", geometry.columns_shape())
     _, _, h, w = geometry.image

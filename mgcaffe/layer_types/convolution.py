@@ -437,17 +437,21 @@ class Convolution(_ConvolutionBase):
     #: this many input channels per group (the benchmark nets' 3x3 layers all have >= 64;
     #: few channels make short GEMM reductions) ...
     winograd_from_channels = 32
-    #: ... below this many output positions per sample (56x56 planes take the per-sample
-    #: im2col layout and tied: conv2/3x3 0.78-1.08, res2a_branch2b 0.92-1.19) ...
+    #: ... with output positions per sample from `winograd_from_positions` to below
+    #: `winograd_below_positions`: 28x28 planes tied on a quiet machine and won with other
+    #: processes running (GoogleNet 3a/3b/3x3, ResNet-50 res3a_branch2b: 0.97-1.08 quiet,
+    #: 0.67-0.98 loaded); 56x56 planes take the per-sample im2col layout and tied either way
+    #: (conv2/3x3 0.78-1.08, res2a_branch2b 0.92-1.19); 14x14 and 13x13 planes lost on a
+    #: quiet machine (GoogleNet 4a-4e 1.10-1.40, AlexNet conv3-5 1.11-1.28, ResNet-50
+    #: res4a_branch2b 1.00-1.13) though they won under load (0.58-0.86); 7x7 lost (5a/5b
+    #: 1.5-1.9, res5a_branch2b 1.5-1.9: the weight's transforms do not shrink with the plane).
+    winograd_from_positions = 512
     winograd_below_positions = 2048
-    #: ... at least this many 2x2 tiles in the batch: the weight's transforms (forward and
-    #: backward, 16 values per weight pair) do not shrink with the batch (ResNet-50
-    #: res5a_branch2b, 512 -> 512 at 7x7, batch 4, 64 tiles: 1.5-1.9; GoogleNet 5a/5b at 7x7,
-    #: batch 8, 128 tiles: 1.5-1.7; res4a_branch2b at 14x14, batch 4, 196 tiles: 0.93-1.13) ...
+    #: ... at least this many 2x2 tiles in the batch (the weight's transforms, forward and
+    #: backward, cost the same at any batch size) ...
     winograd_from_tiles = 256
     #: ... and at most this many positions computed per output position kept (odd sizes
-    #: compute a partial last tile: AlexNet conv3-5 at 13x13, 1.16, ran 0.95-1.19; GoogleNet
-    #: 3a/3b at 28x28 0.67-1.07 and 4a-4e at 14x14 0.68-1.09, one thread 0.86-1.03).
+    #: compute a partial last tile: 13x13 computes 1.16, 27x27 1.08, 3 x 200 1.33).
     winograd_max_waste = 1.1
     _wino = None
 
@@ -540,7 +544,7 @@ class Convolution(_ConvolutionBase):
         """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
         th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
         return (self.channels // self.group >= self.winograd_from_channels
-                and self._spatial < self.winograd_below_positions
+                and self.winograd_from_positions <= self._spatial < self.winograd_below_positions
                 and self.num * th * tw >= self.winograd_from_tiles
                 and 4 * th * tw <= self.winograd_max_waste * self._spatial)
 

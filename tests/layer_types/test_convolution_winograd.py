@@ -241,11 +241,11 @@ def test_the_rule_decides_by_default():
 
 
 @pytest.mark.parametrize("body,shape", [
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14)),    # GoogleNet 4a-like: 392 tiles
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28)),    # 28x28, 1568 tiles
-    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 64, 14, 14)),  # 32 per group
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28)),    # GoogleNet 3a-like
+    ("num_output: 4 kernel_size: 3 pad: 1", (4, 32, 28, 28)),    # ResNet-50 res3a-like
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (2, 64, 28, 28)),  # 32 per group
 ])
-def test_rule_takes_mid_size_planes_with_enough_channels_and_tiles(body, shape):
+def test_rule_takes_28x28_planes_with_enough_channels_and_tiles(body, shape):
     assert rule_picks(body, shape)
 
 
@@ -255,7 +255,8 @@ def test_rule_takes_mid_size_planes_with_enough_channels_and_tiles(body, shape):
     ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "128 tiles"),
     ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13), "odd: 1.16x computed"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14), "14x14 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 3, 200), "3 rows: 1.33x computed"),
     ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 28, 28), "strided"),
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):

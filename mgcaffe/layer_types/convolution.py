@@ -15,7 +15,9 @@ code in convolution_nd.py. Memory: each layer keeps, per bottom, the columns (Co
 the transposed input (Deconvolution) of its last forward, so backward needs no second im2col;
 that is N times the single-image buffer Caffe keeps. Stride-1 kxk convolutions where it
 measures faster run as shifted GEMMs on the padded input instead (kernels.shift_conv): no
-column matrix; they keep kw copies of the padded input.
+column matrix; they keep kw copies of the padded input. 3x3 stride-1 convolutions that
+the rule picks run as Winograd F(2x2, 3x3) (kernels.winograd) and keep their transformed
+input, 4x the input.
 """
 
 from __future__ import annotations
@@ -438,13 +440,14 @@ class Convolution(_ConvolutionBase):
     #: few channels make short GEMM reductions) ...
     winograd_from_channels = 32
     #: ... with output positions per sample from `winograd_from_positions` to below
-    #: `winograd_below_positions`: 28x28 planes tied on a quiet machine and won with other
-    #: processes running (GoogleNet 3a/3b/3x3, ResNet-50 res3a_branch2b: 0.97-1.08 quiet,
-    #: 0.67-0.98 loaded); 56x56 planes take the per-sample im2col layout and tied either way
-    #: (conv2/3x3 0.78-1.08, res2a_branch2b 0.92-1.19); 14x14 and 13x13 planes lost on a
-    #: quiet machine (GoogleNet 4a-4e 1.10-1.40, AlexNet conv3-5 1.11-1.28, ResNet-50
-    #: res4a_branch2b 1.00-1.13) though they won under load (0.58-0.86); 7x7 lost (5a/5b
-    #: 1.5-1.9, res5a_branch2b 1.5-1.9: the weight's transforms do not shrink with the plane).
+    #: `winograd_below_positions`: 28x28 planes about tied on a quiet machine and won with
+    #: other processes running (quiet: GoogleNet 3a/3x3 0.94-1.28, 3b/3x3 0.77-1.09,
+    #: ResNet-50 res3a_branch2b 0.80-0.98; loaded 0.63-0.98); 56x56 planes take the
+    #: per-sample im2col layout and tied either way (conv2/3x3 0.78-1.08, res2a_branch2b
+    #: 0.92-1.19); 14x14 and 13x13 planes lost on a quiet machine (GoogleNet 4a-4e
+    #: 1.10-1.40, AlexNet conv3-5 1.11-1.28, ResNet-50 res4a_branch2b 1.00-1.13) though they
+    #: won under load (0.58-0.86); 7x7 lost (5a/5b 1.5-1.9, res5a_branch2b 1.5-1.9: the
+    #: weight's transforms do not shrink with the plane).
     winograd_from_positions = 512
     winograd_below_positions = 2048
     #: ... at least this many 2x2 tiles in the batch (the weight's transforms, forward and

@@ -21,13 +21,15 @@ adjoints use the transposes and col2im. numpy's element-wise operations over the
 tile views ran 3-5x slower than these BLAS calls on the same data (measured on GoogleNet's
 conv2/3x3).
 
-Layouts, per sample n (P = tiles_h * tiles_w tiles, ordered tile row then column): V kept
-for backward (N, C, 16, P) (4x the input, im2col's columns are 9x); the per-call
-temporaries M and dM (N, 16, O, P), Y and the gathered dY tiles (N, 4, O, P), the tile
-columns and dV (N, C*16, P), the padded image (N, C, Hp, Wp). Each sample's pipeline runs on
-one runner thread with one BLAS thread (kernels.sample_gemm), and the weight gradient is
-split by tile position k, each summed over the samples in order, so the results do not
-depend on the thread count.
+Layouts (P = tiles_h * tiles_w tiles per sample, ordered tile row then column): V kept
+for backward (C, 16, N, P) (4x the input for even sizes; im2col's columns are 9x); the
+per-call temporaries M and dM (16, O, N, P), Y and the gathered dY tiles (4, O, N, P), the
+tile columns (N, C*16, P), the padded image (N, C, Hp, Wp). The input transform runs sample
+by sample, the output transforms over blocks of output channels, the 16 * group GEMMs of a
+pass one per task (the weight gradient's each a single GEMM over all the batch's tiles),
+all handed to the runner's threads with one BLAS thread each (kernels.sample_gemm), so the
+results do not depend on the thread count. Forward on large planes runs whole samples
+instead (PER_SAMPLE_FROM), each sample's M used while it is in the cache.
 
 Rounding: the transforms add and subtract up to 16 (input), 9 (output) and 9 (weight, in
 halves and quarters) terms, so float32 results differ from a direct convolution's by a few

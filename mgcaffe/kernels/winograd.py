@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import winograd_loops
 from .gemm import gemm_accumulate
 from .im2col import col2im, im2col
 from .sample_gemm import for_each_gemm
@@ -117,6 +118,15 @@ class Geometry:
         return (16, self.num_output, self.image[1] // self.group)
 
 
+#: The tile transforms as compiled loops (kernels.winograd_loops) where numba is importable
+#: (True), else, or with False, as the GEMMs over im2col/col2im tile columns below.
+COMPILED = True
+
+
+def _loops():
+    return winograd_loops.load() if COMPILED else None
+
+
 def _constant(matrix, dtype):
     return np.asarray(matrix, dtype=dtype)
 
@@ -156,6 +166,11 @@ def _input_sample(image, geometry, padded, columns, v, s):
     """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2
     tiles)."""
     c = geometry.image[1]
+    loops = _loops()
+    if loops is not None:
+        loops.input_tiles(image, v, s, s + 1, 0, c, *geometry.pad, *geometry.tiles,
+                          image.dtype.type(0))
+        return
     _pad_sample(image, geometry, padded, s)
     im2col(padded[s:s + 1], (4, 4), (0, 0), (2, 2), (1, 1), out=columns[s])
     np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[:, :, s])
@@ -246,7 +261,14 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     y = buffers("tiles", geometry.output_tiles_shape())
     kron_out = _constant(KRON_OUT, image.dtype)
 
+    loops = _loops()
+
     def outputs(start, stop):
+        if loops is not None:
+            loops.output_tiles(m, top, bias if bias is not None else m[0, 0, 0],
+                               bias is not None, 0, geometry.image[0], start, stop,
+                               geometry.tiles[1])
+            return
         np.matmul(kron_out, mk[:, start:stop].reshape(16, -1),
                   out=y[:, start:stop].reshape(4, -1))
         _put_output(y[:, start:stop], geometry, top[:, start:stop],
@@ -269,12 +291,18 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
     ug = u.reshape(16, g, o // g, u.shape[2])
     kron_out = _constant(KRON_OUT, image.dtype)
     bias3 = None if bias is None else bias[:, None, None]
+    loops = _loops()
+    m4 = m.transpose(1, 2, 0, 3)                                    # (16, O, N, P) view
 
     def samples(start, stop):
         for s in range(start, stop):
             _input_sample(image, geometry, padded, columns, v, s)
             vs = v[:, :, s].transpose(1, 0, 2)                     # (16, C, P)
             np.matmul(ug, vs.reshape(16, g, -1, p), out=m[s].reshape(16, g, -1, p))
+            if loops is not None:
+                loops.output_tiles(m4, top, bias if bias is not None else m4[0, 0, 0],
+                                   bias is not None, s, s + 1, 0, o, geometry.tiles[1])
+                continue
             np.matmul(kron_out, m[s].reshape(16, -1), out=y[s].reshape(4, -1))
             _put_output(y[s][:, :, None], geometry, top[s:s + 1], bias3)
 
@@ -300,7 +328,13 @@ def output_grad(dy, geometry, buffers, runner=None):
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
     mk = dm.reshape(16, geometry.num_output, -1)
 
+    loops = _loops()
+
     def outputs(start, stop):
+        if loops is not None:
+            loops.output_grad_tiles(dy, dm, 0, geometry.image[0], start, stop,
+                                    geometry.tiles[1], dy.dtype.type(0))
+            return
         _gather_output_grad(dy[:, start:stop], geometry, tiles[:, start:stop])
         np.matmul(kron_out_t, tiles[:, start:stop].reshape(4, -1),
                   out=mk[:, start:stop].reshape(16, -1))
@@ -345,8 +379,13 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     ph, pw = geometry.pad
     kron_in_t = _constant(KRON_IN, dm.dtype).T
     dv4 = v.reshape(16, c, geometry.image[0], -1)
+    loops = _loops()
 
     def samples(start, stop):
+        if loops is not None:
+            loops.input_grad_tiles(dv4, out, start, stop, 0, c, ph, pw, *geometry.tiles,
+                                   out.dtype.type(0))
+            return
         for s in range(start, stop):
             # Per channel the 16 tile rows d = B dV B^T, in im2col's layout, then col2im.
             np.matmul(kron_in_t, dv4[:, :, s].transpose(1, 0, 2),

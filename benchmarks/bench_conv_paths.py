@@ -10,11 +10,13 @@ kxk layers of the benchmark nets on the im2col paths (before) and forced onto th
 GEMMs (after, kernels.shift_conv); `--compare stack`: shifted GEMMs one per kernel offset
 (before) against the width offsets stacked into one reduction (after). `--compare
 winograd`: the 3x3 stride-1 layers of GoogleNet, AlexNet and ResNet-50 on the im2col paths
-(before) and forced onto Winograd F(2x2, 3x3) (after, kernels.winograd). The two run in alternation,
+(before) and forced onto Winograd F(2x2, 3x3) (after, kernels.winograd); `--compare
+winograd-loops`: Winograd with its transforms as GEMMs (before) and as compiled loops
+(after, kernels.winograd_loops). The two run in alternation,
 repetition by repetition, so a change in the machine's load hits both; the best of R is
 printed. `--busy K` keeps K single-threaded busy-loop processes running meanwhile (a loaded
 node). Usage: python benchmarks/bench_conv_paths.py [--repeats R] [--only 1x1|kxk]
-[--compare direct|split|shift|stack|winograd] [--busy K].
+[--compare direct|split|shift|stack|winograd|winograd-loops] [--busy K].
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: pa
 from bench_layers import build  # noqa: E402 - same folder
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
+from mgcaffe.kernels import winograd  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 
 # name, parameter body, bottom shape (without batch), batch
@@ -119,10 +122,14 @@ BEFORE = {"direct": {"direct_from": 10**9, "weight_diff_in_gemm": False},
           "split": {"split_sample_gemms": False},
           "shift": {"shift_gemm": False},
           "stack": {"shift_gemm": True, "shift_stack": False},
-          "winograd": {"winograd": False}}
+          "winograd": {"winograd": False},
+          "winograd-loops": {"winograd": True}}
 #: The "after" side for each comparison ({}: the defaults).
 AFTER = {"shift": {"shift_gemm": True}, "stack": {"shift_gemm": True, "shift_stack": True},
-         "winograd": {"winograd": True}}
+         "winograd": {"winograd": True}, "winograd-loops": {"winograd": True}}
+#: kernels.winograd's COMPILED (the transforms as compiled loops) before and after, where a
+#: comparison sets it.
+COMPILED = {"winograd-loops": (False, True)}
 
 
 def build_with(settings: dict, body: str, shape, batch: int):
@@ -152,7 +159,7 @@ def main(argv=None) -> None:
                         help="busy-loop processes to run meanwhile (default 0)")
     args = parser.parse_args(argv)
     default = SHIFTED if args.compare in ("shift", "stack") else POINTWISE + SPATIAL
-    default = WINOGRAD if args.compare == "winograd" else default
+    default = WINOGRAD if args.compare.startswith("winograd") else default
     cases = {"1x1": POINTWISE, "kxk": SPATIAL, "shifted": SHIFTED}.get(args.only, default)
     cases = [case for case in cases if args.match in case[0]]
     with BusyLoad(args.busy):
@@ -170,6 +177,7 @@ def run(cases, before: dict, after: dict, args) -> None:
         best = [[float("inf")] * 2 for _ in pair]
         for repeat in range(args.repeats + 1):  # the first pass is a warm-up
             for k, (layer, bottom, top) in enumerate(pair):
+                winograd.COMPILED = COMPILED.get(args.compare, (True, True))[k]
                 start = time.perf_counter()
                 layer.forward(bottom, top)
                 middle = time.perf_counter()

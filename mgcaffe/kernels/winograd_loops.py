@@ -35,44 +35,78 @@ import threading
 import types
 import warnings
 
+import numpy as np
+
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 _loading = threading.Lock()  # the chunk runner's threads may ask at the same time
 
 
-def _at(image, s, c, y, x, zero):
-    """image[s, c, y, x], or zero outside the image (the padding)."""
-    if 0 <= y < image.shape[2] and 0 <= x < image.shape[3]:
-        return image[s, c, y, x]
-    return zero
+#: Tiles per block of the transforms that write 16 streams (V, dM): each block's 16 results
+#: are made in a small buffer (in the L1 cache) and copied out as 16 contiguous runs.
+#: Written tile by tile straight into the 16 rows, the stores ran at ~1 GB/s (conv2/3x3
+#: b8: the output gradient 88 ms, the input transform 174 ms).
+BLOCK_TILES = 64
 
 
-def _column_in(image, s, c, y0, x, zero):
+def _pad_plane(image, s, c, ph, pw, padded, zero):
+    """padded (Hp, Wp) = plane (s, c) of image with its zero border (the pad, and the
+    extra row or column of an odd output size)."""
+    height, width = image.shape[2], image.shape[3]
+    for y in range(padded.shape[0]):
+        row = padded[y]
+        if y < ph or y >= ph + height:
+            for x in range(padded.shape[1]):
+                row[x] = zero
+            continue
+        source = image[s, c, y - ph]
+        for x in range(pw):
+            row[x] = zero
+        for x in range(width):
+            row[pw + x] = source[x]
+        for x in range(pw + width, padded.shape[1]):
+            row[x] = zero
+
+
+def _column_in(padded, y0, x):
     """B^T times the 4-cell column x of the tile from row y0 (B^T's rows: d0 - d2, d1 + d2,
     d2 - d1, d1 - d3)."""
-    d0, d1 = _at(image, s, c, y0, x, zero), _at(image, s, c, y0 + 1, x, zero)
-    d2, d3 = _at(image, s, c, y0 + 2, x, zero), _at(image, s, c, y0 + 3, x, zero)
+    d0, d1, d2, d3 = padded[y0, x], padded[y0 + 1, x], padded[y0 + 2, x], padded[y0 + 3, x]
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
+def _copy_block(block, out, first, at, count, k0, s):
+    """out[k0 + k, first, s, at:at + count] = block[k, :count] for the 16 k (16 runs)."""
+    for k in range(16):
+        row, target = block[k], out[k0 + k, first, s]
+        for t in range(count):
+            target[at + t] = row[t]
+
+
 def _input_tiles(image, v, s0, s1, c0, c1, ph, pw, th, tw, zero):
+    block = np.empty((16, BLOCK_TILES), dtype=v.dtype)
+    vt = v.transpose(1, 0, 2, 3)  # (16, C, N, P): _copy_block's layout
+    tiles = th * tw
+    # Each plane is first copied with its zero border: the tiles then read it unchecked
+    # (reading the image with a bounds check per cell took 7x as long).
+    padded = np.empty((2 * th + 2, 2 * tw + 2), dtype=v.dtype)
     for q in range((s1 - s0) * (c1 - c0)):
         s, c = s0 + q // (c1 - c0), c0 + q % (c1 - c0)
-        for ty in range(th):
-            y0 = 2 * ty - ph
-            for tx in range(tw):
-                x0 = 2 * tx - pw
-                p = ty * tw + tx
+        _pad_plane(image, s, c, ph, pw, padded, zero)
+        for at in range(0, tiles, BLOCK_TILES):
+            count = min(BLOCK_TILES, tiles - at)
+            for t in range(count):
+                p = at + t
+                y0, x0 = 2 * (p // tw), 2 * (p % tw)
                 # t = B^T d per column, then V = t B per row: the same combination.
-                t0 = _column_in(image, s, c, y0, x0, zero)
-                t1 = _column_in(image, s, c, y0, x0 + 1, zero)
-                t2 = _column_in(image, s, c, y0, x0 + 2, zero)
-                t3 = _column_in(image, s, c, y0, x0 + 3, zero)
+                t0, t1 = _column_in(padded, y0, x0), _column_in(padded, y0, x0 + 1)
+                t2, t3 = _column_in(padded, y0, x0 + 2), _column_in(padded, y0, x0 + 3)
                 for i in range(4):
                     a, b, e, f = t0[i], t1[i], t2[i], t3[i]
-                    v[c, 4 * i, s, p] = a - e
-                    v[c, 4 * i + 1, s, p] = b + e
-                    v[c, 4 * i + 2, s, p] = e - b
-                    v[c, 4 * i + 3, s, p] = b - f
+                    block[4 * i, t] = a - e
+                    block[4 * i + 1, t] = b + e
+                    block[4 * i + 2, t] = e - b
+                    block[4 * i + 3, t] = b - f
+            _copy_block(block, vt, c, at, count, 0, s)
 
 
 def _output_tiles(m, top, bias, has_bias, s0, s1, o0, o1, tw):
@@ -107,24 +141,35 @@ def _output_tiles(m, top, bias, has_bias, s0, s1, o0, o1, tw):
 
 def _output_grad_tiles(dy, dm, s0, s1, o0, o1, tw, zero):
     ho, wo = dy.shape[2], dy.shape[3]
+    block = np.empty((16, BLOCK_TILES), dtype=dm.dtype)
+    tiles = dm.shape[3]
     for q in range((s1 - s0) * (o1 - o0)):
         s, o = s0 + q // (o1 - o0), o0 + q % (o1 - o0)
-        for p in range(dm.shape[3]):
-            y, x = 2 * (p // tw), 2 * (p % tw)
-            right, down = x + 1 < wo, y + 1 < ho
-            g00 = dy[s, o, y, x]
-            g01 = dy[s, o, y, x + 1] if right else zero
-            g10 = dy[s, o, y + 1, x] if down else zero
-            g11 = dy[s, o, y + 1, x + 1] if right and down else zero
-            # dM = A dY A^T; A's rows: (1, 0), (1, 1), (1, -1), (0, -1). Rows first.
-            ra = (g00, g00 + g10, g00 - g10, -g10)
-            rb = (g01, g01 + g11, g01 - g11, -g11)
-            for i in range(4):
-                a, b = ra[i], rb[i]
-                dm[4 * i, o, s, p] = a
-                dm[4 * i + 1, o, s, p] = a + b
-                dm[4 * i + 2, o, s, p] = a - b
-                dm[4 * i + 3, o, s, p] = -b
+        for at in range(0, tiles, BLOCK_TILES):
+            count = min(BLOCK_TILES, tiles - at)
+            _output_grad_block(dy, block, s, o, at, count, tw, ho, wo, zero)
+            _copy_block(block, dm, o, at, count, 0, s)
+
+
+def _output_grad_block(dy, block, s, o, at, count, tw, ho, wo, zero):
+    """block[:, :count] = dM of tiles [at, at + count) of plane (s, o)."""
+    for t in range(count):
+        p = at + t
+        y, x = 2 * (p // tw), 2 * (p % tw)
+        right, down = x + 1 < wo, y + 1 < ho
+        g00 = dy[s, o, y, x]
+        g01 = dy[s, o, y, x + 1] if right else zero
+        g10 = dy[s, o, y + 1, x] if down else zero
+        g11 = dy[s, o, y + 1, x + 1] if right and down else zero
+        # dM = A dY A^T; A's rows: (1, 0), (1, 1), (1, -1), (0, -1). Rows first.
+        ra = (g00, g00 + g10, g00 - g10, -g10)
+        rb = (g01, g01 + g11, g01 - g11, -g11)
+        for i in range(4):
+            a, b = ra[i], rb[i]
+            block[4 * i, t] = a
+            block[4 * i + 1, t] = a + b
+            block[4 * i + 2, t] = a - b
+            block[4 * i + 3, t] = -b
 
 
 def _column_back(dv, c, s, p, j):
@@ -169,9 +214,10 @@ def _compile(numba):
         except RuntimeError:  # no writable cache directory: compile in each process
             return numba.njit(nogil=True)(fn)
 
-    global _at, _column_in, _column_back
+    global _pad_plane, _column_in, _column_back, _copy_block, _output_grad_block
     # The helpers called from compiled code are compiled themselves (looked up as globals).
-    _at, _column_in, _column_back = jit(_at), jit(_column_in), jit(_column_back)
+    _pad_plane, _column_in, _column_back = jit(_pad_plane), jit(_column_in), jit(_column_back)
+    _copy_block, _output_grad_block = jit(_copy_block), jit(_output_grad_block)
     with warnings.catch_warnings():
         # numba warns once when it cannot save to or read from a cache directory.
         warnings.simplefilter("ignore", numba.NumbaWarning)

@@ -39,6 +39,7 @@ import numpy as np
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 _loading = threading.Lock()  # the chunk runner's threads may ask at the same time
+_compiled: types.SimpleNamespace | None = None  # compiled once per process
 
 
 #: Tiles per block of the transforms that write 16 streams (V, dM): each block's 16 results
@@ -208,6 +209,9 @@ def _input_grad_tiles(dv, out, s0, s1, c0, c1, ph, pw, th, tw, zero):
 
 def _compile(numba):
     """The functions compiled lazily per argument types (float32 / float64 blobs)."""
+    global _compiled
+    if _compiled is not None:  # load() asked again (its result reset): compiled already
+        return _compiled
     def jit(fn):
         try:
             return numba.njit(nogil=True, cache=True)(fn)
@@ -221,10 +225,11 @@ def _compile(numba):
     with warnings.catch_warnings():
         # numba warns once when it cannot save to or read from a cache directory.
         warnings.simplefilter("ignore", numba.NumbaWarning)
-        return types.SimpleNamespace(
+        _compiled = types.SimpleNamespace(
             input_tiles=jit(_input_tiles), output_tiles=jit(_output_tiles),
             output_grad_tiles=jit(_output_grad_tiles),
             input_grad_tiles=jit(_input_grad_tiles))
+    return _compiled
 
 
 def load() -> types.SimpleNamespace | None:

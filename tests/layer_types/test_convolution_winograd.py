@@ -6,6 +6,7 @@ count, and the rule that picks it."""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
 from mgcaffe.gradient_check import check_layer_gradients
-from mgcaffe.kernels import winograd
+from mgcaffe.kernels import winograd, winograd_loops
 from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.convolution import Convolution
@@ -33,6 +34,20 @@ CASES = [
 ]
 # 16x16 tiles per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
 LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))
+
+
+@pytest.fixture(autouse=True, params=["loops", "gemm"])
+def transforms(request, monkeypatch):
+    """Every test on both transform paths: the compiled loops (kernels.winograd_loops;
+    skipped without numba) and the GEMM fallback, with numba's import made to fail."""
+    monkeypatch.setattr(winograd_loops, "_loaded", False)  # load() tries the import anew
+    if request.param == "loops":
+        pytest.importorskip("numba")
+    else:
+        monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
+    yield request.param
+    if winograd_loops._loaded is not False:  # the test ran a transform: on the path asked
+        assert (winograd_loops._loaded is None) == (request.param == "gemm")
 
 
 def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
@@ -261,3 +276,180 @@ def test_rule_takes_28x28_planes_with_enough_channels_and_tiles(body, shape):
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
     assert not rule_picks(body, shape), why
+
+
+# -- the compiled transforms against naive numpy (kernels.winograd_loops) -----------------
+# The F(2x2, 3x3) matrices written out here again, independent of the module's copies.
+B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=float)
+A_T = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=float)
+# (N, C, H, W), pad: odd sizes (partial last tiles), per-axis pads, no pad.
+TRANSFORM_CASES = [((2, 3, 7, 6), (1, 2)), ((1, 2, 6, 9), (0, 0)), ((3, 1, 5, 5), (2, 1))]
+
+
+def naive_tiles(geometry):
+    """(tile row, tile column, y0, x0) of every tile, with y0/x0 in padded coordinates."""
+    th, tw = geometry.tiles
+    return [(ty, tx, 2 * ty, 2 * tx) for ty in range(th) for tx in range(tw)]
+
+
+def naive_input(x, geometry):
+    """V (C, 16, N, P) = B^T d B per 4x4 tile of the zero-padded image."""
+    n, c = x.shape[:2]
+    (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
+    padded = np.zeros((n, c, hp, wp))
+    padded[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]] = x
+    v = np.zeros(geometry.input_shape())
+    for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
+        d = padded[:, :, y0:y0 + 4, x0:x0 + 4]
+        v[:, :, :, p] = np.einsum("ir,ncrs,js->cijn", B_T, d, B_T).reshape(c, 16, n)
+    return v
+
+
+def naive_output(m, geometry, bias):
+    """top (N, O, Ho, Wo) = A^T M A per tile, cropped, + bias."""
+    o, n = m.shape[1:3]
+    ho, wo = geometry.out_hw
+    th, tw = geometry.tiles
+    top = np.zeros((n, o, 2 * th, 2 * tw))
+    for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
+        tile = m[:, :, :, p].reshape(4, 4, o, n)
+        top[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = np.einsum(
+            "ir,rsoN,js->Noij", A_T, tile, A_T)
+    return top[:, :, :ho, :wo] + bias[:, None, None]
+
+
+def naive_output_grad(dy, geometry):
+    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy, zero past its edge."""
+    n, o, ho, wo = dy.shape
+    th, tw = geometry.tiles
+    grown = np.zeros((n, o, 2 * th, 2 * tw))
+    grown[:, :, :ho, :wo] = dy
+    dm = np.zeros(geometry.product_shape())
+    for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
+        g = grown[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2]
+        dm[:, :, :, p] = np.einsum("ri,Nors,sj->ijoN", A_T, g, A_T).reshape(16, o, n)
+    return dm
+
+
+def naive_input_grad(dv, geometry):
+    """dd (N, C, H, W) = B dV B^T added onto each tile of the padded image, cropped."""
+    _, c, n, _ = dv.shape
+    (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
+    _, _, h, w = geometry.image
+    padded = np.zeros((n, c, hp, wp))
+    for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
+        tile = dv[:, :, :, p].reshape(4, 4, c, n)
+        padded[:, :, y0:y0 + 4, x0:x0 + 4] += np.einsum("ri,rsCN,sj->NCij", B_T, tile, B_T)
+    return padded[:, :, ph:ph + h, pw:pw + w]
+
+
+def compiled_transforms(x, m, dy, dv, geometry, bias):
+    """The four compiled transforms over all planes: V, top, dM, dd."""
+    loops = winograd_loops.load()
+    assert loops is not None
+    n, c = geometry.image[:2]
+    o = geometry.num_output
+    th, tw = geometry.tiles
+    zero = x.dtype.type(0)
+    v = np.full(geometry.input_shape(), np.nan, dtype=x.dtype)
+    loops.input_tiles(x, v, 0, n, 0, c, *geometry.pad, th, tw, zero)
+    top = np.full((n, o) + geometry.out_hw, np.nan, dtype=x.dtype)
+    loops.output_tiles(m, top, bias, True, 0, n, 0, o, tw)
+    dm = np.full(geometry.product_shape(), np.nan, dtype=x.dtype)
+    loops.output_grad_tiles(dy, dm, 0, n, 0, o, tw, zero)
+    dd = np.full(x.shape, np.nan, dtype=x.dtype)
+    loops.input_grad_tiles(dv, dd, 0, n, 0, c, *geometry.pad, th, tw, zero)
+    return v, top, dm, dd
+
+
+def transform_inputs(image, pad, dtype, seed=0):
+    geometry = winograd.Geometry(image, pad, 2, 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(image).astype(dtype)
+    m = rng.standard_normal(geometry.product_shape()).astype(dtype)
+    dy = rng.standard_normal((image[0], 2) + geometry.out_hw).astype(dtype)
+    dv = rng.standard_normal((16, image[1], image[0], geometry.per_sample)).astype(dtype)
+    bias = rng.standard_normal(2).astype(dtype)
+    return geometry, (x, m, dy, dv), bias
+
+
+NAIVE = (naive_input, naive_output, naive_output_grad, naive_input_grad)
+
+
+def naive_all(arrays, geometry, bias):
+    x, m, dy, dv = (a.astype(np.float64) for a in arrays)
+    return (naive_input(x, geometry), naive_output(m, geometry, bias.astype(np.float64)),
+            naive_output_grad(dy, geometry), naive_input_grad(dv, geometry))
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_match_naive_numpy_in_float64(image, pad, transforms):
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    geometry, arrays, bias = transform_inputs(image, pad, np.float64)
+    got = compiled_transforms(*arrays, geometry, bias)
+    for name, a, b in zip(("V", "top", "dM", "dd"), got, naive_all(arrays, geometry, bias)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_in_float32_are_within_a_few_ulp(image, pad, transforms,
+                                                             monkeypatch):
+    """float32 against float64 of the same inputs: within 4 float32 ulps of the sum of the
+    terms' magnitudes (the transforms with |B^T|, |A^T| applied to the inputs' |values|)."""
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    geometry, arrays, bias = transform_inputs(image, pad, np.float32, seed=3)
+    got = compiled_transforms(*arrays, geometry, bias)
+    expected = naive_all(arrays, geometry, bias)
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "B_T", np.abs(B_T))
+    monkeypatch.setattr(here, "A_T", np.abs(A_T))
+    magnitudes = naive_all([np.abs(a) for a in arrays], geometry, np.abs(bias))
+    eps = np.finfo(np.float32).eps
+    for name, a, b, scale in zip(("V", "top", "dM", "dd"), got, expected, magnitudes):
+        assert a.dtype == np.float32
+        assert np.all(np.abs(a - b) <= 4 * eps * scale), name
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_on_plane_ranges_fill_only_their_planes(image, pad, transforms):
+    """Split over samples and channels the results are the same bits as one call (the
+    runner's threads call them on disjoint ranges)."""
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    loops = winograd_loops.load()
+    geometry, (x, _, _, dv), _ = transform_inputs(image, pad, np.float32, seed=5)
+    n, c = image[:2]
+    th, tw = geometry.tiles
+    zero = np.float32(0)
+    whole, parts = np.empty(geometry.input_shape(), np.float32), None
+    loops.input_tiles(x, whole, 0, n, 0, c, *pad, th, tw, zero)
+    parts = np.full_like(whole, np.nan)
+    dd_whole, dd_parts = np.empty_like(x), np.full_like(x, np.nan)
+    loops.input_grad_tiles(dv, dd_whole, 0, n, 0, c, *pad, th, tw, zero)
+    for s in range(n):
+        for k in range(c):
+            loops.input_tiles(x, parts, s, s + 1, k, k + 1, *pad, th, tw, zero)
+            loops.input_grad_tiles(dv, dd_parts, s, s + 1, k, k + 1, *pad, th, tw, zero)
+    np.testing.assert_array_equal(parts, whole)
+    np.testing.assert_array_equal(dd_parts, dd_whole)
+
+
+def test_the_gemm_fallback_is_taken_when_numba_cannot_be_imported(transforms):
+    """Without numba the module's passes run on the GEMM transforms (and give the naive
+    results); `load()` says None."""
+    if transforms != "gemm":
+        pytest.skip("the fallback")
+    assert winograd_loops.load() is None
+    geometry, (x, _, dy, _), _ = transform_inputs((2, 3, 7, 6), (1, 2), np.float64)
+    scratch = {}
+
+    def buffers(name, shape):
+        return scratch.setdefault(name, np.full(shape, np.nan))
+
+    v = np.empty(geometry.input_shape())
+    winograd.fill_input(x, geometry, v, buffers)
+    np.testing.assert_allclose(v, naive_input(x, geometry), rtol=0, atol=1e-13)
+    dm = winograd.output_grad(dy, geometry, buffers)
+    np.testing.assert_allclose(dm, naive_output_grad(dy, geometry), rtol=0, atol=1e-13)

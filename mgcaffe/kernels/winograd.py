@@ -127,6 +127,11 @@ def _loops():
     return winograd_loops.load() if COMPILED else None
 
 
+def compiled() -> bool:
+    """Whether the passes run their transforms as compiled loops."""
+    return _loops() is not None
+
+
 def _constant(matrix, dtype):
     return np.asarray(matrix, dtype=dtype)
 

@@ -456,6 +456,13 @@ class Convolution(_ConvolutionBase):
     #: ... and at most this many positions computed per output position kept (odd sizes
     #: compute a partial last tile: 13x13 computes 1.16, 27x27 1.08, 3 x 200 1.33).
     winograd_max_waste = 1.1
+    #: With the transforms as compiled loops (kernels.winograd_loops, numba importable) the
+    #: rule is wider (positions from, below; tiles from; waste): fwd+bwd Winograd / im2col,
+    #: two threads, two runs (load 1.3-1.7): 56x56 conv2/3x3 0.79-0.89, res2a 0.79-0.81;
+    #: 28x28 3a/3b 0.56-0.86, res3a 0.83-0.91; 14x14 4a-4e 0.65-0.87, res4a (196 tiles)
+    #: 0.78-0.92; 13x13 AlexNet conv3-5 (1.16 computed) 0.69-0.86; 7x7 still lost (5a/5b
+    #: 1.08-1.15, res5a 1.15-1.24).
+    winograd_compiled_rule = (169, 3200, 196, 1.2)
     _wino = None
 
     def weight_shape(self):
@@ -546,10 +553,13 @@ class Convolution(_ConvolutionBase):
     def _winograd_rule(self) -> bool:
         """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
         th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
+        low, high, tiles, waste = (self.winograd_compiled_rule if winograd.compiled() else
+                                   (self.winograd_from_positions, self.winograd_below_positions,
+                                    self.winograd_from_tiles, self.winograd_max_waste))
         return (self.channels // self.group >= self.winograd_from_channels
-                and self.winograd_from_positions <= self._spatial < self.winograd_below_positions
-                and self.num * th * tw >= self.winograd_from_tiles
-                and 4 * th * tw <= self.winograd_max_waste * self._spatial)
+                and low <= self._spatial < high
+                and self.num * th * tw >= tiles
+                and 4 * th * tw <= waste * self._spatial)
 
     #: Scratch slots of the Winograd temporaries (by kernels.winograd's names).
     _wino_slots = {"product": 0, "padded": 1, "columns": 4, "tiles": 5}

@@ -267,15 +267,22 @@ def test_rule_takes_28x28_planes_with_enough_channels_and_tiles(body, shape):
 @pytest.mark.parametrize("body,shape,why", [
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 28, 28), "few channels"),
     ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 32, 28, 28), "16 per group"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "128 tiles"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
-    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14), "14x14 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "7x7 plane, 128 tiles"),
     ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 3, 200), "3 rows: 1.33x computed"),
     ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 28, 28), "strided"),
 ])
 def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
     assert not rule_picks(body, shape), why
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14), "14x14 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13), "13x13: 1.16x computed"),
+])
+def test_rule_takes_these_only_with_the_compiled_transforms(body, shape, why, transforms):
+    assert rule_picks(body, shape) == (transforms == "loops"), why
 
 
 # -- the compiled transforms against naive numpy (kernels.winograd_loops) -----------------

@@ -14,6 +14,9 @@ im2col's 9*O*C*N*H*W (2.25x fewer). Backward uses the adjoints: dM = A dY A^T pe
 dU[k] = sum over tiles of dM[k] V[k]^T then dg = G^T dU G, and dV[k] = U[k]^T dM[k] then
 dd = B dV B^T added back onto the overlapping tiles (col2im) and cropped by the pad.
 
+Where numba is importable (COMPILED), the four tile transforms (V, Y, dM and B dV B^T onto
+the image) run as compiled loops per (sample, channel) plane instead (kernels.winograd_loops:
+one pass from the cache, no tile columns, padded copy or crop); otherwise, as follows.
 Each transform is itself a small GEMM: the 4x4 input tiles come from im2col (kernel 4,
 stride 2) on the padded image, V = kron(B^T, B^T) (16 x 16) times each channel's 16 tile
 rows, Y = kron(A^T, A^T) (4 x 16) times M, U = kron(G, G) (16 x 9) times the weight; the

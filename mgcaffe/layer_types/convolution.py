@@ -552,12 +552,13 @@ class Convolution(_ConvolutionBase):
 
     def _winograd_rule(self) -> bool:
         """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
+        if self.channels // self.group < self.winograd_from_channels:
+            return False  # asked first: only layers that might take the path import numba
         th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
         low, high, tiles, waste = (self.winograd_compiled_rule if winograd.compiled() else
                                    (self.winograd_from_positions, self.winograd_below_positions,
                                     self.winograd_from_tiles, self.winograd_max_waste))
-        return (self.channels // self.group >= self.winograd_from_channels
-                and low <= self._spatial < high
+        return (low <= self._spatial < high
                 and self.num * th * tw >= tiles
                 and 4 * th * tw <= waste * self._spatial)
 

@@ -8,11 +8,15 @@ with a scratch and an add). `--compare split`: before runs the per-sample GEMMs 
 multi-threaded BLAS call each (kernels.sample_gemm off). `--compare shift`: the stride-1
 kxk layers of the benchmark nets on the im2col paths (before) and forced onto the shifted
 GEMMs (after, kernels.shift_conv); `--compare stack`: shifted GEMMs one per kernel offset
-(before) against the width offsets stacked into one reduction (after). The two run in alternation,
+(before) against the width offsets stacked into one reduction (after). `--compare
+winograd`: the 3x3 stride-1 layers of GoogleNet, AlexNet and ResNet-50 on the im2col paths
+(before) and forced onto Winograd F(2x2, 3x3) (after, kernels.winograd); `--compare
+winograd-loops`: Winograd with its transforms as GEMMs (before) and as compiled loops
+(after, kernels.winograd_loops). The two run in alternation,
 repetition by repetition, so a change in the machine's load hits both; the best of R is
 printed. `--busy K` keeps K single-threaded busy-loop processes running meanwhile (a loaded
 node). Usage: python benchmarks/bench_conv_paths.py [--repeats R] [--only 1x1|kxk]
-[--compare direct|split|shift|stack] [--busy K].
+[--compare direct|split|shift|stack|winograd|winograd-loops] [--busy K].
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: pa
 from bench_layers import build  # noqa: E402 - same folder
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
+from mgcaffe.kernels import winograd  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 
 # name, parameter body, bottom shape (without batch), batch
@@ -84,12 +89,47 @@ SHIFTED = [
      (256, 14, 14), 4),
     ("res5a_branch2b 3x3 512->512 @7", "num_output: 512 kernel_size: 3 pad: 1", (512, 7, 7), 4),
 ]
+# The 3x3 stride-1 layers of GoogleNet (batch 8), AlexNet (batch 8), ResNet-50 (batch 4).
+WINOGRAD = [
+    ("conv2/3x3 64->192 @56", "num_output: 192 kernel_size: 3 pad: 1", (64, 56, 56), 8),
+    ("inception_3a/3x3 96->128 @28", "num_output: 128 kernel_size: 3 pad: 1", (96, 28, 28), 8),
+    ("inception_3b/3x3 128->192 @28", "num_output: 192 kernel_size: 3 pad: 1", (128, 28, 28), 8),
+    ("inception_4a/3x3 96->208 @14", "num_output: 208 kernel_size: 3 pad: 1", (96, 14, 14), 8),
+    ("inception_4b/3x3 112->224 @14", "num_output: 224 kernel_size: 3 pad: 1",
+     (112, 14, 14), 8),
+    ("inception_4c/3x3 128->256 @14", "num_output: 256 kernel_size: 3 pad: 1",
+     (128, 14, 14), 8),
+    ("inception_4d/3x3 144->288 @14", "num_output: 288 kernel_size: 3 pad: 1",
+     (144, 14, 14), 8),
+    ("inception_4e/3x3 160->320 @14", "num_output: 320 kernel_size: 3 pad: 1",
+     (160, 14, 14), 8),
+    ("inception_5a/3x3 160->320 @7", "num_output: 320 kernel_size: 3 pad: 1", (160, 7, 7), 8),
+    ("inception_5b/3x3 192->384 @7", "num_output: 384 kernel_size: 3 pad: 1", (192, 7, 7), 8),
+    ("AlexNet conv3 3x3 256->384 @13", "num_output: 384 kernel_size: 3 pad: 1",
+     (256, 13, 13), 8),
+    ("AlexNet conv4 3x3 g2 384->384 @13", "num_output: 384 kernel_size: 3 pad: 1 group: 2",
+     (384, 13, 13), 8),
+    ("AlexNet conv5 3x3 g2 384->256 @13", "num_output: 256 kernel_size: 3 pad: 1 group: 2",
+     (384, 13, 13), 8),
+    ("res2a_branch2b 3x3 64->64 @56", "num_output: 64 kernel_size: 3 pad: 1", (64, 56, 56), 4),
+    ("res3a_branch2b 3x3 128->128 @28", "num_output: 128 kernel_size: 3 pad: 1",
+     (128, 28, 28), 4),
+    ("res4a_branch2b 3x3 256->256 @14", "num_output: 256 kernel_size: 3 pad: 1",
+     (256, 14, 14), 4),
+    ("res5a_branch2b 3x3 512->512 @7", "num_output: 512 kernel_size: 3 pad: 1", (512, 7, 7), 4),
+]
 BEFORE = {"direct": {"direct_from": 10**9, "weight_diff_in_gemm": False},
           "split": {"split_sample_gemms": False},
           "shift": {"shift_gemm": False},
-          "stack": {"shift_gemm": True, "shift_stack": False}}
+          "stack": {"shift_gemm": True, "shift_stack": False},
+          "winograd": {"winograd": False},
+          "winograd-loops": {"winograd": True}}
 #: The "after" side for each comparison ({}: the defaults).
-AFTER = {"shift": {"shift_gemm": True}, "stack": {"shift_gemm": True, "shift_stack": True}}
+AFTER = {"shift": {"shift_gemm": True}, "stack": {"shift_gemm": True, "shift_stack": True},
+         "winograd": {"winograd": True}, "winograd-loops": {"winograd": True}}
+#: kernels.winograd's COMPILED (the transforms as compiled loops) before and after, where a
+#: comparison sets it.
+COMPILED = {"winograd-loops": (False, True)}
 
 
 def build_with(settings: dict, body: str, shape, batch: int):
@@ -119,6 +159,7 @@ def main(argv=None) -> None:
                         help="busy-loop processes to run meanwhile (default 0)")
     args = parser.parse_args(argv)
     default = SHIFTED if args.compare in ("shift", "stack") else POINTWISE + SPATIAL
+    default = WINOGRAD if args.compare.startswith("winograd") else default
     cases = {"1x1": POINTWISE, "kxk": SPATIAL, "shifted": SHIFTED}.get(args.only, default)
     cases = [case for case in cases if args.match in case[0]]
     with BusyLoad(args.busy):
@@ -136,6 +177,7 @@ def run(cases, before: dict, after: dict, args) -> None:
         best = [[float("inf")] * 2 for _ in pair]
         for repeat in range(args.repeats + 1):  # the first pass is a warm-up
             for k, (layer, bottom, top) in enumerate(pair):
+                winograd.COMPILED = COMPILED.get(args.compare, (True, True))[k]
                 start = time.perf_counter()
                 layer.forward(bottom, top)
                 middle = time.perf_counter()

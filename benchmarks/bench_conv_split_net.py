@@ -4,7 +4,9 @@
 not (`Convolution.split_sample_gemms`, kernels.sample_gemm). `--compare shift`: the
 shifted-GEMM path (`Convolution.shift_gemm`, kernels.shift_conv) never (before) or by its
 rule (after), the net reshaped at each switch. `--compare keep`: the shifted layers keep
-their stacked input for backward (before) or rebuild it there (after). Builds each net
+their stacked input for backward (before) or rebuild it there (after). `--compare
+winograd`: the Winograd path (`Convolution.winograd`, kernels.winograd) never (before) or
+by its rule (after). Builds each net
 once (random input of the benchmark batch) and times forward + backward passes (as
 `mgcaffe time`: every layer's backward, parameter diffs cleared before each pass),
 switching pass by pass, so that a change in the machine's load hits both ways. Prints the
@@ -12,7 +14,7 @@ best and the median pass of each way, their ratio, and the conv+ip GEMM rate of 
 median pass beside numpy's matmul rate measured in the same run. `--rss`: each way also
 once in a fresh process (two passes), its peak RSS. `--busy K` keeps K busy-loop
 processes running meanwhile. Usage: python benchmarks/bench_conv_split_net.py
-[--nets alexnet,googlenet,resnet50] [--compare split|shift|keep] [--passes P] [--busy K]
+[--nets alexnet,googlenet,resnet50] [--compare split|shift|keep|winograd] [--passes P] [--busy K]
 [--same] [--rss]
 """
 
@@ -52,7 +54,7 @@ NETS = {
 }
 #: Per comparison: the Convolution class attribute switched, its "before" and "after" values.
 SWITCHES = {"split": ("split_sample_gemms", False, True), "shift": ("shift_gemm", False, None),
-            "keep": ("shift_keep_input", True, False)}
+            "keep": ("shift_keep_input", True, False), "winograd": ("winograd", False, None)}
 
 
 def build(name: str) -> Net:
@@ -76,7 +78,7 @@ def set_way(net, compare: str, after: bool) -> None:
     """Switch the compared attribute (and, for shift, reshape: the layers choose there)."""
     attribute, off, on = SWITCHES[compare]
     setattr(Convolution, attribute, on if after else off)
-    if compare in ("shift", "keep"):
+    if compare in ("shift", "keep", "winograd"):
         net.reshape()
 
 

@@ -15,7 +15,9 @@ code in convolution_nd.py. Memory: each layer keeps, per bottom, the columns (Co
 the transposed input (Deconvolution) of its last forward, so backward needs no second im2col;
 that is N times the single-image buffer Caffe keeps. Stride-1 kxk convolutions where it
 measures faster run as shifted GEMMs on the padded input instead (kernels.shift_conv): no
-column matrix; they keep kw copies of the padded input.
+column matrix; they keep kw copies of the padded input. 3x3 stride-1 convolutions that
+the rule picks run as Winograd F(2x2, 3x3) (kernels.winograd) and keep their transformed
+input, 4x the input.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, im2col, shift_conv
+from ..kernels import col2im, conv_output_size, im2col, shift_conv, winograd
 from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
@@ -376,7 +378,8 @@ class Convolution(_ConvolutionBase):
     kernels.sample_gemm). "shifted" (`shift_gemm`, stride 1, mid-size planes with at least
     32 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
     padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
-    the runner's threads.
+    the runner's threads. "Winograd" (`winograd`, 3x3, stride 1, dilation 1): F(2x2, 3x3)
+    on 4x4 input tiles (kernels.winograd), 16 GEMMs with 2.25x fewer multiplications.
     """
 
     type = "Convolution"
@@ -427,6 +430,40 @@ class Convolution(_ConvolutionBase):
     #: Keep the stacked input from forward to backward (kw copies of the padded input per
     #: layer); off: a per-call scratch, rebuilt from the bottom in backward.
     shift_keep_input = True
+    #: Winograd F(2x2, 3x3) (kernels.winograd) for 3x3, stride-1, dilation-1 kernels: None
+    #: by the rule below, True forced where the geometry allows, False never; numpy only.
+    #: It keeps the transformed input, 16/4 = 4x the input (im2col's columns: 9x).
+    winograd = None
+    #: The rule (bench_conv_paths.py --compare winograd, fwd+bwd Winograd / im2col, one
+    #: thread and two, five runs on a 2-core machine with other work running): at least
+    #: this many input channels per group (the benchmark nets' 3x3 layers all have >= 64;
+    #: few channels make short GEMM reductions) ...
+    winograd_from_channels = 32
+    #: ... with output positions per sample from `winograd_from_positions` to below
+    #: `winograd_below_positions`: 28x28 planes about tied on a quiet machine and won with
+    #: other processes running (quiet: GoogleNet 3a/3x3 0.94-1.28, 3b/3x3 0.77-1.09,
+    #: ResNet-50 res3a_branch2b 0.80-0.98; loaded 0.63-0.98); 56x56 planes take the
+    #: per-sample im2col layout and tied either way (conv2/3x3 0.78-1.08, res2a_branch2b
+    #: 0.92-1.19); 14x14 and 13x13 planes lost on a quiet machine (GoogleNet 4a-4e
+    #: 1.10-1.40, AlexNet conv3-5 1.11-1.28, ResNet-50 res4a_branch2b 1.00-1.13) though they
+    #: won under load (0.58-0.86); 7x7 lost (5a/5b 1.5-1.9, res5a_branch2b 1.5-1.9: the
+    #: weight's transforms do not shrink with the plane).
+    winograd_from_positions = 512
+    winograd_below_positions = 2048
+    #: ... at least this many 2x2 tiles in the batch (the weight's transforms, forward and
+    #: backward, cost the same at any batch size) ...
+    winograd_from_tiles = 256
+    #: ... and at most this many positions computed per output position kept (odd sizes
+    #: compute a partial last tile: 13x13 computes 1.16, 27x27 1.08, 3 x 200 1.33).
+    winograd_max_waste = 1.1
+    #: With the transforms as compiled loops (kernels.winograd_loops, numba importable) the
+    #: rule is wider (positions from, below; tiles from; waste): fwd+bwd Winograd / im2col,
+    #: two threads, two runs (load 1.3-1.7): 56x56 conv2/3x3 0.79-0.89, res2a 0.79-0.81;
+    #: 28x28 3a/3b 0.56-0.86, res3a 0.83-0.91; 14x14 4a-4e 0.65-0.87, res4a (196 tiles)
+    #: 0.78-0.92; 13x13 AlexNet conv3-5 (1.16 computed) 0.69-0.86; 7x7 still lost (5a/5b
+    #: 1.08-1.15, res5a 1.15-1.24).
+    winograd_compiled_rule = (169, 3200, 196, 1.2)
+    _wino = None
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group) + self.kernel
@@ -441,6 +478,8 @@ class Convolution(_ConvolutionBase):
             return
         self._spatial = self.out_hw[0] * self.out_hw[1]
         self._image_shape = (self.num, self.channels) + self.in_hw
+        if self._reshape_winograd(len(bottom)):
+            return
         self._shift = self._shift_geometry()
         # The other path's kept arrays go (a reshape can switch paths).
         self.drop_buffers("columns" if self._shift is not None else "shift_input")
@@ -481,6 +520,94 @@ class Convolution(_ConvolutionBase):
                       for i in range(len(bottom))]
         self._cols_hold_input = [False] * len(bottom)
         self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def _reshape_winograd(self, bottoms: int) -> bool:
+        """Take the Winograd path where `_winograd_geometry` says so (True), freeing the other
+        paths' kept arrays; else free its own."""
+        self._wino = self._winograd_geometry()
+        if self._wino is None:
+            self.drop_buffers("winograd_input")
+            return False
+        self.drop_buffers("columns")
+        self.drop_buffers("shift_input")
+        self._shift, self._direct = None, False
+        # V of each bottom, kept for backward's weight gradient (then it takes dV).
+        self._wino_inputs = [self.buffer(f"winograd_input{i}", self._wino.input_shape())
+                             for i in range(bottoms)]
+        self._wino_hold_input = [False] * bottoms
+        return True
+
+    def _winograd_geometry(self):
+        """The Winograd F(2x2, 3x3) layout (kernels.winograd) where this layer runs it, else
+        None: `winograd` True forces it (3x3, stride 1, dilation 1 only), False never; None by
+        the rule, unless the shifted GEMMs were opted into."""
+        if self.xp is not np or self.winograd is False or \
+                not winograd.applies(self.kernel, self.stride, self.dilation):
+            return None
+        geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group)
+        # The rule yields to a shifted-GEMM path the user opted into (shift_gemm None/True).
+        if self.winograd or (self.shift_gemm is False and self._winograd_rule()):
+            return geometry
+        return None
+
+    def _winograd_rule(self) -> bool:
+        """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""
+        if self.channels // self.group < self.winograd_from_channels:
+            return False  # asked first: only layers that might take the path import numba
+        th, tw = -(-self.out_hw[0] // 2), -(-self.out_hw[1] // 2)
+        low, high, tiles, waste = (self.winograd_compiled_rule if winograd.compiled() else
+                                   (self.winograd_from_positions, self.winograd_below_positions,
+                                    self.winograd_from_tiles, self.winograd_max_waste))
+        return (low <= self._spatial < high
+                and self.num * th * tw >= tiles
+                and 4 * th * tw <= waste * self._spatial)
+
+    #: Scratch slots of the Winograd temporaries (by kernels.winograd's names).
+    _wino_slots = {"product": 0, "padded": 1, "columns": 4, "tiles": 5}
+
+    def _wino_buffer(self, name, shape):
+        return self.scratch(self._wino_slots[name], shape)
+
+    def _forward_winograd(self, bottom, top):
+        """top = A^T [(G g G^T) (x) (B^T d B)] A per 2x2 output tile (+ bias)."""
+        g, runner = self._wino, self.ctx.chunk_runner
+        u = winograd.transform_weight(self.blobs[0].data, self.scratch(3, g.weight_shape()))
+        bias = self.blobs[1].data if self.bias_term else None
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            winograd.forward(b.data.reshape(self._image_shape), u, g, self._wino_inputs[i],
+                             self._wino_buffer, t.data.reshape((self.num, self.num_output)
+                                                               + self.out_hw), bias, runner)
+            self._wino_hold_input[i] = True
+
+    def _backward_winograd(self, top, propagate_down, bottom):
+        """Weight gradient from the V forward kept (rebuilt after a backward took it for
+        dV), input gradient through U^T; the adjoint transforms (kernels.winograd)."""
+        g, runner = self._wino, self.ctx.chunk_runner
+        weight = self.blobs[0]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
+            top_diff = t.diff.reshape((self.num, self.num_output) + self.out_hw)
+            if want_bias:
+                self.add_bias_diff(top_diff.reshape(self.num, self.num_output, -1))
+            if not (want_weight or down):
+                continue
+            dm = winograd.output_grad(top_diff, g, self._wino_buffer, runner)
+            v = self._wino_inputs[i]
+            if want_weight:
+                if not self._wino_hold_input[i]:
+                    winograd.fill_input(b.data.reshape(self._image_shape), g, v,
+                                          self._wino_buffer, runner)
+                    self._wino_hold_input[i] = True
+                du = winograd.transformed_weight_grad(dm, v, g, self.scratch(2, g.weight_shape()),
+                                                      runner)
+                diff, overwrite = weight.diff_for_write()
+                winograd.weight_grad(du, diff.reshape(weight.shape), overwrite)
+            if down:
+                u = winograd.transform_weight(weight.data, self.scratch(3, g.weight_shape()))
+                self._wino_hold_input[i] = False  # V's memory takes the tile gradients
+                winograd.input_grad(dm, u, g, v, self._wino_buffer,
+                                    b.diff.reshape(self._image_shape), runner)
 
     def _shift_geometry(self):
         """The shifted-GEMM layout (kernels.shift_conv) where this layer runs it, else None:
@@ -597,6 +724,8 @@ class Convolution(_ConvolutionBase):
     def forward(self, bottom, top):
         if self.nd:
             return convolution_nd.conv_forward(self, bottom, top)
+        if self._wino is not None:
+            return self._forward_winograd(bottom, top)
         if self._shift is not None:
             return self._forward_shift(bottom, top)
         if self._direct:
@@ -620,6 +749,8 @@ class Convolution(_ConvolutionBase):
     def backward(self, top, propagate_down, bottom):
         if self.nd:
             return convolution_nd.conv_backward(self, top, propagate_down, bottom)
+        if self._wino is not None:
+            return self._backward_winograd(top, propagate_down, bottom)
         if self._shift is not None:
             return self._backward_shift(top, propagate_down, bottom)
         if self._direct:

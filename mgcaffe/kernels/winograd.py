@@ -1,0 +1,406 @@
+"""Winograd F(2x2, 3x3) convolution for 3x3, stride-1, dilation-1 kernels (any pad, groups).
+
+The output is cut into 2x2 tiles; each needs a 4x4 input tile (tiles overlap by 2 rows and
+columns, zero padding past the edges; an odd output size leaves a partial last tile whose
+extra row or column is computed and dropped). With B^T, G, A^T the F(2x2, 3x3) matrices:
+
+    U = G g G^T            the weight, 4x4 per (output, input) channel pair
+    V = B^T d B            each input tile, 4x4 per channel
+    M[k] = U[k] @ V[k]     for each of the 16 tile positions k: (O x C) @ (C x tiles)
+    Y = A^T M A            each 2x2 output tile
+
+so the multiplications are 16 GEMMs with 16*O*C*tiles = 4*O*C*N*H*W multiply-adds against
+im2col's 9*O*C*N*H*W (2.25x fewer). Backward uses the adjoints: dM = A dY A^T per tile,
+dU[k] = sum over tiles of dM[k] V[k]^T then dg = G^T dU G, and dV[k] = U[k]^T dM[k] then
+dd = B dV B^T added back onto the overlapping tiles (col2im) and cropped by the pad.
+
+Where numba is importable (COMPILED), the four tile transforms (V, Y, dM and B dV B^T onto
+the image) run as compiled loops per (sample, channel) plane instead (kernels.winograd_loops:
+one pass from the cache, no tile columns, padded copy or crop); otherwise, as follows.
+Each transform is itself a small GEMM: the 4x4 input tiles come from im2col (kernel 4,
+stride 2) on the padded image, V = kron(B^T, B^T) (16 x 16) times each channel's 16 tile
+rows, Y = kron(A^T, A^T) (4 x 16) times M, U = kron(G, G) (16 x 9) times the weight; the
+adjoints use the transposes and col2im. numpy's element-wise operations over the strided
+tile views ran 3-5x slower than these BLAS calls on the same data (measured on GoogleNet's
+conv2/3x3).
+
+Layouts (P = tiles_h * tiles_w tiles per sample, ordered tile row then column): V kept
+for backward (C, 16, N, P) (4x the input for even sizes; im2col's columns are 9x); the
+per-call temporaries M and dM (16, O, N, P), Y and the gathered dY tiles (4, O, N, P), the
+tile columns (N, C*16, P), the padded image (N, C, Hp, Wp). The input transform runs sample
+by sample, the output transforms over blocks of output channels, the 16 * group GEMMs of a
+pass one per task (the weight gradient's each a single GEMM over all the batch's tiles),
+all handed to the runner's threads with one BLAS thread each (kernels.sample_gemm), so the
+results do not depend on the thread count. Forward on large planes runs whole samples
+instead (PER_SAMPLE_FROM), each sample's M used while it is in the cache.
+
+Rounding: the transforms add and subtract up to 16 (input), 9 (output) and 9 (weight, in
+halves and quarters) terms, so float32 results differ from a direct convolution's by a few
+units in the last place of the largest terms (tests bound it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import winograd_loops
+from .gemm import gemm_accumulate
+from .im2col import col2im, im2col
+from .sample_gemm import for_each_gemm
+
+#: The F(2x2, 3x3) matrices: input B^T (4x4), weight G (4x3), output A^T (2x4).
+BT = np.array([[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, -1.0, 1.0, 0.0],
+               [0.0, 1.0, 0.0, -1.0]])
+G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+AT = np.array([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]])
+#: The same as matrices on flattened tiles: tile[4i + j] (row-major), e.g.
+#: U[4i + j] = sum over (r, s) of G[i, r] G[j, s] g[3r + s].
+KRON_IN = np.kron(BT, BT)      # 16 x 16
+KRON_WEIGHT = np.kron(G, G)    # 16 x 9
+KRON_OUT = np.kron(AT, AT)     # 4 x 16
+
+
+def applies(kernel, stride, dilation) -> bool:
+    """Whether a 2-D convolution's geometry is one this module computes."""
+    return tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One Winograd layer: image (N, C, H, W), pad (ph, pw), O outputs, groups."""
+
+    image: tuple
+    pad: tuple
+    num_output: int
+    group: int
+
+    @property
+    def out_hw(self):
+        _, _, h, w = self.image
+        return h + 2 * self.pad[0] - 2, w + 2 * self.pad[1] - 2
+
+    @property
+    def tiles(self):
+        """(tiles_h, tiles_w): 2x2 output tiles per sample, the last partial on odd sizes."""
+        ho, wo = self.out_hw
+        return -(-ho // 2), -(-wo // 2)
+
+    @property
+    def per_sample(self):
+        """P: tiles per sample."""
+        th, tw = self.tiles
+        return th * tw
+
+    @property
+    def padded(self):
+        """(N, C, Hp, Wp): the zero-padded image the tiles read (H + 2*pad, plus one row or
+        column where the output size is odd)."""
+        th, tw = self.tiles
+        return self.image[:2] + (2 * th + 2, 2 * tw + 2)
+
+    def input_shape(self):
+        """V, kept from forward to backward: (C, 16, N, P)."""
+        return (self.image[1], 16, self.image[0], self.per_sample)
+
+    def columns_shape(self):
+        """The tile columns (and dV): (N, C*16, P)."""
+        return (self.image[0], self.image[1] * 16, self.per_sample)
+
+    def product_shape(self):
+        """M and dM: (16, O, N, P)."""
+        return (16, self.num_output, self.image[0], self.per_sample)
+
+    def output_tiles_shape(self):
+        """Y and the gathered dY tiles: (4, O, N, P)."""
+        return (4, self.num_output, self.image[0], self.per_sample)
+
+    def weight_shape(self):
+        """U and dU: (16, O, C/group)."""
+        return (16, self.num_output, self.image[1] // self.group)
+
+
+#: The tile transforms as compiled loops (kernels.winograd_loops) where numba is importable
+#: (True), else, or with False, as the GEMMs over im2col/col2im tile columns below.
+COMPILED = True
+
+
+def _loops():
+    return winograd_loops.load() if COMPILED else None
+
+
+def compiled() -> bool:
+    """Whether the passes run their transforms as compiled loops."""
+    return _loops() is not None
+
+
+def _constant(matrix, dtype):
+    return np.asarray(matrix, dtype=dtype)
+
+
+# -- weight ------------------------------------------------------------------------------
+def transform_weight(weight, out):
+    """out (16, O, C/group) = G g G^T for each (o, c) of weight (O, C/group, 3, 3)."""
+    o, c = weight.shape[:2]
+    np.matmul(_constant(KRON_WEIGHT, weight.dtype), weight.reshape(o * c, 9).T,
+              out=out.reshape(16, o * c))
+    return out
+
+
+def weight_grad(du, out, overwrite: bool):
+    """out (O, C/group, 3, 3) (+)= G^T dU G for dU (16, O, C/group): transform_weight's
+    adjoint; `overwrite` for a lazily cleared diff, else accumulated (as Caffe does)."""
+    o, c = du.shape[1:]
+    grad = out.reshape(o * c, 9)
+    gemm_accumulate(du.reshape(16, o * c).T, _constant(KRON_WEIGHT, du.dtype), grad, None,
+                    overwrite)
+
+
+# -- per-sample stages ---------------------------------------------------------------------
+def _pad_sample(image, geometry, padded, s):
+    """padded[s] = image[s] with the zero border (pad, plus the odd-size extra row/col)."""
+    _, _, h, w = geometry.image
+    ph, pw = geometry.pad
+    target = padded[s]
+    target[:, :ph] = 0
+    target[:, ph + h:] = 0
+    target[:, ph:ph + h, :pw] = 0
+    target[:, ph:ph + h, pw + w:] = 0
+    target[:, ph:ph + h, pw:pw + w] = image[s]
+
+
+def _input_sample(image, geometry, padded, columns, v, s):
+    """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2
+    tiles)."""
+    c = geometry.image[1]
+    loops = _loops()
+    if loops is not None:
+        loops.input_tiles(image, v, s, s + 1, 0, c, *geometry.pad, *geometry.tiles,
+                          image.dtype.type(0))
+        return
+    _pad_sample(image, geometry, padded, s)
+    im2col(padded[s:s + 1], (4, 4), (0, 0), (2, 2), (1, 1), out=columns[s])
+    np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[:, :, s])
+
+
+def _put_output(y, geometry, top, bias):
+    """top (N, O', Ho, Wo) = the 2x2 tiles y (4, O', N, P), cropped (+ bias (O', 1, 1))."""
+    ho, wo = geometry.out_hw
+    th, tw = geometry.tiles
+    o, n = y.shape[1:3]
+    for a in range(2):
+        for b in range(2):
+            rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
+            source = y[2 * a + b].reshape(o, n, th, tw)[:, :, :rows, :cols]
+            source = source.transpose(1, 0, 2, 3)
+            target = top[:, :, a::2, b::2]
+            if bias is None:
+                target[...] = source
+            else:
+                np.add(source, bias, out=target)
+
+
+def _gather_output_grad(dy, geometry, tiles):
+    """tiles (4, O', N, P) = dy (N, O', Ho, Wo) as 2x2 tiles, zero past the output's edge."""
+    ho, wo = geometry.out_hw
+    th, tw = geometry.tiles
+    o, n = tiles.shape[1:3]
+    for a in range(2):
+        for b in range(2):
+            rows, cols = (ho - a + 1) // 2, (wo - b + 1) // 2
+            target = tiles[2 * a + b].reshape(o, n, th, tw)
+            target[:, :, :rows, :cols] = dy[:, :, a::2, b::2].transpose(1, 0, 2, 3)
+            target[:, :, rows:] = 0
+            target[:, :, :rows, cols:] = 0
+
+
+# -- the passes ----------------------------------------------------------------------------
+def _gemm_tasks(geometry):
+    """(k, group) for each of the 16 * group GEMMs of a pass."""
+    return [divmod(task, geometry.group) for task in range(16 * geometry.group)]
+
+
+#: The 16 * group GEMMs of a whole-batch pass: split over the runner's threads, one BLAS
+#: thread each (True), or one after another on the BLAS's own threads (False). Measured
+#: (2 cores, fwd+bwd of one layer, split / BLAS threads): 0.9-1.25 while the machine was
+#: quiet, but with other processes running the BLAS's threads stalled (inception_3a/3x3
+#: 322 ms against 83 split; 14x14 layers 140-150 ms against 25-40).
+SPLIT_GEMMS = True
+
+
+def _sixteen_gemms(geometry, body, runner):
+    count = 16 * geometry.group
+    if SPLIT_GEMMS:
+        for_each_gemm(np, count, body, runner)
+    else:
+        body(0, count)
+
+
+def _by_output(count, body, runner):
+    """body(start, stop) over output-channel chunks on the runner (one BLAS thread each)."""
+    for_each_gemm(np, count, body, runner, grain=max(1, -(-count // 8)))
+
+
+#: Forward runs sample by sample from this many tiles per sample (56x56 planes: 784), else
+#: as 16 whole-batch GEMMs: GEMMs of 49 columns (14x14) ran slower than of 392 (batch 8).
+PER_SAMPLE_FROM = 256
+
+
+def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
+    """top (N, O, Ho, Wo) = the convolution of image (N, C, H, W) by the transformed weight
+    u (16, O, C/group) (+ bias (O,)); fills v (C, 16, N, P) for backward. `buffers(name,
+    shape)` gives the temporaries ("padded", "columns", "product", "tiles")."""
+    if geometry.per_sample >= PER_SAMPLE_FROM:
+        _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner)
+        return
+    fill_input(image, geometry, v, buffers, runner)
+    m = buffers("product", geometry.product_shape())
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    vk = v.reshape(v.shape[0], 16, -1)                      # (C, 16, N*P)
+    mk = m.reshape(16, geometry.num_output, -1)            # (16, O, N*P)
+
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(u[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k],
+                            mk[k, j * og:(j + 1) * og], None, True)
+
+    _sixteen_gemms(geometry, gemms, runner)
+    y = buffers("tiles", geometry.output_tiles_shape())
+    kron_out = _constant(KRON_OUT, image.dtype)
+
+    loops = _loops()
+
+    def outputs(start, stop):
+        if loops is not None:
+            loops.output_tiles(m, top, bias if bias is not None else m[0, 0, 0],
+                               bias is not None, 0, geometry.image[0], start, stop,
+                               geometry.tiles[1])
+            return
+        np.matmul(kron_out, mk[:, start:stop].reshape(16, -1),
+                  out=y[:, start:stop].reshape(4, -1))
+        _put_output(y[:, start:stop], geometry, top[:, start:stop],
+                    None if bias is None else bias[start:stop, None, None])
+
+    _by_output(geometry.num_output, outputs, runner)
+
+
+def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
+    """forward sample by sample (each on one runner thread): V, the 16 GEMMs, the output
+    transform and the crop, so that each sample's M is still in the cache when it is
+    transformed (on conv2/3x3 whole-batch GEMMs and then one output transform over all of M
+    took 1.35x as long)."""
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
+    n, o, p = geometry.image[0], geometry.num_output, geometry.per_sample
+    g = geometry.group
+    m = buffers("product", geometry.product_shape()).reshape(n, 16, o, p)
+    y = buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
+    ug = u.reshape(16, g, o // g, u.shape[2])
+    kron_out = _constant(KRON_OUT, image.dtype)
+    bias3 = None if bias is None else bias[:, None, None]
+    loops = _loops()
+    m4 = m.transpose(1, 2, 0, 3)                                    # (16, O, N, P) view
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            _input_sample(image, geometry, padded, columns, v, s)
+            vs = v[:, :, s].transpose(1, 0, 2)                     # (16, C, P)
+            np.matmul(ug, vs.reshape(16, g, -1, p), out=m[s].reshape(16, g, -1, p))
+            if loops is not None:
+                loops.output_tiles(m4, top, bias if bias is not None else m4[0, 0, 0],
+                                   bias is not None, s, s + 1, 0, o, geometry.tiles[1])
+                continue
+            np.matmul(kron_out, m[s].reshape(16, -1), out=y[s].reshape(4, -1))
+            _put_output(y[s][:, :, None], geometry, top[s:s + 1], bias3)
+
+    for_each_gemm(np, n, samples, runner)
+
+
+def fill_input(image, geometry, v, buffers, runner=None):
+    """v (C, 16, N, P) = B^T d B for every tile of image (kept for backward)."""
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
+
+    def samples(start, stop):
+        for s in range(start, stop):
+            _input_sample(image, geometry, padded, columns, v, s)
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
+
+
+def output_grad(dy, geometry, buffers, runner=None):
+    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
+    tiles = buffers("tiles", geometry.output_tiles_shape())
+    dm = buffers("product", geometry.product_shape())
+    kron_out_t = _constant(KRON_OUT, dy.dtype).T
+    mk = dm.reshape(16, geometry.num_output, -1)
+
+    loops = _loops()
+
+    def outputs(start, stop):
+        if loops is not None:
+            loops.output_grad_tiles(dy, dm, 0, geometry.image[0], start, stop,
+                                    geometry.tiles[1], dy.dtype.type(0))
+            return
+        _gather_output_grad(dy[:, start:stop], geometry, tiles[:, start:stop])
+        np.matmul(kron_out_t, tiles[:, start:stop].reshape(4, -1),
+                  out=mk[:, start:stop].reshape(16, -1))
+
+    _by_output(geometry.num_output, outputs, runner)
+    return dm
+
+
+def transformed_weight_grad(dm, v, geometry, du, runner=None):
+    """du (16, O, C/group) = dM[k] @ V[:, k]^T over all the tiles of the batch, per tile
+    position k and group: one GEMM per (k, group), each on one BLAS thread."""
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    vk = v.reshape(v.shape[0], 16, -1)
+    mk = dm.reshape(16, geometry.num_output, -1)
+
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(mk[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k].T,
+                            du[k, j * og:(j + 1) * og], None, True)
+
+    _sixteen_gemms(geometry, gemms, runner)
+    return du
+
+
+def input_grad(dm, u, geometry, v, buffers, out, runner=None):
+    """out (N, C, H, W) = the input gradient from dM and u (overwritten); v's memory takes
+    dV (16, C, N, P) on the way (its V is lost)."""
+    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    c = geometry.image[1]
+    mk = dm.reshape(16, geometry.num_output, -1)
+    dv = v.reshape(16, c, -1)
+
+    def gemms(start, stop):
+        for k, j in _gemm_tasks(geometry)[start:stop]:
+            gemm_accumulate(u[k, j * og:(j + 1) * og].T, mk[k, j * og:(j + 1) * og],
+                            dv[k, j * cg:(j + 1) * cg], None, True)
+
+    _sixteen_gemms(geometry, gemms, runner)
+    padded = buffers("padded", geometry.padded)
+    columns = buffers("columns", geometry.columns_shape())
+    _, _, h, w = geometry.image
+    ph, pw = geometry.pad
+    kron_in_t = _constant(KRON_IN, dm.dtype).T
+    dv4 = v.reshape(16, c, geometry.image[0], -1)
+    loops = _loops()
+
+    def samples(start, stop):
+        if loops is not None:
+            loops.input_grad_tiles(dv4, out, start, stop, 0, c, ph, pw, *geometry.tiles,
+                                   out.dtype.type(0))
+            return
+        for s in range(start, stop):
+            # Per channel the 16 tile rows d = B dV B^T, in im2col's layout, then col2im.
+            np.matmul(kron_in_t, dv4[:, :, s].transpose(1, 0, 2),
+                      out=columns[s].reshape(c, 16, -1))
+            col2im(columns[s], (1,) + geometry.padded[1:], (4, 4), (0, 0), (2, 2), (1, 1),
+                   out=padded[s:s + 1])
+            out[s] = padded[s, :, ph:ph + h, pw:pw + w]
+
+    for_each_gemm(np, geometry.image[0], samples, runner)
+    return out

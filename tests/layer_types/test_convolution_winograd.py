@@ -1,0 +1,462 @@
+"""Convolution's Winograd F(2x2, 3x3) path (kernels.winograd): forward and every gradient
+against the naive reference in float64, float32 against the im2col path within the
+transforms' rounding, accumulating and lazily cleared diffs, bit-identical on any thread
+count, and the rule that picks it."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from mgcaffe.blob import Blob
+from mgcaffe.gradient_check import check_layer_gradients
+from mgcaffe.kernels import winograd, winograd_loops
+from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.layer_types import LayerContext, create_layer
+from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.proto import caffe_pb2
+
+# body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
+# batch 1 and 3, groups 1 and 2, bias on and off.
+CASES = [
+    ("num_output: 4 kernel_size: 3 pad: 1", (3, 2, 7, 7)),
+    ("num_output: 3 kernel_size: 3 pad: 0 bias_term: false", (1, 3, 8, 5)),
+    ("num_output: 4 kernel_size: 3 pad: 2 group: 2", (3, 4, 8, 5)),
+    ("num_output: 2 kernel_size: 3 pad: 1 group: 2 bias_term: false", (1, 4, 14, 14)),
+    ("num_output: 3 kernel_size: 3 pad: 0", (3, 2, 14, 14)),
+    ("num_output: 2 kernel_size: 3 pad: 2", (1, 2, 7, 7)),
+    ("num_output: 2 kernel_size: 3", (2, 2, 3, 3)),                    # one output position
+    ("num_output: 2 kernel_size: 3 pad_h: 0 pad_w: 2", (1, 2, 6, 5)),  # pad per axis
+]
+# 16x16 tiles per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
+LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))
+
+
+@pytest.fixture(autouse=True, params=["loops", "gemm"])
+def transforms(request, monkeypatch):
+    """Every test on both transform paths: the compiled loops (kernels.winograd_loops;
+    skipped without numba) and the GEMM fallback, with numba's import made to fail."""
+    monkeypatch.setattr(winograd_loops, "_loaded", False)  # load() tries the import anew
+    if request.param == "loops":
+        pytest.importorskip("numba")
+    else:
+        monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
+    yield request.param
+    if winograd_loops._loaded is not False:  # the test ran a transform: on the path asked
+        assert (winograd_loops._loaded is None) == (request.param == "gemm")
+
+
+def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
+    """A layer on a non-adaptive 2-thread runner forced onto (or off) the Winograd path,
+    and its bottom/top blobs."""
+    text = ('name: "c" type: "Convolution" convolution_param { ' + body +
+            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
+    param = text_format.Parse(text, caffe_pb2.LayerParameter())
+    param.top.extend([f"t{i}" for i in range(bottoms)])
+    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
+    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
+    layer = create_layer(param, ctx)
+    layer.winograd = wino
+    rng = np.random.default_rng(seed + 1)
+    bottom = [Blob(shape, dtype=dtype, name=f"x{i}") for i in range(bottoms)]
+    for b in bottom:
+        b.data[...] = rng.standard_normal(shape)
+    top = [Blob((), dtype=dtype, name=f"y{i}") for i in range(bottoms)]
+    layer.setup(bottom, top)
+    if wino is not None:
+        assert (layer._wino is not None) == wino
+    return layer, bottom, top
+
+
+def naive_gradients(layer, x, dy):
+    """(dx, dW, db) of sum(conv(x) * dy) by loops over every output element and kernel tap
+    (stride 1, dilation 1): each product w * x adds dy * x to dW and dy * w to dx."""
+    w = layer.blobs[0].data
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ph, pw = layer.pad
+    og = o // layer.group
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    for ni, oi, y, z in itertools.product(range(n), range(o), range(dy.shape[2]),
+                                          range(dy.shape[3])):
+        g = oi // og
+        for i, j in itertools.product(range(kh), range(kw)):
+            hi, wi = y - ph + i, z - pw + j
+            if 0 <= hi < h and 0 <= wi < wd:
+                channels = slice(g * cg, (g + 1) * cg)
+                dw[oi, :, i, j] += dy[ni, oi, y, z] * x[ni, channels, hi, wi]
+                dx[ni, channels, hi, wi] += dy[ni, oi, y, z] * w[oi, :, i, j]
+    return dx, dw, dy.sum(axis=(0, 2, 3))
+
+
+@pytest.mark.parametrize("body,shape", CASES + [LARGE])
+def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_conv):
+    """float64: top, bottom diff, weight diff (lazily cleared over NaN: overwritten) and bias
+    diff (stale values: accumulated) against the loop reference, to ~1e-10."""
+    layer, bottom, top = build(body, shape)
+    layer.forward(bottom, top)
+    b = layer.blobs[1].data if layer.bias_term else None
+    args = (layer.stride, layer.pad, layer.dilation, layer.group)
+    expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, *args)
+    assert top[0].shape == expected.shape
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
+    dy = np.random.default_rng(3).standard_normal(top[0].shape)
+    top[0].diff[...] = dy
+    bottom[0].diff[...] = np.nan
+    layer.blobs[0].diff[...] = np.nan
+    layer.blobs[0].clear_diff_lazily()
+    if layer.bias_term:
+        layer.blobs[1].diff[...] = 0.25
+    layer.backward(top, [True], bottom)
+    dx, dw, db = naive_gradients(layer, bottom[0].data, dy)
+    np.testing.assert_allclose(bottom[0].diff, dx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(layer.blobs[0].diff, dw, rtol=1e-10, atol=1e-10)
+    if layer.bias_term:
+        np.testing.assert_allclose(layer.blobs[1].diff, 0.25 + db, rtol=1e-10, atol=1e-10)
+
+
+def test_central_differences_on_a_tiny_layer():
+    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 5, 4))
+    check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7, max_checks=40)
+
+
+def forward_backward(layer, bottom, top, start):
+    """Forward, two backwards (the param diffs accumulate onto `start`), every result."""
+    layer.forward(bottom, top)
+    rng = np.random.default_rng(5)
+    for t in top:
+        t.diff[...] = rng.standard_normal(t.shape)
+    for p, s in zip(layer.blobs, start):
+        p.diff[...] = s
+    layer.backward(top, [True] * len(bottom), bottom)
+    layer.backward(top, [True] * len(bottom), bottom)
+    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
+            + [p.diff.copy() for p in layer.blobs])
+
+
+def run_float32(body, shape, **kwargs):
+    layer, bottom, top = build(body, shape, dtype=np.float32, **kwargs)
+    start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
+             for i, p in enumerate(layer.blobs)]
+    return forward_backward(layer, bottom, top, start)
+
+
+@pytest.mark.parametrize("body,shape", CASES[:3] + [LARGE])
+def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, shape):
+    """float32, two bottoms, two backwards after one forward (stale diffs accumulated, the
+    kept V rebuilt for the second): within the transforms' rounding of the im2col path (a
+    few float32 ulps of terms of size ~ sqrt(C*9) * 4: 1e-4 relative to the largest), and
+    the same bits on 1, 2 and 3 runner threads."""
+    old = run_float32(body, shape, wino=False, bottoms=2)
+    new = [run_float32(body, shape, threads=t, bottoms=2) for t in (1, 2, 3)]
+    for a, b in zip(old, new[0]):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * max(1.0, np.abs(a).max()))
+    for other in new[1:]:
+        for a, b in zip(new[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_float32_error_on_a_googlenet_sized_layer_is_small(naive_conv):
+    """inception_4e/3x3's shape at batch 1 (160 -> 320 at 14x14): float32 Winograd forward
+    against a float64 direct convolution (einsum), relative to the output's scale."""
+    layer, bottom, top = build("num_output: 320 kernel_size: 3 pad: 1", (1, 160, 14, 14),
+                               dtype=np.float32)
+    layer.forward(bottom, top)
+    x = np.pad(bottom[0].data.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    w = layer.blobs[0].data.astype(np.float64)
+    expected = np.einsum("ncyzij,ocij->noyz", patches, w) + layer.blobs[1].data[:, None, None]
+    error = np.abs(top[0].data - expected).max() / np.abs(expected).max()
+    assert error < 2e-6, error
+
+
+def test_a_lazily_cleared_weight_diff_is_overwritten_and_a_stale_one_accumulated():
+    body, shape = CASES[0]
+    layer, bottom, top = build(body, shape)
+    layer.forward(bottom, top)
+    top[0].diff[...] = np.random.default_rng(4).standard_normal(top[0].shape)
+    layer.blobs[0].diff[...] = np.nan
+    layer.blobs[0].clear_diff_lazily()
+    layer.backward(top, [False], bottom)
+    once = layer.blobs[0].diff.copy()
+    assert np.isfinite(once).all()
+    layer.backward(top, [False], bottom)
+    np.testing.assert_allclose(layer.blobs[0].diff, 2 * once, rtol=1e-12)
+
+
+def test_stale_buffers_do_not_leak_into_results():
+    """Every kept array and scratch filled with NaN between two runs: the same results."""
+    body, shape = CASES[2]
+    layer, bottom, top = build(body, shape, dtype=np.float32)
+    start = [np.zeros(p.shape, np.float32) for p in layer.blobs]
+    first = forward_backward(layer, bottom, top, start)
+    for array in list(layer._buffers.values()) + list(layer.__dict__["_scratch"].values()):
+        array[...] = np.nan
+    for a, b in zip(first, forward_backward(layer, bottom, top, start)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_kept_input_is_four_times_the_input_for_even_outputs():
+    layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", (2, 3, 14, 14))
+    kept = sum(a.nbytes for r, a in layer._buffers.items() if r.startswith("winograd"))
+    assert kept == 4 * bottom[0].data.nbytes
+    assert not any(r.startswith("columns") for r in layer._buffers)
+
+
+def rule_picks(body, shape):
+    layer, bottom, top = build(body, shape, wino=None)
+    return layer._wino is not None
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (1, 32, 14, 14), "strided"),
+    ("num_output: 4 kernel_size: 3 pad: 2 dilation: 2", (1, 32, 14, 14), "dilated"),
+    ("num_output: 4 kernel_size: 5 pad: 2", (1, 32, 14, 14), "5x5"),
+    ("num_output: 4 kernel_h: 3 kernel_w: 1", (1, 32, 14, 14), "3x1"),
+])
+def test_other_geometries_never_take_the_path_even_forced(body, shape, why):
+    layer, bottom, top = build(body, shape, wino=False)
+    layer.winograd = True
+    layer.reshape(bottom, top)
+    assert layer._wino is None, why
+
+
+def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
+    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 5, 5),
+                               wino=False)
+    assert any(role.startswith("columns") for role in layer._buffers)
+    layer.winograd = True
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("columns") for role in layer._buffers)
+    assert any(role.startswith("winograd_input") for role in layer._buffers)
+    layer.winograd = False
+    layer.reshape(bottom, top)
+    assert not any(role.startswith("winograd_input") for role in layer._buffers)
+
+
+def test_transform_matrices_give_the_1d_f23_convolution():
+    """F(2, 3) by hand: A^T [(G g) * (B^T d)] is the valid correlation of d (4) with g (3)."""
+    d, g = np.array([1.0, -2.0, 3.0, 0.5]), np.array([0.25, -1.0, 2.0])
+    y = winograd.AT @ ((winograd.G @ g) * (winograd.BT @ d))
+    np.testing.assert_allclose(y, [1 * .25 + 2 + 6, -2 * .25 - 3 + 1], rtol=1e-15)
+
+
+def test_large_case_takes_the_per_sample_forward():
+    layer, bottom, top = build(*LARGE)
+    assert layer._wino.per_sample >= winograd.PER_SAMPLE_FROM > winograd.Geometry(
+        (3, 2, 7, 7), (1, 1), 4, 1).per_sample
+
+
+def test_the_rule_decides_by_default():
+    assert Convolution.winograd is None
+
+
+@pytest.mark.parametrize("body,shape", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28)),    # GoogleNet 3a-like
+    ("num_output: 4 kernel_size: 3 pad: 1", (4, 32, 28, 28)),    # ResNet-50 res3a-like
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (2, 64, 28, 28)),  # 32 per group
+])
+def test_rule_takes_28x28_planes_with_enough_channels_and_tiles(body, shape):
+    assert rule_picks(body, shape)
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 16, 28, 28), "few channels"),
+    ("num_output: 4 kernel_size: 3 pad: 1 group: 2", (8, 32, 28, 28), "16 per group"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 7, 7), "7x7 plane, 128 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 3, 200), "3 rows: 1.33x computed"),
+    ("num_output: 4 kernel_size: 3 pad: 1 stride: 2", (8, 32, 28, 28), "strided"),
+])
+def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
+    assert not rule_picks(body, shape), why
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (2, 32, 56, 56), "56x56 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (1, 32, 28, 28), "196 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 14, 14), "14x14 plane"),
+    ("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 13, 13), "13x13: 1.16x computed"),
+])
+def test_rule_takes_these_only_with_the_compiled_transforms(body, shape, why, transforms):
+    assert rule_picks(body, shape) == (transforms == "loops"), why
+
+
+# -- the compiled transforms against naive numpy (kernels.winograd_loops) -----------------
+# The F(2x2, 3x3) matrices written out here again, independent of the module's copies.
+B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=float)
+A_T = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=float)
+# (N, C, H, W), pad: odd sizes (partial last tiles), per-axis pads, no pad.
+TRANSFORM_CASES = [((2, 3, 7, 6), (1, 2)), ((1, 2, 6, 9), (0, 0)), ((3, 1, 5, 5), (2, 1))]
+
+
+def naive_tiles(geometry):
+    """(tile row, tile column, y0, x0) of every tile, with y0/x0 in padded coordinates."""
+    th, tw = geometry.tiles
+    return [(ty, tx, 2 * ty, 2 * tx) for ty in range(th) for tx in range(tw)]
+
+
+def naive_input(x, geometry):
+    """V (C, 16, N, P) = B^T d B per 4x4 tile of the zero-padded image."""
+    n, c = x.shape[:2]
+    (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
+    padded = np.zeros((n, c, hp, wp))
+    padded[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]] = x
+    v = np.zeros(geometry.input_shape())
+    for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
+        d = padded[:, :, y0:y0 + 4, x0:x0 + 4]
+        v[:, :, :, p] = np.einsum("ir,ncrs,js->cijn", B_T, d, B_T).reshape(c, 16, n)
+    return v
+
+
+def naive_output(m, geometry, bias):
+    """top (N, O, Ho, Wo) = A^T M A per tile, cropped, + bias."""
+    o, n = m.shape[1:3]
+    ho, wo = geometry.out_hw
+    th, tw = geometry.tiles
+    top = np.zeros((n, o, 2 * th, 2 * tw))
+    for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
+        tile = m[:, :, :, p].reshape(4, 4, o, n)
+        top[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = np.einsum(
+            "ir,rsoN,js->Noij", A_T, tile, A_T)
+    return top[:, :, :ho, :wo] + bias[:, None, None]
+
+
+def naive_output_grad(dy, geometry):
+    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy, zero past its edge."""
+    n, o, ho, wo = dy.shape
+    th, tw = geometry.tiles
+    grown = np.zeros((n, o, 2 * th, 2 * tw))
+    grown[:, :, :ho, :wo] = dy
+    dm = np.zeros(geometry.product_shape())
+    for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
+        g = grown[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2]
+        dm[:, :, :, p] = np.einsum("ri,Nors,sj->ijoN", A_T, g, A_T).reshape(16, o, n)
+    return dm
+
+
+def naive_input_grad(dv, geometry):
+    """dd (N, C, H, W) = B dV B^T added onto each tile of the padded image, cropped."""
+    _, c, n, _ = dv.shape
+    (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
+    _, _, h, w = geometry.image
+    padded = np.zeros((n, c, hp, wp))
+    for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
+        tile = dv[:, :, :, p].reshape(4, 4, c, n)
+        padded[:, :, y0:y0 + 4, x0:x0 + 4] += np.einsum("ri,rsCN,sj->NCij", B_T, tile, B_T)
+    return padded[:, :, ph:ph + h, pw:pw + w]
+
+
+def compiled_transforms(x, m, dy, dv, geometry, bias):
+    """The four compiled transforms over all planes: V, top, dM, dd."""
+    loops = winograd_loops.load()
+    assert loops is not None
+    n, c = geometry.image[:2]
+    o = geometry.num_output
+    th, tw = geometry.tiles
+    zero = x.dtype.type(0)
+    v = np.full(geometry.input_shape(), np.nan, dtype=x.dtype)
+    loops.input_tiles(x, v, 0, n, 0, c, *geometry.pad, th, tw, zero)
+    top = np.full((n, o) + geometry.out_hw, np.nan, dtype=x.dtype)
+    loops.output_tiles(m, top, bias, True, 0, n, 0, o, tw)
+    dm = np.full(geometry.product_shape(), np.nan, dtype=x.dtype)
+    loops.output_grad_tiles(dy, dm, 0, n, 0, o, tw, zero)
+    dd = np.full(x.shape, np.nan, dtype=x.dtype)
+    loops.input_grad_tiles(dv, dd, 0, n, 0, c, *geometry.pad, th, tw, zero)
+    return v, top, dm, dd
+
+
+def transform_inputs(image, pad, dtype, seed=0):
+    geometry = winograd.Geometry(image, pad, 2, 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(image).astype(dtype)
+    m = rng.standard_normal(geometry.product_shape()).astype(dtype)
+    dy = rng.standard_normal((image[0], 2) + geometry.out_hw).astype(dtype)
+    dv = rng.standard_normal((16, image[1], image[0], geometry.per_sample)).astype(dtype)
+    bias = rng.standard_normal(2).astype(dtype)
+    return geometry, (x, m, dy, dv), bias
+
+
+NAIVE = (naive_input, naive_output, naive_output_grad, naive_input_grad)
+
+
+def naive_all(arrays, geometry, bias):
+    x, m, dy, dv = (a.astype(np.float64) for a in arrays)
+    return (naive_input(x, geometry), naive_output(m, geometry, bias.astype(np.float64)),
+            naive_output_grad(dy, geometry), naive_input_grad(dv, geometry))
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_match_naive_numpy_in_float64(image, pad, transforms):
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    geometry, arrays, bias = transform_inputs(image, pad, np.float64)
+    got = compiled_transforms(*arrays, geometry, bias)
+    for name, a, b in zip(("V", "top", "dM", "dd"), got, naive_all(arrays, geometry, bias)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_in_float32_are_within_a_few_ulp(image, pad, transforms,
+                                                             monkeypatch):
+    """float32 against float64 of the same inputs: within 4 float32 ulps of the sum of the
+    terms' magnitudes (the transforms with |B^T|, |A^T| applied to the inputs' |values|)."""
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    geometry, arrays, bias = transform_inputs(image, pad, np.float32, seed=3)
+    got = compiled_transforms(*arrays, geometry, bias)
+    expected = naive_all(arrays, geometry, bias)
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "B_T", np.abs(B_T))
+    monkeypatch.setattr(here, "A_T", np.abs(A_T))
+    magnitudes = naive_all([np.abs(a) for a in arrays], geometry, np.abs(bias))
+    eps = np.finfo(np.float32).eps
+    for name, a, b, scale in zip(("V", "top", "dM", "dd"), got, expected, magnitudes):
+        assert a.dtype == np.float32
+        assert np.all(np.abs(a - b) <= 4 * eps * scale), name
+
+
+@pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
+def test_compiled_transforms_on_plane_ranges_fill_only_their_planes(image, pad, transforms):
+    """Split over samples and channels the results are the same bits as one call (the
+    runner's threads call them on disjoint ranges)."""
+    if transforms != "loops":
+        pytest.skip("the compiled transforms themselves")
+    loops = winograd_loops.load()
+    geometry, (x, _, _, dv), _ = transform_inputs(image, pad, np.float32, seed=5)
+    n, c = image[:2]
+    th, tw = geometry.tiles
+    zero = np.float32(0)
+    whole, parts = np.empty(geometry.input_shape(), np.float32), None
+    loops.input_tiles(x, whole, 0, n, 0, c, *pad, th, tw, zero)
+    parts = np.full_like(whole, np.nan)
+    dd_whole, dd_parts = np.empty_like(x), np.full_like(x, np.nan)
+    loops.input_grad_tiles(dv, dd_whole, 0, n, 0, c, *pad, th, tw, zero)
+    for s in range(n):
+        for k in range(c):
+            loops.input_tiles(x, parts, s, s + 1, k, k + 1, *pad, th, tw, zero)
+            loops.input_grad_tiles(dv, dd_parts, s, s + 1, k, k + 1, *pad, th, tw, zero)
+    np.testing.assert_array_equal(parts, whole)
+    np.testing.assert_array_equal(dd_parts, dd_whole)
+
+
+def test_the_gemm_fallback_is_taken_when_numba_cannot_be_imported(transforms):
+    """Without numba the module's passes run on the GEMM transforms (and give the naive
+    results); `load()` says None."""
+    if transforms != "gemm":
+        pytest.skip("the fallback")
+    assert winograd_loops.load() is None
+    geometry, (x, _, dy, _), _ = transform_inputs((2, 3, 7, 6), (1, 2), np.float64)
+    scratch = {}
+
+    def buffers(name, shape):
+        return scratch.setdefault(name, np.full(shape, np.nan))
+
+    v = np.empty(geometry.input_shape())
+    winograd.fill_input(x, geometry, v, buffers)
+    np.testing.assert_allclose(v, naive_input(x, geometry), rtol=0, atol=1e-13)
+    dm = winograd.output_grad(dy, geometry, buffers)
+    np.testing.assert_allclose(dm, naive_output_grad(dy, geometry), rtol=0, atol=1e-13)

@@ -30,10 +30,12 @@ functions compile in memory in each process instead.
 
 from __future__ import annotations
 
+import functools
 import types
-import warnings
 
 import numpy as np
+
+from . import compiled
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 
@@ -302,33 +304,20 @@ def _ave_backward(top_diff, inv_area, bottom_diff, p0, p1, kh, kw, sh, sw, ph, p
 
 def _compile(numba):
     """The functions compiled lazily per argument types (float32 / float64 blobs)."""
-    def jit(fn):
-        try:
-            return numba.njit(nogil=True, cache=True)(fn)
-        except RuntimeError:  # no writable cache directory: compile in each process
-            return numba.njit(nogil=True)(fn)
-
+    jit = functools.partial(compiled.jit, numba)
     global _layout, _columns, _load, _unload, _max_offsets, _max_rows_then_columns
     # The helpers called from compiled code are compiled themselves (looked up as globals).
     _layout, _columns, _load, _unload = jit(_layout), jit(_columns), jit(_load), jit(_unload)
     _max_offsets, _max_rows_then_columns = jit(_max_offsets), jit(_max_rows_then_columns)
-    with warnings.catch_warnings():
-        # numba warns once when it cannot save to or read from a cache directory.
-        warnings.simplefilter("ignore", numba.NumbaWarning)
-        return types.SimpleNamespace(
-            max_forward=jit(_max_forward),
-            max_backward=jit(_max_backward), ave_forward=jit(_ave_forward),
-            ave_backward=jit(_ave_backward))
+    return types.SimpleNamespace(
+        max_forward=jit(_max_forward),
+        max_backward=jit(_max_backward), ave_forward=jit(_ave_forward),
+        ave_backward=jit(_ave_backward))
 
 
 def load() -> types.SimpleNamespace | None:
     """The compiled pooling functions, or None when numba cannot be imported."""
     global _loaded
     if _loaded is False:
-        try:
-            import numba  # noqa: PLC0415 - optional at run time, and slow to import
-        except ImportError:
-            _loaded = None
-        else:
-            _loaded = _compile(numba)
+        _loaded = compiled.load(_compile)
     return _loaded

@@ -31,11 +31,13 @@ writable, the functions compile in memory in each process instead.
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
-import warnings
 
 import numpy as np
+
+from . import compiled
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 _loading = threading.Lock()  # the chunk runner's threads may ask at the same time
@@ -212,23 +214,15 @@ def _compile(numba):
     global _compiled
     if _compiled is not None:  # load() asked again (its result reset): compiled already
         return _compiled
-    def jit(fn):
-        try:
-            return numba.njit(nogil=True, cache=True)(fn)
-        except RuntimeError:  # no writable cache directory: compile in each process
-            return numba.njit(nogil=True)(fn)
-
+    jit = functools.partial(compiled.jit, numba)
     global _pad_plane, _column_in, _column_back, _copy_block, _output_grad_block
     # The helpers called from compiled code are compiled themselves (looked up as globals).
     _pad_plane, _column_in, _column_back = jit(_pad_plane), jit(_column_in), jit(_column_back)
     _copy_block, _output_grad_block = jit(_copy_block), jit(_output_grad_block)
-    with warnings.catch_warnings():
-        # numba warns once when it cannot save to or read from a cache directory.
-        warnings.simplefilter("ignore", numba.NumbaWarning)
-        _compiled = types.SimpleNamespace(
-            input_tiles=jit(_input_tiles), output_tiles=jit(_output_tiles),
-            output_grad_tiles=jit(_output_grad_tiles),
-            input_grad_tiles=jit(_input_grad_tiles))
+    _compiled = types.SimpleNamespace(
+        input_tiles=jit(_input_tiles), output_tiles=jit(_output_tiles),
+        output_grad_tiles=jit(_output_grad_tiles),
+        input_grad_tiles=jit(_input_grad_tiles))
     return _compiled
 
 
@@ -237,10 +231,5 @@ def load() -> types.SimpleNamespace | None:
     global _loaded
     with _loading:
         if _loaded is False:
-            try:
-                import numba  # noqa: PLC0415 - optional at run time, and slow to import
-            except ImportError:
-                _loaded = None
-            else:
-                _loaded = _compile(numba)
+            _loaded = compiled.load(_compile)
     return _loaded

@@ -1,0 +1,33 @@
+"""numba for the CPU kernels written as loops (pool_loops, winograd_loops), in one place.
+
+numba is optional at run time: `load` gives None where it cannot be imported, and the
+kernels' callers keep their numpy paths. `jit` compiles lazily, per argument types, without
+the GIL (the layers' chunk runner calls the loops from several threads on disjoint data),
+into numba's on-disk cache where a cache directory is writable and in memory in each
+process where none is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+
+def load(compile_all: Callable):
+    """compile_all(numba), or None when numba cannot be imported."""
+    try:
+        import numba  # noqa: PLC0415 - optional at run time, and slow to import
+    except ImportError:
+        return None
+    with warnings.catch_warnings():
+        # numba warns once when it cannot save to or read from a cache directory.
+        warnings.simplefilter("ignore", numba.NumbaWarning)
+        return compile_all(numba)
+
+
+def jit(numba, fn: Callable) -> Callable:
+    """fn compiled on first call (nogil), cached on disk where numba can."""
+    try:
+        return numba.njit(nogil=True, cache=True)(fn)
+    except RuntimeError:  # no writable cache directory: compile in each process
+        return numba.njit(nogil=True)(fn)

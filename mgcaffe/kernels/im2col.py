@@ -107,7 +107,7 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
     out6 = out.reshape(c, kernel[0], kernel[1], n, out_h, out_w)
 
     def samples(start, stop):
-        source = x[start:stop] if pad == (0, 0) else _padded_copy(x, pad, padded, start, stop)
+        source = x[start:stop] if pad == (0, 0) else padded_copy(x, pad, padded, start, stop)
         # One strided view (C, kh, kw, N, H_out, W_out) of the padded input and one copy: the
         # copy runs along the destination's layout, so the writes are sequential.
         s_n, s_c, s_h, s_w = source.strides
@@ -123,7 +123,7 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
     return out
 
 
-def _padded_copy(x, pad, padded, start, stop):
+def padded_copy(x, pad, padded, start, stop):
     """Samples [start, stop) of x zero-padded by pad=(ph, pw) on each side, in `padded`."""
     height, width = x.shape[2:]
     target = padded[start:stop]

@@ -47,7 +47,7 @@ import numpy as np
 
 from . import winograd_loops
 from .gemm import gemm_accumulate
-from .im2col import col2im, im2col
+from .im2col import col2im, im2col, padded_copy
 from .sample_gemm import for_each_gemm
 
 #: The F(2x2, 3x3) matrices: input B^T (4x4), weight G (4x3), output A^T (2x4).
@@ -158,28 +158,25 @@ def weight_grad(du, out, overwrite: bool):
 
 
 # -- per-sample stages ---------------------------------------------------------------------
-def _pad_sample(image, geometry, padded, s):
-    """padded[s] = image[s] with the zero border (pad, plus the odd-size extra row/col)."""
-    _, _, h, w = geometry.image
-    ph, pw = geometry.pad
-    target = padded[s]
-    target[:, :ph] = 0
-    target[:, ph + h:] = 0
-    target[:, ph:ph + h, :pw] = 0
-    target[:, ph:ph + h, pw + w:] = 0
-    target[:, ph:ph + h, pw:pw + w] = image[s]
+def _fallback_buffers(geometry, buffers):
+    """The temporaries only the GEMM transforms use: the padded image and the tile columns
+    (None, None when the compiled loops run). Asked for by the caller's thread, before the
+    runner's threads start."""
+    if _loops() is not None:
+        return None, None
+    return buffers("padded", geometry.padded), buffers("columns", geometry.columns_shape())
 
 
 def _input_sample(image, geometry, padded, columns, v, s):
-    """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (columns: im2col's 4x4/2
-    tiles)."""
+    """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (the fallback: im2col's 4x4/2
+    tiles of the padded image, times kron(B^T, B^T))."""
     c = geometry.image[1]
     loops = _loops()
     if loops is not None:
         loops.input_tiles(image, v, s, s + 1, 0, c, *geometry.pad, *geometry.tiles,
                           image.dtype.type(0))
         return
-    _pad_sample(image, geometry, padded, s)
+    padded_copy(image, geometry.pad, padded, s, s + 1)
     im2col(padded[s:s + 1], (4, 4), (0, 0), (2, 2), (1, 1), out=columns[s])
     np.matmul(_constant(KRON_IN, v.dtype), columns[s].reshape(c, 16, -1), out=v[:, :, s])
 
@@ -266,10 +263,9 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
                             mk[k, j * og:(j + 1) * og], None, True)
 
     _sixteen_gemms(geometry, gemms, runner)
-    y = buffers("tiles", geometry.output_tiles_shape())
-    kron_out = _constant(KRON_OUT, image.dtype)
-
     loops = _loops()
+    y = None if loops else buffers("tiles", geometry.output_tiles_shape())
+    kron_out = _constant(KRON_OUT, image.dtype)
 
     def outputs(start, stop):
         if loops is not None:
@@ -290,16 +286,15 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
     transform and the crop, so that each sample's M is still in the cache when it is
     transformed (on conv2/3x3 whole-batch GEMMs and then one output transform over all of M
     took 1.35x as long)."""
-    padded = buffers("padded", geometry.padded)
-    columns = buffers("columns", geometry.columns_shape())
+    padded, columns = _fallback_buffers(geometry, buffers)
     n, o, p = geometry.image[0], geometry.num_output, geometry.per_sample
     g = geometry.group
     m = buffers("product", geometry.product_shape()).reshape(n, 16, o, p)
-    y = buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
+    loops = _loops()
+    y = None if loops else buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
     ug = u.reshape(16, g, o // g, u.shape[2])
     kron_out = _constant(KRON_OUT, image.dtype)
     bias3 = None if bias is None else bias[:, None, None]
-    loops = _loops()
     m4 = m.transpose(1, 2, 0, 3)                                    # (16, O, N, P) view
 
     def samples(start, stop):
@@ -319,8 +314,7 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
 
 def fill_input(image, geometry, v, buffers, runner=None):
     """v (C, 16, N, P) = B^T d B for every tile of image (kept for backward)."""
-    padded = buffers("padded", geometry.padded)
-    columns = buffers("columns", geometry.columns_shape())
+    padded, columns = _fallback_buffers(geometry, buffers)
 
     def samples(start, stop):
         for s in range(start, stop):
@@ -331,12 +325,11 @@ def fill_input(image, geometry, v, buffers, runner=None):
 
 def output_grad(dy, geometry, buffers, runner=None):
     """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
-    tiles = buffers("tiles", geometry.output_tiles_shape())
+    loops = _loops()
+    tiles = None if loops else buffers("tiles", geometry.output_tiles_shape())
     dm = buffers("product", geometry.product_shape())
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
     mk = dm.reshape(16, geometry.num_output, -1)
-
-    loops = _loops()
 
     def outputs(start, stop):
         if loops is not None:
@@ -381,8 +374,7 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
                             dv[k, j * cg:(j + 1) * cg], None, True)
 
     _sixteen_gemms(geometry, gemms, runner)
-    padded = buffers("padded", geometry.padded)
-    columns = buffers("columns", geometry.columns_shape())
+    padded, columns = _fallback_buffers(geometry, buffers)
     _, _, h, w = geometry.image
     ph, pw = geometry.pad
     kron_in_t = _constant(KRON_IN, dm.dtype).T

@@ -460,3 +460,15 @@ def test_the_gemm_fallback_is_taken_when_numba_cannot_be_imported(transforms):
     np.testing.assert_allclose(v, naive_input(x, geometry), rtol=0, atol=1e-13)
     dm = winograd.output_grad(dy, geometry, buffers)
     np.testing.assert_allclose(dm, naive_output_grad(dy, geometry), rtol=0, atol=1e-13)
+
+
+def test_the_compiled_transforms_ask_for_no_fallback_temporaries(transforms):
+    """The padded image, the tile columns (4x the input) and the output tiles serve only the
+    GEMM transforms: the compiled loops never allocate them."""
+    layer, bottom, top = build(*LARGE)
+    layer.forward(bottom, top)
+    top[0].diff[...] = 1.0
+    layer.backward(top, [True], bottom)
+    fallback = {layer._wino_slots[name] for name in ("padded", "columns", "tiles")}
+    held = fallback & set(layer._scratch)
+    assert held == (set() if transforms == "loops" else fallback)

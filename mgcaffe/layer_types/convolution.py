@@ -584,6 +584,7 @@ class Convolution(_ConvolutionBase):
         dV), input gradient through U^T; the adjoint transforms (kernels.winograd)."""
         g, runner = self._wino, self.ctx.chunk_runner
         weight = self.blobs[0]
+        u = None  # the transformed weight, made once for every bottom that wants a diff
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]
         for i, (t, down, b) in enumerate(zip(top, propagate_down, bottom)):
@@ -604,7 +605,8 @@ class Convolution(_ConvolutionBase):
                 diff, overwrite = weight.diff_for_write()
                 winograd.weight_grad(du, diff.reshape(weight.shape), overwrite)
             if down:
-                u = winograd.transform_weight(weight.data, self.scratch(3, g.weight_shape()))
+                if u is None:
+                    u = winograd.transform_weight(weight.data, self.scratch(3, g.weight_shape()))
                 self._wino_hold_input[i] = False  # V's memory takes the tile gradients
                 winograd.input_grad(dm, u, g, v, self._wino_buffer,
                                     b.diff.reshape(self._image_shape), runner)

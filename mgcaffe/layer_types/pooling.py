@@ -41,6 +41,13 @@ _P = caffe_pb2.PoolingParameter
 _LOWEST = float(np.finfo(np.float32).min)
 
 
+def _tag_type(kernel):
+    """The smallest integer type holding MAX's winner tags 0..kh*kw (1 + the kernel offset;
+    0: no winner), for the numpy and the compiled paths alike."""
+    count = kernel[0] * kernel[1] + 1
+    return np.int8 if count <= 127 else (np.int16 if count <= 32767 else np.int32)
+
+
 def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool) -> int:
     """Caffe's pooled length before the clip of a last window starting in the padding."""
     span = (size + 2 * pad - kernel) / stride
@@ -175,10 +182,7 @@ class Pooling(Layer):
             # Per grid cell, 1 + the kernel offset that won (0: none); offsets are scanned in
             # increasing order, so "the latest strictly greater one" is a running maximum of
             # greater * (offset + 1): small-int arithmetic instead of slow masked copies.
-            count = kernel[0] * kernel[1] + 1
-            index_dtype = np.int8 if count <= 127 else (np.int16 if count <= 32767
-                                                        else np.int32)
-            self._winner_stored = self.xp.zeros(margin + length, dtype=index_dtype)
+            self._winner_stored = self.xp.zeros(margin + length, dtype=_tag_type(kernel))
             self._winner_grid = self._winner_stored[margin:]
             # The tags of the real outputs, (N, C, Ph, Pw): what a device twin reproduces.
             self._winner = windows.valid(self._winner_grid)
@@ -193,9 +197,7 @@ class Pooling(Layer):
         1/area table."""
         n, c, h, w = shape
         if self.method == _P.MAX:
-            count = kernel[0] * kernel[1] + 1
-            tag_type = np.int8 if count <= 127 else (np.int16 if count <= 32767 else np.int32)
-            self._winner = np.zeros((n, c) + self.out_hw, dtype=tag_type)
+            self._winner = np.zeros((n, c) + self.out_hw, dtype=_tag_type(kernel))
             return
         self._inv_area = self._inverse_window_area((h, w), kernel)
 

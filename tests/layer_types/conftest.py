@@ -33,3 +33,28 @@ def naive_conv():
     """The loop-by-loop reference convolution: naive_conv(x, w, b, stride, pad, dilation,
     group), the kernel taken from w's shape, b None for no bias."""
     return _reference_conv
+
+
+def _passes(layer, bottom, top, start=None):
+    """Forward, then two backwards from seeded top diffs (the param diffs accumulate onto
+    `start`; by default seeded draws): copies of every top, bottom diff and param diff."""
+    if start is None:
+        start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(p.diff.dtype)
+                 for i, p in enumerate(layer.blobs)]
+    layer.forward(bottom, top)
+    rng = np.random.default_rng(5)
+    for t in top:
+        t.diff[...] = rng.standard_normal(t.shape)
+    for p, s in zip(layer.blobs, start):
+        p.diff[...] = s
+    layer.backward(top, [True] * len(bottom), bottom)
+    layer.backward(top, [True] * len(bottom), bottom)
+    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
+            + [p.diff.copy() for p in layer.blobs])
+
+
+@pytest.fixture
+def conv_passes():
+    """passes(layer, bottom, top, start=None): one forward and two backwards of a layer
+    (the param diffs accumulate), every result copied, for comparing paths bit for bit."""
+    return _passes

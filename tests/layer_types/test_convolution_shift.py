@@ -77,39 +77,19 @@ def test_gradients_match_central_differences(body, shape, stack, keep):
     check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7, max_checks=60)
 
 
-def forward_backward(layer, bottom, top, start):
-    """Forward, two backwards (the param diffs accumulate onto `start`), every result."""
-    layer.forward(bottom, top)
-    rng = np.random.default_rng(5)
-    for t in top:
-        t.diff[...] = rng.standard_normal(t.shape)
-    for p, s in zip(layer.blobs, start):
-        p.diff[...] = s
-    layer.backward(top, [True] * len(bottom), bottom)
-    layer.backward(top, [True] * len(bottom), bottom)
-    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
-            + [p.diff.copy() for p in layer.blobs])
-
-
-def run_float32(body, shape, **kwargs):
-    layer, bottom, top = build(body, shape, dtype=np.float32, **kwargs)
-    start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
-             for i, p in enumerate(layer.blobs)]
-    return forward_backward(layer, bottom, top, start)
-
-
 # A full output long enough for several column blocks and reduction parts (8712 positions).
 WIDE = ("num_output: 5 kernel_size: 3 pad: 1", (2, 3, 64, 64))
 
 
 @pytest.mark.parametrize("body,shape", CASES[:3] + [WIDE])
-def test_same_numbers_as_the_im2col_path_and_on_any_thread_count(body, shape):
+def test_same_numbers_as_the_im2col_path_and_on_any_thread_count(body, shape, conv_passes):
     """float32, two bottoms: within rounding of the im2col path; bit for bit on 1, 2 and 3
     runner threads (fixed column blocks and reduction parts, one BLAS thread per GEMM) and
     with the input rebuilt in backward instead of kept."""
-    old = run_float32(body, shape, shift=False, bottoms=2)
-    shifted = [run_float32(body, shape, threads=t, bottoms=2) for t in (1, 2, 3)]
-    shifted.append(run_float32(body, shape, bottoms=2, keep=False))
+    old = conv_passes(*build(body, shape, dtype=np.float32, shift=False, bottoms=2))
+    shifted = [conv_passes(*build(body, shape, dtype=np.float32, threads=t, bottoms=2))
+               for t in (1, 2, 3)]
+    shifted.append(conv_passes(*build(body, shape, dtype=np.float32, bottoms=2, keep=False)))
     for a, b in zip(old, shifted[0]):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4)
     for other in shifted[1:]:
@@ -185,13 +165,13 @@ def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
 
 
 @pytest.mark.parametrize("body,shape", [CASES[2], WIDE])
-def test_stale_buffers_do_not_leak_into_results(body, shape):
+def test_stale_buffers_do_not_leak_into_results(body, shape, conv_passes):
     """Every kept array and scratch filled with NaN between two runs: the same results
     (the padding, the tails and the garbage positions are written, never assumed zero)."""
     layer, bottom, top = build(body, shape, dtype=np.float32)
     start = [np.zeros(p.shape, np.float32) for p in layer.blobs]
-    first = forward_backward(layer, bottom, top, start)
+    first = conv_passes(layer, bottom, top, start)
     for array in list(layer._buffers.values()) + list(layer.__dict__["_scratch"].values()):
         array[...] = np.nan
-    for a, b in zip(first, forward_backward(layer, bottom, top, start)):
+    for a, b in zip(first, conv_passes(layer, bottom, top, start)):
         np.testing.assert_array_equal(a, b)

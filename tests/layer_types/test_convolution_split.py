@@ -80,27 +80,15 @@ def test_gradients_match_central_differences(body, shape, weight_diff_way):
                           max_checks=10**6)
 
 
-def forward_backward(layer, bottom, top, start):
-    layer.forward(bottom, top)
-    top[0].diff[...] = np.random.default_rng(5).standard_normal(top[0].shape)
-    for p, s in zip(layer.blobs, start):
-        p.diff[...] = s
-    layer.backward(top, [True], bottom)
-    layer.backward(top, [True], bottom)  # the param diffs accumulate
-    return [top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs]
-
-
 @pytest.mark.parametrize("body,shape", CASES)
-def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_way):
+def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_way,
+                                                       conv_passes):
     """float32: bit for bit on 2 and 3 runner threads (each GEMM on one BLAS thread whoever
     runs it); within rounding of the unsplit per-sample GEMMs; the param diffs are the start
     plus twice the gradient."""
     results = []
     for threads, split in ((2, True), (3, True), (2, False)):
-        layer, bottom, top = build(body, shape, threads, split, dtype=np.float32)
-        start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
-                 for i, p in enumerate(layer.blobs)]
-        results.append(forward_backward(layer, bottom, top, start))
+        results.append(conv_passes(*build(body, shape, threads, split, dtype=np.float32)))
     for a, b in zip(results[0], results[1]):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(results[0], results[2]):

@@ -124,35 +124,16 @@ def test_central_differences_on_a_tiny_layer():
     check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7, max_checks=40)
 
 
-def forward_backward(layer, bottom, top, start):
-    """Forward, two backwards (the param diffs accumulate onto `start`), every result."""
-    layer.forward(bottom, top)
-    rng = np.random.default_rng(5)
-    for t in top:
-        t.diff[...] = rng.standard_normal(t.shape)
-    for p, s in zip(layer.blobs, start):
-        p.diff[...] = s
-    layer.backward(top, [True] * len(bottom), bottom)
-    layer.backward(top, [True] * len(bottom), bottom)
-    return ([t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
-            + [p.diff.copy() for p in layer.blobs])
-
-
-def run_float32(body, shape, **kwargs):
-    layer, bottom, top = build(body, shape, dtype=np.float32, **kwargs)
-    start = [np.random.default_rng(9 + i).standard_normal(p.shape).astype(np.float32)
-             for i, p in enumerate(layer.blobs)]
-    return forward_backward(layer, bottom, top, start)
-
-
 @pytest.mark.parametrize("body,shape", CASES[:3] + [LARGE])
-def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, shape):
+def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, shape,
+                                                                           conv_passes):
     """float32, two bottoms, two backwards after one forward (stale diffs accumulated, the
     kept V rebuilt for the second): within the transforms' rounding of the im2col path (a
     few float32 ulps of terms of size ~ sqrt(C*9) * 4: 1e-4 relative to the largest), and
     the same bits on 1, 2 and 3 runner threads."""
-    old = run_float32(body, shape, wino=False, bottoms=2)
-    new = [run_float32(body, shape, threads=t, bottoms=2) for t in (1, 2, 3)]
+    old = conv_passes(*build(body, shape, dtype=np.float32, wino=False, bottoms=2))
+    new = [conv_passes(*build(body, shape, dtype=np.float32, threads=t, bottoms=2))
+           for t in (1, 2, 3)]
     for a, b in zip(old, new[0]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * max(1.0, np.abs(a).max()))
     for other in new[1:]:
@@ -188,15 +169,15 @@ def test_a_lazily_cleared_weight_diff_is_overwritten_and_a_stale_one_accumulated
     np.testing.assert_allclose(layer.blobs[0].diff, 2 * once, rtol=1e-12)
 
 
-def test_stale_buffers_do_not_leak_into_results():
+def test_stale_buffers_do_not_leak_into_results(conv_passes):
     """Every kept array and scratch filled with NaN between two runs: the same results."""
     body, shape = CASES[2]
     layer, bottom, top = build(body, shape, dtype=np.float32)
     start = [np.zeros(p.shape, np.float32) for p in layer.blobs]
-    first = forward_backward(layer, bottom, top, start)
+    first = conv_passes(layer, bottom, top, start)
     for array in list(layer._buffers.values()) + list(layer.__dict__["_scratch"].values()):
         array[...] = np.nan
-    for a, b in zip(first, forward_backward(layer, bottom, top, start)):
+    for a, b in zip(first, conv_passes(layer, bottom, top, start)):
         np.testing.assert_array_equal(a, b)
 
 

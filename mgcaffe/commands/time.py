@@ -102,10 +102,11 @@ def run(args) -> int:
     log.info("Performing Backward")
     warmup = 0
     if parallel.adaptive_blas():
-        # `--threads adaptive` times each layer call both ways in its first calls (TRIALS
-        # each); timing those calls would report the start-up trials, not the steady state.
+        # `--threads adaptive` times each layer call both ways in its first calls (after an
+        # untimed one, TRIALS each); timing those calls would report the start-up trials,
+        # not the steady state.
         # The profile passes run every layer's backward (the pass above may skip some).
-        warmup = 2 * parallel.TRIALS
+        warmup = parallel.CALLS_TO_SETTLE
         log.info("Settling the adaptive thread choices: %d more warm-up passes", warmup)
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)

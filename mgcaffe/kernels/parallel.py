@@ -22,7 +22,10 @@ by the ranks on this node); `set_default_threads` replaces it (what `threads.con
 Fall back to one thread when it does not pay. A hand-off to helper threads pays on an idle
 machine for long passes, but on a busy one each helper may wait a scheduler slice for a core
 while the caller waits for the helper. So a runner times each call site (the body's code and
-the sizes): its first calls alternate between the threads and the calling thread alone; then
+the sizes): its first call is not timed (it pays the one-time costs: buffers allocated and
+first touched, compiled loops loaded, helper threads started; timed, they made the threads
+lose their first trial by 30x on GoogleNet's first pooling and settle on one thread). Its next
+calls alternate between the threads and the calling thread alone; then
 it runs the threads only where they took at most `THREADED_MARGIN` of the serial time (the
 trials end after one call each way when one took `DECISIVE` times the other), and
 tries the other way again every `RETRY_EVERY` calls so that it follows the load as it
@@ -58,6 +61,10 @@ SERIAL_BELOW = 1 << 15
 
 #: Calls per way (threaded, serial) timed before a call site settles on the faster one.
 TRIALS = 2
+#: Calls of a new call site run (threaded) without being timed, before the trials.
+WARMUP = 1
+#: Calls of a new call site until its trials are over (at most: they may end earlier).
+CALLS_TO_SETTLE = WARMUP + 2 * TRIALS
 #: ... unless the first call of each way already differs this much (either way): a trial of
 #: the slow way costs a whole call (LeNet in `mgcaffe time --threads adaptive` on a busy
 #: machine: the second threaded trial pass took 111 ms against 27 ms settled).
@@ -76,17 +83,20 @@ _in_chunk = threading.local()
 class _Site:
     """Running time estimates of one call site, threaded and serial."""
 
-    __slots__ = ("estimate", "trials", "calls")
+    __slots__ = ("estimate", "trials", "calls", "warmups")
 
     def __init__(self, offset: int = 0):
         self.estimate = {True: None, False: None}
         self.trials = {True: 0, False: 0}
+        self.warmups = 0
         # Sites created together retry in different calls, not all in the same iteration.
         self.calls = offset % RETRY_EVERY
 
     def pick(self) -> bool:
         """True: run this call on the threads."""
         self.calls += 1
+        if self.warmups < WARMUP:
+            return True
         if min(self.trials.values()) < TRIALS:
             # Trials alternate, threaded first (it starts the helpers once).
             return self.trials[True] <= self.trials[False]
@@ -101,6 +111,9 @@ class _Site:
         return self.estimate[True] <= THREADED_MARGIN * self.estimate[False]
 
     def record(self, threaded: bool, seconds: float) -> None:
+        if self.warmups < WARMUP:  # start-up costs, not this way's speed
+            self.warmups += 1
+            return
         old = self.estimate[threaded]
         if self.trials[threaded] < TRIALS:  # trials: keep the best (the first has start-up)
             self.estimate[threaded] = seconds if old is None else min(old, seconds)

@@ -49,7 +49,7 @@ def test_a_layer_that_is_faster_on_one_thread_settles_there_and_restores_the_bla
     runner = ChunkRunner(2, chunk_elements=1, serial_below=0, adaptive=False)
     way = LayerWay(2, blas=[blas], clock=clock)
     layer, seen = make_layer(clock, blas, {2: 5.0, 1: 1.0}, runner)
-    for _ in range(2 * parallel.TRIALS):
+    for _ in range(parallel.CALLS_TO_SETTLE):
         assert way.call("conv1", layer) == "out"
     assert way.way("conv1") is False
     seen.clear()
@@ -65,7 +65,7 @@ def test_a_layer_that_pays_on_all_threads_keeps_them_and_sites_are_separate():
     way = LayerWay(2, blas=[blas], clock=clock)
     fast, _ = make_layer(clock, blas, {2: 0.5, 1: 1.0}, runner)
     slow, _ = make_layer(clock, blas, {2: 5.0, 1: 1.0}, runner)
-    for _ in range(2 * parallel.TRIALS):
+    for _ in range(parallel.CALLS_TO_SETTLE):
         way.call("a", fast)
         way.call("b", slow)
     assert (way.way("a"), way.way("b")) == (True, False)
@@ -80,7 +80,7 @@ def test_an_error_in_the_layer_still_restores_the_blas():
         calls.append(blas.threads)
         raise ValueError("bad layer")
 
-    for _ in range(2 * parallel.TRIALS):
+    for _ in range(parallel.CALLS_TO_SETTLE):
         try:
             way.call("x", failing)
         except ValueError:

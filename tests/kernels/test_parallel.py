@@ -141,12 +141,12 @@ def test_a_call_site_settles_on_the_faster_way(threaded_cost, settles_threaded):
     cost = {True: threaded_cost, False: 1.0}
     seen = []
     body = timed_body(clock, cost, seen)
-    for _ in range(2 * parallel.TRIALS):  # the trials: both ways
+    for _ in range(parallel.CALLS_TO_SETTLE):  # the untimed first call, the trials
         seen.clear()
         for_each_chunk(np, 4, body, runner=runner)
     assert runner.way(body, 4, 1) is settles_threaded
     runs = []
-    for _ in range(parallel.RETRY_EVERY - 1 - 2 * parallel.TRIALS):
+    for _ in range(parallel.RETRY_EVERY - 1 - parallel.CALLS_TO_SETTLE):
         seen.clear()
         for_each_chunk(np, 4, body, runner=runner)
         runs.append(any(seen))
@@ -165,11 +165,11 @@ def test_trials_alternate_and_end_early_when_one_way_loses_by_far(threaded_cost,
     seen = []
     body = timed_body(clock, cost, seen)
     ways = []
-    for _ in range(2):
+    for _ in range(3):
         seen.clear()
         for_each_chunk(np, 4, body, runner=runner)
         ways.append(any(seen))
-    assert ways == [True, False]  # one call each way first
+    assert ways == [True, True, False]  # an untimed threaded call, then one call each way
     assert runner.way(body, 4, 1) is (None if settled_after_two is None else settled_after_two)
     if settled_after_two is not None:
         seen.clear()
@@ -177,12 +177,26 @@ def test_trials_alternate_and_end_early_when_one_way_loses_by_far(threaded_cost,
         assert any(seen) is settled_after_two  # the third call already runs the faster way
 
 
+def test_the_first_call_is_not_timed():
+    """Its one-time costs (allocation, compiling, starting threads) are not the way's speed."""
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    cost = {True: 100.0, False: 1.0}  # the first, threaded call pays 100x
+    body = timed_body(clock, cost, [])
+    for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is None
+    cost[True] = 0.5  # from then on the threads pay
+    for _ in range(parallel.CALLS_TO_SETTLE - 1):
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is True
+
+
 def test_a_settled_site_follows_a_change_of_load():
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
     cost = {True: 0.5, False: 1.0}  # idle: the threads pay
     body = timed_body(clock, cost, [])
-    for _ in range(2 * parallel.TRIALS):
+    for _ in range(parallel.CALLS_TO_SETTLE):
         for_each_chunk(np, 4, body, runner=runner)
     assert runner.way(body, 4, 1) is True
     cost[True] = 8.0  # a busy machine: each hand-off waits for a core
@@ -194,7 +208,8 @@ def test_a_settled_site_follows_a_change_of_load():
 def test_both_ways_give_the_same_chunks():
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=25, serial_below=0, clock=clock)
-    results = [record_chunks(runner, 64, item_elements=10) for _ in range(2 * parallel.TRIALS)]
+    results = [record_chunks(runner, 64, item_elements=10)
+               for _ in range(parallel.CALLS_TO_SETTLE)]
     assert all(r == results[0] for r in results) and covers_once(results[0], 64)
 
 

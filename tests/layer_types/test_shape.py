@@ -104,6 +104,26 @@ def test_split_shares_data_and_sums_diffs(tops):
     check_layer_gradients(layer, bottom, top)
 
 
+@pytest.mark.parametrize("tops", [1, 4])
+def test_split_sums_diffs_in_parts_on_two_threads(tops):
+    """The sum split into ranges over two threads (tiny chunks) covers every element once."""
+    from mgcaffe.kernels.parallel import ChunkRunner
+
+    (x,) = arrays((3, 5, 7))
+    layer, bottom, top = make_layer(param("Split", tops=tops), [x], dtype=np.float32)
+    layer.ctx.chunk_runner = ChunkRunner(2, chunk_elements=1, serial_below=1, adaptive=False)
+    layer.forward(bottom, top)
+    diffs = [d.astype(np.float32) for d in arrays(*[x.shape] * tops, seed=2)]
+    for t, d in zip(top, diffs):
+        t.diff[...] = d
+    bottom[0].diff[...] = np.nan  # overwritten, not added to
+    layer.backward(top, [True], bottom)
+    expected = diffs[0].astype(np.float64)
+    for d in diffs[1:]:
+        expected = expected + d
+    np.testing.assert_allclose(bottom[0].diff, expected, rtol=1e-6)
+
+
 # -- Flatten and Reshape ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("text,shape,expected", [

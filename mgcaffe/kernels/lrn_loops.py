@@ -7,13 +7,15 @@ the 2*half + 1 input rows of a channel's window stay in the cache as the window 
 each array is read or written once from memory.
 
 The window sum is recomputed per channel (local_size terms, in the numpy path's order: the
-centre, then the channels at distance 1, 2, ... above and below), not kept as a running sum
-with the entering channel added and the leaving one subtracted (Caffe's CPU code): the
-subtraction cancels badly in float32 when a large square leaves the window, and the terms
-are rows already in the L1/L2 cache, so recomputing costs no memory traffic (and measured
-no slower). The sums and scales then equal the numpy path's bit for bit; only scale^-beta
-differs: beta = 0.75 (every Caffe reference net) is 1 / (sqrt(s) * sqrt(sqrt(s))), a few
-ulps from pow and several times faster; any other beta uses pow.
+centre, then the channels at distance 1, 2, ... above and below; one pass for local_size 5
+away from the edges), not kept as a running sum with the entering channel added and the
+leaving one subtracted (Caffe's CPU code): the subtraction cancels badly in float32 when a
+large square leaves the window, and the terms are rows already in the cache, so
+recomputing measured as fast. The sums and scales equal the numpy path's bit for bit; only
+scale^-beta differs: beta = 0.75 (every Caffe reference net) is 1 / (sqrt(s) *
+sqrt(sqrt(s))), within 4 ulps of exact and about twice as fast as numpy's power; for any
+other beta the layer takes numpy's power after the loop (numba's pow is a scalar call per
+element, several times slower).
 
 The backward keeps a ring of local_size rows of dtop * top / scale (each row computed once,
 when its channel enters the window) and sums the window from the ring in the same order.

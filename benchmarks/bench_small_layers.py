@@ -6,7 +6,8 @@ one process, repetition by repetition, so that both see the same load. Prints be
 and after/before. Between calls it writes `--evict-mb` of memory, as the rest of a net does.
 Usage: python benchmarks/bench_small_layers.py [--repeats R] [--only WORD] [--evict-mb MB].
 Pooling's "before" is its numpy path (`Pooling.compiled = False`), "after" the compiled loops
-(`--only pool` for the pooling cases alone).
+(`--only pool` for the pooling cases alone); LRN's likewise (`LRN.compiled = False`,
+`--only LRN`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 from mgcaffe.layer_types.inner_product import InnerProduct  # noqa: E402
+from mgcaffe.layer_types.lrn import LRN  # noqa: E402
 from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
 from mgcaffe.layer_types.scale_bias import ScaleLayer  # noqa: E402
 from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
@@ -33,6 +35,7 @@ from mgcaffe.proto import caffe_pb2  # noqa: E402
 #: The previous paths, as class attribute settings per layer class.
 BEFORE = {
     Pooling: {"compiled": False},  # the numpy passes (MAX backward by index, AVE GEMM)
+    LRN: {"compiled": False},  # the numpy passes
     SoftmaxWithLossLayer: {"plain_path": False},
     Convolution: {"per_sample_upto_rows": 0},
     ScaleLayer: {"fused_rows": False},
@@ -50,6 +53,10 @@ def pool(method: str, k: int, s: int) -> str:
 
 #: GoogleNet's inception pools.
 POOL_S1 = 'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }'
+
+
+#: GoogleNet's and AlexNet's LRN.
+LRN5 = 'type: "LRN" lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }'
 
 
 def ip(out: int) -> str:
@@ -89,6 +96,11 @@ CASES = [
      'type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }',
      [(4, 64, 112, 112)]),
     ("GoogleNet loss1 AVE 5/3 512x14x14 b8", pool("AVE", 5, 3), [(8, 512, 14, 14)]),
+    # LRN across channels, local_size 5, beta 0.75 (GoogleNet's and AlexNet's norms).
+    ("GoogleNet pool1/norm1 LRN 64x56x56 b8", LRN5, [(8, 64, 56, 56)]),
+    ("GoogleNet conv2/norm2 LRN 192x56x56 b8", LRN5, [(8, 192, 56, 56)]),
+    ("AlexNet norm1 LRN 96x55x55 b8", LRN5, [(8, 96, 55, 55)]),
+    ("AlexNet norm2 LRN 256x27x27 b8", LRN5, [(8, 256, 27, 27)]),
     # Cases named "(in place)" run with the top blob being the bottom blob.
     ("ResNet scale_conv1 64x112x112 b4 (in place)", SCALE, [(4, 64, 112, 112)]),
     ("ResNet scale2a 256x56x56 b4 (in place)", SCALE, [(4, 256, 56, 56)]),

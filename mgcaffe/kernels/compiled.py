@@ -25,9 +25,11 @@ def load(compile_all: Callable):
         return compile_all(numba)
 
 
-def jit(numba, fn: Callable) -> Callable:
-    """fn compiled on first call (nogil), cached on disk where numba can."""
+def jit(numba, fn: Callable, **options) -> Callable:
+    """fn compiled on first call (nogil), cached on disk where numba can; `options` go to
+    numba.njit (e.g. error_model="numpy": float division without a zero check, which
+    otherwise keeps a loop that divides from being vectorised)."""
     try:
-        return numba.njit(nogil=True, cache=True)(fn)
+        return numba.njit(nogil=True, cache=True, **options)(fn)
     except RuntimeError:  # no writable cache directory: compile in each process
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, **options)(fn)

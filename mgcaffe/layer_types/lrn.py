@@ -8,12 +8,19 @@ WITHIN_CHANNEL: Caffe composes it from split, square, AVE pooling (kernel n, str
 
 Backward for both: dx = dtop * scale^-beta - 2*alpha*beta/area * x * window_sum(dtop * top /
 scale), area n or n^2; the window is symmetric since n must be odd (Caffe requires it).
+
+On the CPU, ACROSS_CHANNELS runs as compiled loops (`kernels/lrn_loops.py`, numba) where numba
+can be imported; WITHIN_CHANNEL, CuPy, and `LRN.compiled = False` keep the numpy passes.
 """
 
 from __future__ import annotations
 
+import os
 from math import prod
 
+import numpy as np
+
+from ..kernels import lrn_loops
 from ..kernels.parallel import for_each_chunk
 from ..proto import caffe_pb2
 from .base import Layer
@@ -45,6 +52,10 @@ class LRN(Layer):
     type = "LRN"
     exact_num_bottom = 1
     exact_num_top = 1
+    #: On the CPU, ACROSS_CHANNELS runs as compiled loops (kernels/lrn_loops.py) when numba
+    #: can be imported; False: the numpy passes. MGCAFFE_LRN_LOOPS=0 in the environment (read
+    #: at import) makes False the default.
+    compiled = os.environ.get("MGCAFFE_LRN_LOOPS", "1") != "0"
 
     def layer_setup(self, bottom, top):
         p = self.param.lrn_param
@@ -59,6 +70,9 @@ class LRN(Layer):
             self.area, self.axes = self.size * self.size, (2, 3)
             self.k = 1.0  # Caffe's power layer uses shift 1 whatever k says
         self.half = (self.size - 1) // 2
+        self._loops = None
+        if self.compiled and self.xp is np and self.region == _R.ACROSS_CHANNELS:
+            self._loops = lrn_loops.load()
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -92,8 +106,48 @@ class LRN(Layer):
         for_each_chunk(self.xp, shape[0], body, item_elements=prod(shape[1:]),
                        runner=self.ctx.chunk_runner)
 
+    def _flat(self, *arrays):
+        """(N, C, H*W) views of 4-D arrays, for the compiled loops."""
+        return [a.reshape(a.shape[0], a.shape[1], -1) for a in arrays]
+
+    def _by_sample_compiled(self, body, shape):
+        # One chunk per thread: a compiled call makes one pass over its samples.
+        for_each_chunk(np, shape[0], body, item_elements=prod(shape[1:]), cache_sized=False,
+                       runner=self.ctx.chunk_runner)
+
+    def _forward_compiled(self, x, y):
+        flat = self._flat(x, y, self._scale, self._scale_pow)
+        t = x.dtype.type
+        a, k = t(self.alpha / self.area), t(self.k)
+        three_quarters = self.beta == 0.75
+
+        def samples(start, stop):
+            self._loops.across_forward(*flat, start, stop, self.half, a, k, three_quarters)
+            if not three_quarters:  # numpy's power is vectorised, numba's is not
+                chunk = slice(start, stop)
+                np.power(self._scale[chunk], -self.beta, out=self._scale_pow[chunk])
+                np.multiply(x[chunk], self._scale_pow[chunk], out=y[chunk])
+
+        self._by_sample_compiled(samples, x.shape)
+
+    def _backward_compiled(self, x, top_data, top_diff, diff):
+        flat = self._flat(x, top_data, top_diff, self._scale, self._scale_pow, diff)
+        coef = x.dtype.type(-2.0 * self.alpha * self.beta / self.area)
+
+        def samples(start, stop):
+            self._loops.across_backward(*flat, start, stop, self.half, coef)
+
+        self._by_sample_compiled(samples, x.shape)
+
+    def _use_loops(self, *arrays) -> bool:
+        # The loops take (N, C, H*W) views: contiguous arrays only (blobs always are).
+        return self._loops is not None and all(a.flags.c_contiguous for a in arrays)
+
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data
+        if self._use_loops(x, y):
+            self._forward_compiled(x, y)
+            return
         work, rows = self._temporaries(x.shape)
 
         def samples(start, stop):
@@ -112,6 +166,9 @@ class LRN(Layer):
         if not propagate_down[0]:
             return
         x, top_data, top_diff, diff = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+        if self._use_loops(x, top_data, top_diff, diff):
+            self._backward_compiled(x, top_data, top_diff, diff)
+            return
         work, rows = self._temporaries(x.shape)
 
         def samples(start, stop):

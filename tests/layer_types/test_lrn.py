@@ -1,4 +1,5 @@
-"""LRN: both regions against naive loops (Caffe's formulas), gradients, errors."""
+"""LRN: both regions against naive loops (Caffe's formulas), gradients, errors; every test on
+the compiled loops (ACROSS_CHANNELS, where numba imports) and on the numpy passes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,18 @@ from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.kernels import lrn_loops
+from mgcaffe.layer_types.lrn import LRN
 from mgcaffe.proto import caffe_pb2
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def lrn_path(request, monkeypatch):
+    """Every test runs on the compiled loops and on the numpy passes."""
+    if request.param == "compiled" and lrn_loops.load() is None:
+        pytest.skip("the compiled LRN loops need numba")
+    monkeypatch.setattr(LRN, "compiled", request.param == "compiled")
+    return request.param
 
 
 def lrn_param(body: str, name: str = "norm") -> caffe_pb2.LayerParameter:
@@ -62,8 +74,10 @@ def expected_top(layer, x):
 
 
 @pytest.mark.parametrize("body,shape", CASES)
-def test_forward_matches_naive(body, shape):
+def test_forward_matches_naive(body, shape, lrn_path):
     layer, bottom, top = make_layer(lrn_param(body), [shape])
+    across = layer.region == caffe_pb2.LRNParameter.ACROSS_CHANNELS
+    assert (layer._loops is not None) == (lrn_path == "compiled" and across)
     layer.forward(bottom, top)
     assert top[0].shape == shape
     np.testing.assert_allclose(top[0].data, expected_top(layer, bottom[0].data), rtol=1e-12)

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
+from conv_layers import threaded_conv
 
-from mgcaffe.blob import Blob
 from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import shift_conv
-from mgcaffe.kernels.parallel import ChunkRunner
-from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.convolution import Convolution
-from mgcaffe.proto import caffe_pb2
 
 # body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
 # off, dilation, batch 1 and 3.
@@ -32,24 +28,9 @@ CASES = [
 
 def build(body, shape, shift=True, stack=True, threads=2, dtype=np.float64, seed=0,
           bottoms=1, keep=True):
-    """A layer on a non-adaptive runner with tiny chunks (the threaded hand-out runs on these
-    shapes), forced onto (or off) the shifted path, and its bottom/top blobs."""
-    text = ('name: "c" type: "Convolution" convolution_param { ' + body +
-            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
-    param = text_format.Parse(text, caffe_pb2.LayerParameter())
-    param.top.extend([f"t{i}" for i in range(bottoms)])
-    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
-    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
-    layer = create_layer(param, ctx)
-    layer.shift_gemm = shift
-    layer.shift_stack = stack
-    layer.shift_keep_input = keep
-    rng = np.random.default_rng(seed + 1)
-    bottom = [Blob(shape, dtype=dtype, name=f"x{i}") for i in range(bottoms)]
-    for b in bottom:
-        b.data[...] = rng.standard_normal(shape)
-    top = [Blob((), dtype=dtype, name=f"y{i}") for i in range(bottoms)]
-    layer.setup(bottom, top)
+    """A layer forced onto (or off) the shifted path (conv_layers.threaded_conv)."""
+    switches = {"shift_gemm": shift, "shift_stack": stack, "shift_keep_input": keep}
+    layer, bottom, top = threaded_conv(body, shape, switches, threads, dtype, seed, bottoms)
     if shift is not None:
         assert (layer._shift is not None) == shift
     return layer, bottom, top

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
+from conv_layers import threaded_conv
 
-from mgcaffe.blob import Blob
 from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import sample_gemm
 from mgcaffe.kernels.parallel import ChunkRunner
-from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.convolution import Convolution
-from mgcaffe.proto import caffe_pb2
 
 # body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
 CASES = [
@@ -44,18 +41,10 @@ def weight_diff_way(request, monkeypatch):
 
 
 def build(body, shape, threads=3, split=True, dtype=np.float64, seed=0):
-    """A layer on a non-adaptive runner of `threads` threads with tiny chunks (so the threaded
-    hand-out runs on these small shapes), and its bottom/top blobs."""
-    text = ('name: "c" type: "Convolution" top: "t" convolution_param { ' + body +
-            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
-    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
-    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
-    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), ctx)
-    layer.split_sample_gemms = split
-    bottom = [Blob(shape, dtype=dtype, name="x")]
-    bottom[0].data[...] = np.random.default_rng(seed + 1).standard_normal(shape)
-    top = [Blob((), dtype=dtype, name="y")]
-    layer.setup(bottom, top)
+    """A layer on a per-sample or direct layout (conv_layers.threaded_conv), its per-sample
+    GEMMs split over the runner's threads or not."""
+    layer, bottom, top = threaded_conv(body, shape, {"split_sample_gemms": split}, threads,
+                                       dtype, seed)
     assert layer._direct or layer._per_sample
     return layer, bottom, top
 

@@ -10,15 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
+from conv_layers import threaded_conv
 
-from mgcaffe.blob import Blob
 from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import winograd, winograd_loops
-from mgcaffe.kernels.parallel import ChunkRunner
-from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.convolution import Convolution
-from mgcaffe.proto import caffe_pb2
 
 # body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
 # batch 1 and 3, groups 1 and 2, bias on and off.
@@ -51,22 +47,9 @@ def transforms(request, monkeypatch):
 
 
 def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
-    """A layer on a non-adaptive 2-thread runner forced onto (or off) the Winograd path,
-    and its bottom/top blobs."""
-    text = ('name: "c" type: "Convolution" convolution_param { ' + body +
-            ' weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } }')
-    param = text_format.Parse(text, caffe_pb2.LayerParameter())
-    param.top.extend([f"t{i}" for i in range(bottoms)])
-    runner = ChunkRunner(threads, chunk_elements=1, serial_below=1, adaptive=False)
-    ctx = LayerContext(xp=np, dtype=dtype, seed=seed, chunk_runner=runner)
-    layer = create_layer(param, ctx)
-    layer.winograd = wino
-    rng = np.random.default_rng(seed + 1)
-    bottom = [Blob(shape, dtype=dtype, name=f"x{i}") for i in range(bottoms)]
-    for b in bottom:
-        b.data[...] = rng.standard_normal(shape)
-    top = [Blob((), dtype=dtype, name=f"y{i}") for i in range(bottoms)]
-    layer.setup(bottom, top)
+    """A layer forced onto (or off) the Winograd path (conv_layers.threaded_conv)."""
+    layer, bottom, top = threaded_conv(body, shape, {"winograd": wino}, threads, dtype, seed,
+                                       bottoms)
     if wino is not None:
         assert (layer._wino is not None) == wino
     return layer, bottom, top

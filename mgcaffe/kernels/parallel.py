@@ -115,7 +115,7 @@ class _Site:
             self.warmups += 1
             return
         old = self.estimate[threaded]
-        if self.trials[threaded] < TRIALS:  # trials: keep the best (the first has start-up)
+        if self.trials[threaded] < TRIALS:  # trials: keep the best (the least disturbed)
             self.estimate[threaded] = seconds if old is None else min(old, seconds)
         else:
             self.estimate[threaded] = (1 - SMOOTHING) * old + SMOOTHING * seconds

@@ -1,28 +1,38 @@
-"""numba for the CPU kernels written as loops (pool_loops, winograd_loops), in one place.
+"""numba for the CPU kernels written as loops (pool_loops, lrn_loops, winograd_loops), in one
+place.
 
 numba is optional at run time: `load` gives None where it cannot be imported, and the
-kernels' callers keep their numpy paths. `jit` compiles lazily, per argument types, without
-the GIL (the layers' chunk runner calls the loops from several threads on disjoint data),
-into numba's on-disk cache where a cache directory is writable and in memory in each
-process where none is.
+kernels' callers keep their numpy paths. Each module's `compile_all` runs once per process,
+whichever thread asks first (layer setups and chunk-runner threads may ask at the same time;
+a second run would wrap its compiled helpers again). `jit` compiles lazily, per argument
+types, without the GIL (the layers' chunk runner calls the loops from several threads on
+disjoint data), into numba's on-disk cache where a cache directory is writable and in memory
+in each process where none is.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 
+_lock = threading.Lock()
+_done: dict = {}  # compile_all -> its result
+
 
 def load(compile_all: Callable):
-    """compile_all(numba), or None when numba cannot be imported."""
+    """compile_all(numba), once per process, or None when numba cannot be imported."""
     try:
         import numba  # noqa: PLC0415 - optional at run time, and slow to import
     except ImportError:
         return None
-    with warnings.catch_warnings():
-        # numba warns once when it cannot save to or read from a cache directory.
-        warnings.simplefilter("ignore", numba.NumbaWarning)
-        return compile_all(numba)
+    with _lock:
+        if compile_all not in _done:
+            with warnings.catch_warnings():
+                # numba warns once when it cannot save to or read from a cache directory.
+                warnings.simplefilter("ignore", numba.NumbaWarning)
+                _done[compile_all] = compile_all(numba)
+        return _done[compile_all]
 
 
 def jit(numba, fn: Callable, **options) -> Callable:

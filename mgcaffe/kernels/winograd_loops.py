@@ -32,7 +32,6 @@ writable, the functions compile in memory in each process instead.
 from __future__ import annotations
 
 import functools
-import threading
 import types
 
 import numpy as np
@@ -40,8 +39,6 @@ import numpy as np
 from . import compiled
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-_loading = threading.Lock()  # the chunk runner's threads may ask at the same time
-_compiled: types.SimpleNamespace | None = None  # compiled once per process
 
 
 #: Tiles per block of the transforms that write 16 streams (V, dM): each block's 16 results
@@ -211,25 +208,20 @@ def _input_grad_tiles(dv, out, s0, s1, c0, c1, ph, pw, th, tw, zero):
 
 def _compile(numba):
     """The functions compiled lazily per argument types (float32 / float64 blobs)."""
-    global _compiled
-    if _compiled is not None:  # load() asked again (its result reset): compiled already
-        return _compiled
     jit = functools.partial(compiled.jit, numba)
     global _pad_plane, _column_in, _column_back, _copy_block, _output_grad_block
     # The helpers called from compiled code are compiled themselves (looked up as globals).
     _pad_plane, _column_in, _column_back = jit(_pad_plane), jit(_column_in), jit(_column_back)
     _copy_block, _output_grad_block = jit(_copy_block), jit(_output_grad_block)
-    _compiled = types.SimpleNamespace(
+    return types.SimpleNamespace(
         input_tiles=jit(_input_tiles), output_tiles=jit(_output_tiles),
         output_grad_tiles=jit(_output_grad_tiles),
         input_grad_tiles=jit(_input_grad_tiles))
-    return _compiled
 
 
 def load() -> types.SimpleNamespace | None:
     """The compiled transforms, or None when numba cannot be imported."""
     global _loaded
-    with _loading:
-        if _loaded is False:
-            _loaded = compiled.load(_compile)
+    if _loaded is False:  # two threads may both get here: compiled.load compiles once
+        _loaded = compiled.load(_compile)
     return _loaded

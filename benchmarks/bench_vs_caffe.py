@@ -168,7 +168,7 @@ def parse_time_log(text: str) -> dict | None:
 def engine_command(engine: str, prototxt: Path, iterations: int, args) -> tuple[list, dict]:
     env = dict(os.environ)
     if engine == "caffe":
-        env.setdefault("OPENBLAS_CORETYPE", args.caffe_coretype)
+        env["OPENBLAS_CORETYPE"] = args.caffe_coretype  # the flag, else numpy's own kernel
         env["GLOG_logtostderr"] = "1"
         return [args.caffe, "time", "-model", str(prototxt), "-iterations",
                 str(iterations)], env

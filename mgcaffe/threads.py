@@ -206,6 +206,20 @@ def choose(flag: int | str | None = None, comm=None, environ=None, *,
                         adaptive=adaptive and reason == "cores / ranks")
 
 
+def describe_blas(info: dict) -> str:
+    """One BLAS library as the log line names it: library, version, threading, threads and the
+    kernel it runs (OpenBLAS's core type; OPENBLAS_CORETYPE can pin an older one)."""
+    text = " ".join(str(part) for part in (info.get("internal_api"), info.get("version"),
+                                           info.get("threading_layer")) if part)
+    text += f" x{info.get('num_threads')}"
+    if info.get("architecture"):
+        text += f", kernel {info['architecture']}"
+        pinned = os.environ.get("OPENBLAS_CORETYPE")
+        if pinned and info.get("internal_api") == "openblas":
+            text += f" (OPENBLAS_CORETYPE={pinned})"
+    return text
+
+
 def apply(choice: ThreadChoice) -> ThreadChoice:
     """Set the BLAS libraries' threads (threadpoolctl) and the default chunk runner's."""
     from .kernels import parallel  # noqa: PLC0415 - parallel asks this module for its default
@@ -218,9 +232,7 @@ def apply(choice: ThreadChoice) -> ThreadChoice:
         choice.blas = ["threadpoolctl missing: BLAS threads left as they are"]
         return choice
     threadpool_limits(limits=choice.threads, user_api="blas")
-    choice.blas = [f"{i.get('internal_api')} {i.get('version') or ''} "
-                   f"{i.get('threading_layer') or ''} x{i.get('num_threads')}".replace("  ", " ")
-                   for i in threadpool_info() if i.get("user_api") == "blas"]
+    choice.blas = [describe_blas(i) for i in threadpool_info() if i.get("user_api") == "blas"]
     return choice
 
 

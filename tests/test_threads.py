@@ -203,3 +203,15 @@ def test_the_threads_flag_takes_a_count_or_adaptive():
     assert parser.parse_args(["--threads", "adaptive"]).threads == "adaptive"
     with pytest.raises(SystemExit):
         parser.parse_args(["--threads", "many"])
+
+
+def test_the_blas_line_names_the_kernel_and_a_pinned_core_type(monkeypatch):
+    info = {"internal_api": "openblas", "version": "0.3.31", "threading_layer": "pthreads",
+            "num_threads": 2, "architecture": "Haswell"}
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    assert threads.describe_blas(info) == "openblas 0.3.31 pthreads x2, kernel Haswell"
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert threads.describe_blas(info) == \
+        "openblas 0.3.31 pthreads x2, kernel Haswell (OPENBLAS_CORETYPE=Haswell)"
+    mkl = {"internal_api": "mkl", "version": None, "threading_layer": "intel", "num_threads": 4}
+    assert threads.describe_blas(mkl) == "mkl intel x4"

@@ -67,16 +67,18 @@ def for_each_gemm(xp, count: int, body: Callable[[int, int], None], runner=None,
     """Call `body(start, stop)` over chunks of `grain` items covering range(count), where
     each chunk makes GEMM calls independent of the other chunks' (its own outputs).
 
-    On numpy with a multi-threaded runner, called from the main thread, the chunks are
-    spread over the runner's threads with the BLAS on one thread per call; otherwise (one
-    thread, another thread, CuPy) `body(0, count)`.
+    On numpy, called from the main thread, with more than one chunk: the chunks run on the
+    runner (spread over its threads, or one after another on a one-thread runner: the same
+    chunks either way, since a GEMM's last bits can depend on its shape), each BLAS call on
+    one thread. Otherwise (one chunk, another thread, CuPy) `body(0, count)`.
     """
     if count <= 0:
         return
     runner = runner_or_default(runner)
-    if xp is not np or runner.threads <= 1 or count < 2 or \
+    grain = max(1, int(grain))
+    if xp is not np or count <= grain or \
             threading.current_thread() is not threading.main_thread():
         body(0, count)
         return
     with one_blas_thread():
-        runner.run(count, body, max(1, int(grain)))
+        runner.run(count, body, grain)

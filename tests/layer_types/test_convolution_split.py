@@ -121,10 +121,26 @@ def test_blas_thread_count_is_restored_after_a_call_and_an_error():
     assert [lib.get_num_threads() for lib in libs] == before
 
 
-def test_one_thread_runner_calls_the_body_once():
+def test_a_one_thread_runner_calls_the_same_chunks_on_one_blas_thread():
+    """A GEMM's last bits can depend on its shape: one thread or two, the same chunks."""
+    libs = sample_gemm._blas_controllers()
+    for threads in (1, 2):
+        calls, blas = [], []
+
+        def body(a, b, calls=calls, blas=blas):
+            calls.append((a, b))
+            blas.append([lib.get_num_threads() for lib in libs])
+
+        sample_gemm.for_each_gemm(np, 5, body, ChunkRunner(threads, adaptive=False), grain=2)
+        assert sorted(calls) == [(0, 2), (2, 4), (4, 5)]
+        assert all(counts == [1] * len(libs) for counts in blas)
+
+
+def test_a_single_chunk_is_one_plain_call():
     calls = []
-    sample_gemm.for_each_gemm(np, 5, lambda a, b: calls.append((a, b)), ChunkRunner(1))
-    assert calls == [(0, 5)]
+    sample_gemm.for_each_gemm(np, 2, lambda a, b: calls.append((a, b)), ChunkRunner(2),
+                              grain=2)
+    assert calls == [(0, 2)]
 
 
 def test_other_threads_make_one_plain_call():

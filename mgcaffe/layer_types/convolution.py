@@ -17,7 +17,8 @@ that is N times the single-image buffer Caffe keeps. Stride-1 kxk convolutions w
 measures faster run as shifted GEMMs on the padded input instead (kernels.shift_conv): no
 column matrix; they keep kw copies of the padded input. 3x3 stride-1 convolutions that
 the rule picks run as Winograd F(2x2, 3x3) (kernels.winograd) and keep their transformed
-input, 4x the input.
+input, 4x the input. Small planes at a large batch build one sample's columns at a time in
+the cache (kernels.sample_columns) and keep none.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, im2col, shift_conv, winograd
+from ..kernels import col2im, conv_output_size, im2col, sample_columns, shift_conv, winograd
 from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
@@ -380,6 +381,10 @@ class Convolution(_ConvolutionBase):
     padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
     the runner's threads. "Winograd" (`winograd`, 3x3, stride 1, dilation 1): F(2x2, 3x3)
     on 4x4 input tiles (kernels.winograd), 16 GEMMs with 2.25x fewer multiplications.
+    "Per-sample columns" (`sample_columns`): where the whole batch's columns would be far
+    larger than the cache and one sample's fit in it (small planes at a large batch), each
+    sample's columns are built by a compiled loop, multiplied and dropped while in the
+    cache, and rebuilt in backward (kernels.sample_columns); no column matrix is kept.
     """
 
     type = "Convolution"
@@ -464,6 +469,24 @@ class Convolution(_ConvolutionBase):
     #: 1.08-1.15, res5a 1.15-1.24).
     winograd_compiled_rule = (169, 3200, 196, 1.2)
     _wino = None
+    #: im2col + GEMM sample by sample, each sample's columns built and used in the cache
+    #: and rebuilt in backward (kernels.sample_columns; numpy, numba importable): None by
+    #: the rule below, True forced (any kernel but a 1x1 stride-1 pad-0 one), False never.
+    #: Weaker than Winograd's rule, which is asked first.
+    sample_columns = None
+    #: The rule: whole-batch columns of at least this many bytes (past the cache) ...
+    #: Measured (bench_conv_paths.py --compare sample-columns, best of 15, fwd+bwd, 2
+    #: threads): CIFAR-10 quick at batch 100, conv1 (31 MB) 0.68 and conv2 (82 MB) 0.73
+    #: idle, 0.52 and 0.60 with two busy processes; conv3 (20 MB) 1.07 and 0.98, LeNet's
+    #: conv2 (8 MB) 0.95. In whole CIFAR-10 quick (`mgcaffe time`, alternated three times)
+    #: 105-113 ms -> 85-94 ms per iteration.
+    sample_columns_from_bytes = 24 << 20
+    #: ... and one sample's columns at most this many (an L2 cache): the 7x7 stride-2
+    #: conv1 layers of GoogleNet and ResNet-50 (7.4 MB per sample) lost inside their nets,
+    #: their weight-only backward 7-13 ms -> 12-25 ms (it rebuilds the columns im2col
+    #: already wrote once).
+    sample_columns_upto_bytes = 1 << 20
+    _sample_cols = None
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group) + self.kernel
@@ -506,6 +529,10 @@ class Convolution(_ConvolutionBase):
             return
         self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
                            and self.pad == (0, 0))
+        self._sample_cols = self._sample_columns_geometry()
+        if self._sample_cols is not None:  # columns per sample, in per-call scratch
+            self.drop_buffers("columns")
+            return
         self._per_sample = self._spatial >= (self.per_sample_from_pointwise if self._pointwise
                                              else self.per_sample_from)
         few_rows = (not self._pointwise and self.channels // self.group * self.kernel[0]
@@ -520,6 +547,68 @@ class Convolution(_ConvolutionBase):
                       for i in range(len(bottom))]
         self._cols_hold_input = [False] * len(bottom)
         self._image_shape = (self.num, self.channels) + self.in_hw
+
+    def _sample_columns_geometry(self):
+        """The per-sample columns' shapes (kernels.sample_columns) where this layer runs
+        them, else None: `sample_columns` True forces them (numpy, numba importable), False
+        never; None by the rule."""
+        if self.xp is not np or self.sample_columns is False or self._pointwise or \
+                not sample_columns.available():
+            return None
+        if not self.sample_columns and not self._sample_columns_rule():
+            return None
+        return sample_columns.Geometry(self._image_shape, self.num_output, self.group,
+                                       self.kernel, self.pad, self.stride, self.dilation,
+                                       self.out_hw)
+
+    def _sample_columns_rule(self) -> bool:
+        """Whole-batch columns of at least `sample_columns_from_bytes` (past the cache),
+        one sample's at most `sample_columns_upto_bytes` (in it), and the chunks' partial
+        weight gradients at most a quarter of the whole-batch columns."""
+        item = np.dtype(self.dtype).itemsize
+        one = self.channels * self.kernel[0] * self.kernel[1] * self._spatial * item
+        partials = self._sample_chunks() * self.blobs[0].count * item
+        return one * self.num >= self.sample_columns_from_bytes and 4 * partials <= \
+            one * self.num and one <= self.sample_columns_upto_bytes
+
+    def _sample_chunks(self) -> int:
+        return sample_columns.chunk_count(self.num)
+
+    def _forward_sample_columns(self, bottom, top):
+        g = self._sample_cols
+        columns = self.scratch(0, sample_columns.columns_shape(g, self._sample_chunks()))
+        bias = self.blobs[1].data if self.bias_term else None
+        for b, t in zip(bottom, top):
+            top3 = t.data.reshape(self.num, self.num_output, g.positions)
+            sample_columns.forward(b.data.reshape(self._image_shape),
+                                   self._weight3(self.blobs[0].data), top3, g, columns, bias,
+                                   self.ctx.chunk_runner)
+
+    def _backward_sample_columns(self, top, propagate_down, bottom):
+        g = self._sample_cols
+        weight = self.blobs[0]
+        want_weight = self.param_propagate_down[0]
+        want_bias = self.bias_term and self.param_propagate_down[1]
+        chunks = self._sample_chunks()
+        for t, down, b in zip(top, propagate_down, bottom):
+            top_diff = t.diff.reshape(self.num, self.num_output, g.positions)
+            if want_bias:
+                self.add_bias_diff(top_diff)
+            if not (want_weight or down):
+                continue
+            columns = self.scratch(0, sample_columns.columns_shape(g, chunks))
+            partials = diff = None
+            overwrite = False
+            if want_weight:
+                partials = self.scratch(2, (chunks, self.group, g.rows // self.group,
+                                            self.num_output // self.group))
+                diff, overwrite = weight.diff_for_write()
+                diff = self._weight3(diff)
+            sample_columns.backward(b.data.reshape(self._image_shape),
+                                    top_diff, self._weight3(weight.data), g, columns,
+                                    partials, diff, overwrite,
+                                    b.diff.reshape(self._image_shape) if down else None,
+                                    self.ctx.chunk_runner)
 
     def _reshape_winograd(self, bottoms: int) -> bool:
         """Take the Winograd path where `_winograd_geometry` says so (True), freeing the other
@@ -732,6 +821,8 @@ class Convolution(_ConvolutionBase):
             return self._forward_shift(bottom, top)
         if self._direct:
             return self._forward_direct(bottom, top)
+        if self._sample_cols is not None:
+            return self._forward_sample_columns(bottom, top)
         xp, weight = self.xp, self.blobs[0].data
         o, n, p = self.num_output, self.num, self._spatial
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -757,6 +848,8 @@ class Convolution(_ConvolutionBase):
             return self._backward_shift(top, propagate_down, bottom)
         if self._direct:
             return self._backward_direct(top, propagate_down, bottom)
+        if self._sample_cols is not None:
+            return self._backward_sample_columns(top, propagate_down, bottom)
         o, n, p = self.num_output, self.num, self._spatial
         want_weight = self.param_propagate_down[0]
         want_bias = self.bias_term and self.param_propagate_down[1]

@@ -1,5 +1,5 @@
-"""numba for the CPU kernels written as loops (pool_loops, lrn_loops, winograd_loops), in one
-place.
+"""numba for the CPU kernels written as loops (pool_loops, lrn_loops, winograd_loops,
+im2col_loops), in one place.
 
 numba is optional at run time: `load` gives None where it cannot be imported, and the
 kernels' callers keep their numpy paths. Each module's `compile_all` runs once per process,

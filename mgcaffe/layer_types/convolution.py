@@ -471,21 +471,26 @@ class Convolution(_ConvolutionBase):
     _wino = None
     #: im2col + GEMM sample by sample, each sample's columns built and used in the cache
     #: and rebuilt in backward (kernels.sample_columns; numpy, numba importable): None by
-    #: the rule below, True forced (any kernel but a 1x1 stride-1 pad-0 one), False never.
-    #: Weaker than Winograd's rule, which is asked first.
+    #: the rule below, True forced (any kernel but a 1x1 with pad 0), False never. The rule
+    #: is asked before Winograd's.
     sample_columns = None
-    #: The rule: whole-batch columns of at least this many bytes (past the cache) ...
-    #: Measured (bench_conv_paths.py --compare sample-columns, best of 15, fwd+bwd, 2
-    #: threads): CIFAR-10 quick at batch 100, conv1 (31 MB) 0.68 and conv2 (82 MB) 0.73
-    #: idle, 0.52 and 0.60 with two busy processes; conv3 (20 MB) 1.07 and 0.98, LeNet's
-    #: conv2 (8 MB) 0.95. In whole CIFAR-10 quick (`mgcaffe time`, alternated three times)
-    #: 105-113 ms -> 85-94 ms per iteration.
+    #: The rule (bench_conv_paths.py --compare sample-columns, best of 15-16, fwd+bwd
+    #: after/before, 2 threads; in-net figures from `mgcaffe time`, alternated): one
+    #: sample's columns at most this many bytes (the cache). GoogleNet's and ResNet-50's
+    #: 7x7 stride-2 conv1 (7.4 MB a sample) lost inside their nets, their weight-only
+    #: backward 7-13 ms -> 12-25 ms (it rebuilds columns im2col had written once) ...
+    sample_columns_upto_bytes = 4 << 20
+    #: ... and whole-batch columns of at least this many bytes (far past the cache):
+    #: CIFAR-10 quick at batch 100, conv1 (31 MB) 0.68 and conv2 (82 MB) 0.73 idle, 0.52
+    #: and 0.60 with two busy processes; whole CIFAR-10 quick 105-113 -> 85-94 ms ...
     sample_columns_from_bytes = 24 << 20
-    #: ... and one sample's columns at most this many (an L2 cache): the 7x7 stride-2
-    #: conv1 layers of GoogleNet and ResNet-50 (7.4 MB per sample) lost inside their nets,
-    #: their weight-only backward 7-13 ms -> 12-25 ms (it rebuilds the columns im2col
-    #: already wrote once).
-    sample_columns_upto_bytes = 1 << 20
+    #: ... or a per-sample GEMM of at least this many flops (2 * weights * positions):
+    #: GoogleNet's 28x28 5x5 layers (20-120 MFLOP) 0.69-0.77, its 3a/3b 3x3 and ResNet-50's
+    #: res3 3x3 (against Winograd) 0.81-0.95 inside their nets, whole GoogleNet 0.91;
+    #: LeNet's conv1 and conv2 (0.6 and 3 MFLOP) lost, 1.1-1.3, CIFAR-10's conv3 (6.5)
+    #: tied. The partial-gradient limit keeps out the 14x14 and 7x7 3x3 layers, which tied
+    #: or lost against Winograd (1.0-2.1).
+    sample_columns_from_flops = 16e6
     _sample_cols = None
 
     def weight_shape(self):
@@ -501,6 +506,14 @@ class Convolution(_ConvolutionBase):
             return
         self._spatial = self.out_hw[0] * self.out_hw[1]
         self._image_shape = (self.num, self.channels) + self.in_hw
+        self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
+                           and self.pad == (0, 0))
+        self._sample_cols = self._sample_columns_geometry()
+        if self._sample_cols is not None:  # columns per sample, in per-call scratch
+            self._wino, self._shift, self._direct = None, None, False
+            for kept in ("columns", "winograd_input", "shift_input", "subsampled"):
+                self.drop_buffers(kept)
+            return
         if self._reshape_winograd(len(bottom)):
             return
         self._shift = self._shift_geometry()
@@ -527,12 +540,6 @@ class Convolution(_ConvolutionBase):
                                 if strided else None for i in range(len(bottom))]
             self._image_shape = (self.num, self.channels) + self.in_hw
             return
-        self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
-                           and self.pad == (0, 0))
-        self._sample_cols = self._sample_columns_geometry()
-        if self._sample_cols is not None:  # columns per sample, in per-call scratch
-            self.drop_buffers("columns")
-            return
         self._per_sample = self._spatial >= (self.per_sample_from_pointwise if self._pointwise
                                              else self.per_sample_from)
         few_rows = (not self._pointwise and self.channels // self.group * self.kernel[0]
@@ -550,26 +557,31 @@ class Convolution(_ConvolutionBase):
 
     def _sample_columns_geometry(self):
         """The per-sample columns' shapes (kernels.sample_columns) where this layer runs
-        them, else None: `sample_columns` True forces them (numpy, numba importable), False
-        never; None by the rule."""
-        if self.xp is not np or self.sample_columns is False or self._pointwise or \
-                not sample_columns.available():
+        them, else None: `sample_columns` True forces them (numpy, numba importable; any
+        kernel but 1x1 with pad 0), False never; None by the rule, unless Winograd or the
+        shifted GEMMs are forced."""
+        if self.xp is not np or self.sample_columns is False or \
+                (self.kernel == (1, 1) and self.pad == (0, 0)) or not sample_columns.available():
             return None
-        if not self.sample_columns and not self._sample_columns_rule():
+        if not self.sample_columns and (self.winograd or self.shift_gemm or
+                                        not self._sample_columns_rule()):
             return None
         return sample_columns.Geometry(self._image_shape, self.num_output, self.group,
                                        self.kernel, self.pad, self.stride, self.dilation,
                                        self.out_hw)
 
     def _sample_columns_rule(self) -> bool:
-        """Whole-batch columns of at least `sample_columns_from_bytes` (past the cache),
-        one sample's at most `sample_columns_upto_bytes` (in it), and the chunks' partial
-        weight gradients at most a quarter of the whole-batch columns."""
+        """One sample's columns at most `sample_columns_upto_bytes`, the chunks' partial
+        weight gradients at most a quarter of the whole batch's columns, and either those
+        columns at least `sample_columns_from_bytes` or a GEMM of at least
+        `sample_columns_from_flops` per sample."""
         item = np.dtype(self.dtype).itemsize
         one = self.channels * self.kernel[0] * self.kernel[1] * self._spatial * item
         partials = self._sample_chunks() * self.blobs[0].count * item
-        return one * self.num >= self.sample_columns_from_bytes and 4 * partials <= \
-            one * self.num and one <= self.sample_columns_upto_bytes
+        flops = 2 * self.blobs[0].count * self._spatial
+        return one <= self.sample_columns_upto_bytes and 4 * partials <= one * self.num and \
+            (one * self.num >= self.sample_columns_from_bytes or
+             flops >= self.sample_columns_from_flops)
 
     def _sample_chunks(self) -> int:
         return sample_columns.chunk_count(self.num)

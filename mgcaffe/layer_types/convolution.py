@@ -471,8 +471,8 @@ class Convolution(_ConvolutionBase):
     _wino = None
     #: im2col + GEMM sample by sample, each sample's columns built and used in the cache
     #: and rebuilt in backward (kernels.sample_columns; numpy, numba importable): None by
-    #: the rule below, True forced (any kernel but a 1x1 with pad 0), False never. The rule
-    #: is asked before Winograd's.
+    #: the rule below, True forced (any kernel but a 1x1 with pad 0, unless Winograd is
+    #: forced too), False never. Winograd's rule is asked first.
     sample_columns = None
     #: The rule (bench_conv_paths.py --compare sample-columns, best of 15-16, fwd+bwd
     #: after/before, 2 threads; in-net figures from `mgcaffe time`, alternated): one
@@ -485,11 +485,12 @@ class Convolution(_ConvolutionBase):
     #: and 0.60 with two busy processes; whole CIFAR-10 quick 105-113 -> 85-94 ms ...
     sample_columns_from_bytes = 24 << 20
     #: ... or a per-sample GEMM of at least this many flops (2 * weights * positions):
-    #: GoogleNet's 28x28 5x5 layers (20-120 MFLOP) 0.69-0.77, its 3a/3b 3x3 and ResNet-50's
-    #: res3 3x3 (against Winograd) 0.81-0.95 inside their nets, whole GoogleNet 0.91;
-    #: LeNet's conv1 and conv2 (0.6 and 3 MFLOP) lost, 1.1-1.3, CIFAR-10's conv3 (6.5)
-    #: tied. The partial-gradient limit keeps out the 14x14 and 7x7 3x3 layers, which tied
-    #: or lost against Winograd (1.0-2.1).
+    #: GoogleNet's 28x28 5x5 layers (20-120 MFLOP) 0.69-0.77; LeNet's conv1 and conv2 (0.6
+    #: and 3 MFLOP) lost, 1.1-1.3, CIFAR-10's conv3 (6.5) tied. Against Winograd the 3x3
+    #: layers were not clear: ResNet-50's res3 layers 0.81-0.95 in one A/B, but GoogleNet's
+    #: inception_3b/3x3 went from 0.83 to 1.23 of Caffe's time in bench_vs_caffe, so
+    #: Winograd keeps the layers its rule takes. The partial-gradient limit keeps out 14x14
+    #: and 7x7 3x3 layers (1.0-2.1 against Winograd in isolation).
     sample_columns_from_flops = 16e6
     _sample_cols = None
 
@@ -508,13 +509,14 @@ class Convolution(_ConvolutionBase):
         self._image_shape = (self.num, self.channels) + self.in_hw
         self._pointwise = (self.kernel == (1, 1) and self.stride == (1, 1)
                            and self.pad == (0, 0))
+        self._sample_cols = None
+        if self._reshape_winograd(len(bottom)):
+            return
         self._sample_cols = self._sample_columns_geometry()
         if self._sample_cols is not None:  # columns per sample, in per-call scratch
-            self._wino, self._shift, self._direct = None, None, False
-            for kept in ("columns", "winograd_input", "shift_input", "subsampled"):
+            self._shift, self._direct = None, False
+            for kept in ("columns", "shift_input", "subsampled"):
                 self.drop_buffers(kept)
-            return
-        if self._reshape_winograd(len(bottom)):
             return
         self._shift = self._shift_geometry()
         # The other path's kept arrays go (a reshape can switch paths).

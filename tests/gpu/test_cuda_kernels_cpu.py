@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from im2col_reference import GEOMETRIES
 
 from mgcaffe.blob import Blob
 from mgcaffe.kernels import col2im, conv_output_size, im2col
@@ -31,16 +32,7 @@ struct mgcaffe_dim3 { unsigned int x; };
 static const mgcaffe_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
 """
 
-GEOMETRIES = [
-    # kernel, pad, stride, dilation
-    ((1, 1), (0, 0), (1, 1), (1, 1)),
-    ((3, 3), (1, 1), (1, 1), (1, 1)),
-    ((3, 2), (0, 1), (2, 1), (1, 1)),
-    ((2, 3), (2, 1), (1, 3), (1, 2)),
-    ((3, 3), (2, 2), (2, 2), (2, 2)),
-    ((5, 4), (1, 3), (3, 2), (1, 1)),
-    ((7, 7), (3, 3), (2, 2), (1, 1)),
-]
+GEOMETRIES = GEOMETRIES + [((7, 7), (3, 3), (2, 2), (1, 1))]
 
 POOLS = [
     # pooling_param text, bottom shape

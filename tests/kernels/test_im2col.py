@@ -2,57 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
+from im2col_reference import GEOMETRIES, naive_col2im, naive_im2col
 
-from mgcaffe.kernels import col2im, conv_output_size, im2col, valid_range
+from mgcaffe.kernels import col2im, im2col, valid_range
 from mgcaffe.kernels.im2col import col2im_batch_last, im2col_batch_last
 from mgcaffe.kernels.parallel import ChunkRunner
 
 #: Splits every minibatch into one-sample chunks run on three threads.
 THREADED = ChunkRunner(3, chunk_elements=1, serial_below=0)
-
-GEOMETRIES = [
-    # kernel, pad, stride, dilation
-    ((1, 1), (0, 0), (1, 1), (1, 1)),
-    ((3, 3), (1, 1), (1, 1), (1, 1)),
-    ((3, 2), (0, 1), (2, 1), (1, 1)),
-    ((2, 3), (2, 1), (1, 3), (1, 2)),
-    ((3, 3), (2, 2), (2, 2), (2, 2)),
-    ((5, 4), (1, 3), (3, 2), (1, 1)),
-]
-
-
-def naive_im2col(x, kernel, pad, stride, dilation):
-    n, c, h, w = x.shape
-    oh = conv_output_size(h, kernel[0], pad[0], stride[0], dilation[0])
-    ow = conv_output_size(w, kernel[1], pad[1], stride[1], dilation[1])
-    col = np.zeros((c, kernel[0], kernel[1], n, oh, ow), dtype=x.dtype)
-    for ci, i, j, ni, y, z in itertools.product(range(c), range(kernel[0]), range(kernel[1]),
-                                                range(n), range(oh), range(ow)):
-        hi = y * stride[0] - pad[0] + i * dilation[0]
-        wi = z * stride[1] - pad[1] + j * dilation[1]
-        if 0 <= hi < h and 0 <= wi < w:
-            col[ci, i, j, ni, y, z] = x[ni, ci, hi, wi]
-    return col.reshape(c * kernel[0] * kernel[1], n * oh * ow)
-
-
-def naive_col2im(col, shape, kernel, pad, stride, dilation):
-    n, c, h, w = shape
-    oh = conv_output_size(h, kernel[0], pad[0], stride[0], dilation[0])
-    ow = conv_output_size(w, kernel[1], pad[1], stride[1], dilation[1])
-    col6 = col.reshape(c, kernel[0], kernel[1], n, oh, ow)
-    x = np.zeros(shape, dtype=col.dtype)
-    for ci, i, j, ni, y, z in itertools.product(range(c), range(kernel[0]), range(kernel[1]),
-                                                range(n), range(oh), range(ow)):
-        hi = y * stride[0] - pad[0] + i * dilation[0]
-        wi = z * stride[1] - pad[1] + j * dilation[1]
-        if 0 <= hi < h and 0 <= wi < w:
-            x[ni, ci, hi, wi] += col6[ci, i, j, ni, y, z]
-    return x
-
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

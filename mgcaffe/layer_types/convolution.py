@@ -471,8 +471,8 @@ class Convolution(_ConvolutionBase):
     _wino = None
     #: im2col + GEMM sample by sample, each sample's columns built and used in the cache
     #: and rebuilt in backward (kernels.sample_columns; numpy, numba importable): None by
-    #: the rule below, True forced (any kernel but a 1x1 with pad 0, unless Winograd is
-    #: forced too), False never. Winograd's rule is asked first.
+    #: the rule below, True forced (any kernel but a 1x1 with pad 0; a layer Winograd takes
+    #: stays Winograd's), False never. Winograd's rule is asked first.
     sample_columns = None
     #: The rule (bench_conv_paths.py --compare sample-columns, best of 15-16, fwd+bwd
     #: after/before, 2 threads; in-net figures from `mgcaffe time`, alternated): one
@@ -560,13 +560,12 @@ class Convolution(_ConvolutionBase):
     def _sample_columns_geometry(self):
         """The per-sample columns' shapes (kernels.sample_columns) where this layer runs
         them, else None: `sample_columns` True forces them (numpy, numba importable; any
-        kernel but 1x1 with pad 0), False never; None by the rule, unless Winograd or the
-        shifted GEMMs are forced."""
+        kernel but 1x1 with pad 0), False never; None by the rule, unless the shifted GEMMs
+        are forced (Winograd's path is taken before this is asked)."""
         if self.xp is not np or self.sample_columns is False or \
                 (self.kernel == (1, 1) and self.pad == (0, 0)) or not sample_columns.available():
             return None
-        if not self.sample_columns and (self.winograd or self.shift_gemm or
-                                        not self._sample_columns_rule()):
+        if not self.sample_columns and (self.shift_gemm or not self._sample_columns_rule()):
             return None
         return sample_columns.Geometry(self._image_shape, self.num_output, self.group,
                                        self.kernel, self.pad, self.stride, self.dilation,

@@ -35,6 +35,19 @@ def naive_conv():
     return _reference_conv
 
 
+def _reference_layer_top(layer, x):
+    b = layer.blobs[1].data if layer.bias_term else None
+    return _reference_conv(x, layer.blobs[0].data, b, layer.stride, layer.pad, layer.dilation,
+                           layer.group)
+
+
+@pytest.fixture
+def naive_layer_top():
+    """naive_layer_top(layer, x): the loop reference of a Convolution layer's top for input
+    x, with the layer's own weight, bias and geometry."""
+    return _reference_layer_top
+
+
 def _passes(layer, bottom, top, start=None):
     """Forward, then two backwards from seeded top diffs (the param diffs accumulate onto
     `start`; by default seeded draws): copies of every top, bottom diff and param diff."""

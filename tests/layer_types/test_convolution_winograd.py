@@ -77,14 +77,12 @@ def naive_gradients(layer, x, dy):
 
 
 @pytest.mark.parametrize("body,shape", CASES + [LARGE])
-def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_conv):
+def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_layer_top):
     """float64: top, bottom diff, weight diff (lazily cleared over NaN: overwritten) and bias
     diff (stale values: accumulated) against the loop reference, to ~1e-10."""
     layer, bottom, top = build(body, shape)
     layer.forward(bottom, top)
-    b = layer.blobs[1].data if layer.bias_term else None
-    args = (layer.stride, layer.pad, layer.dilation, layer.group)
-    expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, *args)
+    expected = naive_layer_top(layer, bottom[0].data)
     assert top[0].shape == expected.shape
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
     dy = np.random.default_rng(3).standard_normal(top[0].shape)
@@ -124,7 +122,7 @@ def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, s
             np.testing.assert_array_equal(a, b)
 
 
-def test_float32_error_on_a_googlenet_sized_layer_is_small(naive_conv):
+def test_float32_error_on_a_googlenet_sized_layer_is_small():
     """inception_4e/3x3's shape at batch 1 (160 -> 320 at 14x14): float32 Winograd forward
     against a float64 direct convolution (einsum), relative to the output's scale."""
     layer, bottom, top = build("num_output: 320 kernel_size: 3 pad: 1", (1, 160, 14, 14),

@@ -149,7 +149,6 @@ def test_without_numba_the_layer_keeps_the_im2col_path(monkeypatch):
     assert layer._sample_cols is None
     layer.forward(bottom, top)
     assert np.isfinite(top[0].data).all()
-    monkeypatch.setattr(im2col_loops, "_loaded", False)
 
 
 def test_a_reshape_to_a_small_batch_leaves_the_path(monkeypatch):

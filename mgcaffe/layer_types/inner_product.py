@@ -15,6 +15,7 @@ from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.parallel import blas_threads
+from ..kernels.sample_gemm import for_each_gemm
 from .base import Layer
 from .registry import register_layer
 
@@ -33,17 +34,25 @@ class InnerProduct(Layer):
     #: 13.9, 14.0 -> 7.9; fc8 1.9-3.0 -> 1.5-1.7), the same bits in every shape measured. At
     #: M = 64 it lost on two threads (LeNet ip1: 0.47-0.49 -> 0.50-0.55). 0: bottom @ W.T.
     weight_major_upto = 16
-    #: On the CPU with the BLAS on one thread, at most `weight_major_upto` rows: the weight
-    #: gradient over a lazily cleared diff goes in blocks of about this many diff elements
-    #: (OpenBLAS's beta = 0 first zeroes its whole output, then adds into it: two trips
-    #: through fc6's 151 MB diff; per cache-sized block the zeroing stays in the cache);
-    #: 0: one call. Measured on one thread, fc6's dW alone: 30 -> 23 ms; fc7 26 -> 10.
+    #: On the CPU, at most `weight_major_upto` rows: the weight gradient over a lazily
+    #: cleared diff goes in blocks of about this many diff elements (OpenBLAS's beta = 0
+    #: first zeroes its whole output, then adds into it: two trips through fc6's 151 MB
+    #: diff; per cache-sized block the zeroing stays in the cache), `overwrite_blocks_per_
+    #: chunk` blocks to a chunk of the runner, each GEMM on one BLAS thread (no wait inside
+    #: a small GEMM for a busy core; the same blocks, so the same bits, on any thread
+    #: count); 0: one call. fc6's dW alone, 1 thread: 26-30 -> 11-23 ms, fc7 11-26 -> 5-10;
+    #: 2 threads: fc6 15.3 -> 11.1, fc7 6.8 -> 5.4. Whole fc6 backward in AlexNet at batch 8
+    #: (`mgcaffe time --threads 2`, alternated): 29.8-30.8 -> 22.8-28.0 ms.
     overwrite_block_elements = 1 << 16
-    #: ... and the bottom diff sums the products of blocks of this many weight rows (the
-    #: first overwrites, the rest add inside the GEMM): fc6 32.3 -> 17.4 ms, fc7 13.2 ->
-    #: 10.4, fc8 2.8 -> 2.0 (another rounding order than one GEMM); 0: one call. On two BLAS
-    #: threads both lose badly on a busy machine (each small GEMM synchronises the BLAS's
-    #: threads: fc6 backward 170 -> 780 ms), so they run only when the BLAS has one thread
+    #: Blocks a chunk of the runner takes at once (fewer hand-outs, each a few MB of diff).
+    overwrite_blocks_per_chunk = 8
+    #: With the BLAS on one thread, at most `weight_major_upto` rows, the bottom diff sums
+    #: the products of blocks of this many weight rows (the first overwrites, the rest add
+    #: inside the GEMM): fc6 32.3 -> 17.4 ms, fc7 13.2 -> 10.4, fc8 2.8 -> 2.0 (another
+    #: rounding order than one GEMM); 0: one call. On two BLAS threads it loses badly on a
+    #: busy machine (each small GEMM synchronises the BLAS's threads: fc6 backward 170 ->
+    #: 780 ms), and split over the runner's threads by columns it lost idle (fc6 11.5 ->
+    #: 14.8 ms against one two-thread GEMM), so it runs only when the BLAS has one thread
     #: (`--threads 1`, ranks filling the cores, or `--threads adaptive`'s one-thread way).
     dx_block_rows = 64
 
@@ -113,11 +122,16 @@ class InnerProduct(Layer):
             # A lazily cleared diff (the iteration's first write) is overwritten: beta = 0.
             diff, overwrite = weight.diff_for_write()
             if (self.xp is np and overwrite and self.m <= self.weight_major_upto
-                    and self.overwrite_block_elements > 0 and blas_threads() == 1):
+                    and self.overwrite_block_elements > 0):
                 rows = max(1, self.overwrite_block_elements // diff.shape[1])
-                for start in range(0, diff.shape[0], rows):
-                    gemm_accumulate(a[start:start + rows], b, diff[start:start + rows],
-                                    lambda shape: self.scratch(0, shape), True)
+
+                def blocks(start, stop):
+                    for lo in range(start, stop, rows):
+                        hi = min(stop, lo + rows)
+                        gemm_accumulate(a[lo:hi], b, diff[lo:hi], None, True)
+
+                for_each_gemm(np, diff.shape[0], blocks, self.ctx.chunk_runner,
+                              grain=rows * self.overwrite_blocks_per_chunk)
             elif self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
                 gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
             elif overwrite:

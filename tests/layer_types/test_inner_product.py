@@ -11,7 +11,7 @@ from threadpoolctl import threadpool_limits
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
-from mgcaffe.kernels.parallel import blas_threads
+from mgcaffe.kernels.parallel import ChunkRunner, blas_threads
 from mgcaffe.proto import caffe_pb2
 
 
@@ -126,14 +126,20 @@ def test_reshape_keeps_k_fixed():
         layer.reshape(bottom, top)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, monkeypatch):
+def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, threads, monkeypatch):
     """Few rows: a lazily cleared weight diff is written block by block (here 2 diff rows a
-    block, 5 blocks, the last one short), every element overwritten (the raw memory is
-    poisoned with NaN); the next backward accumulates."""
+    block; 5 blocks, the last one short, in 3 chunks, or transposed 2 in 2), each block's GEMM
+    on one BLAS thread whichever runner thread takes it, every element overwritten (the raw
+    memory is poisoned with NaN), the same bits on 1 and 3 threads; the next backward
+    accumulates."""
     body = "num_output: 9" + (" transpose: true" if transpose else "")
     layer, bottom, top = make_layer(ip_param(body), [(3, 4)])
+    layer.ctx.chunk_runner = ChunkRunner(threads, chunk_elements=1, serial_below=1,
+                                         adaptive=False)
     layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
+    layer.overwrite_blocks_per_chunk = 1 if transpose else 2
     calls = _count_gemm_calls(monkeypatch)
     rng = np.random.default_rng(8)
     top[0].diff[...] = rng.standard_normal((3, 9))
@@ -146,13 +152,18 @@ def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, monkeyp
     weight.diff[...] = np.nan
     weight.clear_diff_lazily()
     layer.forward(bottom, top)
-    with threadpool_limits(1, user_api="blas"):  # the blocks run on one BLAS thread only
-        assert blas_threads() == 1
-        layer.backward(top, [True], bottom)
-        assert calls == ([(2, 9)] * 2 if transpose else [(2, 4)] * 4 + [(1, 4)])
-        np.testing.assert_allclose(weight.diff, expected, rtol=1e-12, atol=1e-12)
-        layer.backward(top, [True], bottom)
+    layer.backward(top, [True], bottom)
+    shapes = [shape for shape, _ in calls]
+    assert sorted(shapes) == sorted([(2, 9)] * 2 if transpose else [(2, 4)] * 4 + [(1, 4)])
+    assert {blas for _, blas in calls} == {1}
+    np.testing.assert_allclose(weight.diff, expected, rtol=1e-12, atol=1e-12)
+    first = weight.diff.copy()
+    layer.backward(top, [True], bottom)
     np.testing.assert_allclose(weight.diff, 2 * expected, rtol=1e-12, atol=1e-12)
+    weight.clear_diff_lazily()
+    layer.ctx.chunk_runner = ChunkRunner(1)
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(weight.diff, first)
 
 
 def _count_gemm_calls(monkeypatch) -> list:
@@ -162,7 +173,7 @@ def _count_gemm_calls(monkeypatch) -> list:
     calls, real = [], inner_product.gemm_accumulate
 
     def counting(a, b, c, *args):
-        calls.append(c.shape)
+        calls.append((c.shape, blas_threads()))
         real(a, b, c, *args)
 
     monkeypatch.setattr(inner_product, "gemm_accumulate", counting)
@@ -181,7 +192,7 @@ def test_bottom_diff_summed_over_blocks_of_weight_rows(monkeypatch):
     bottom[0].diff[...] = 123.0
     with threadpool_limits(1, user_api="blas"):  # the blocks run on one BLAS thread only
         layer.backward(top, [True], bottom)
-    assert calls == [(3, 4)] * 5
+    assert [shape for shape, _ in calls] == [(3, 4)] * 5
     dy, w = top[0].diff, layer.blobs[0].data
     expected = [[sum(dy[m, n] * w[n, k] for n in range(9)) for k in range(4)] for m in range(3)]
     np.testing.assert_allclose(bottom[0].diff, expected, rtol=1e-12, atol=1e-12)

@@ -95,7 +95,9 @@ def default_layer_way() -> LayerWay:
 
 
 def call_layer(xp, key, fn: Callable, *args):
-    """fn(*args) the faster way for `key` on the CPU (numpy); a plain call otherwise."""
+    """fn(*args) the faster way for `key` on the CPU (numpy), its chunk runs timed as
+    `key`'s own call sites (parallel.call_site); a plain call otherwise."""
     if xp is not np:
         return fn(*args)
-    return default_layer_way().call(key, fn, *args)
+    with parallel.call_site(key):
+        return default_layer_way().call(key, fn, *args)

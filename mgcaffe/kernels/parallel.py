@@ -32,6 +32,11 @@ tries the other way again every `RETRY_EVERY` calls so that it follows the load 
 changes. Both ways run the same chunks with the same boundaries, so the results are
 identical; only who runs them differs.
 
+A call site is the body's code and sizes within the layer call that runs it (`call_site`,
+which the net sets around each layer's forward and backward): every convolution on the
+per-sample columns hands out the same code over the same 16 chunks, and one record shared
+by all of them compared one layer's threaded time with another's serial time.
+
 Two limits, measured on the 2-core reference machine. (1) The GIL: a thread holds it between
 numpy calls, so calls shorter than ~20 us (32K-element passes) do not overlap at all; only
 long passes (copies of whole samples) scale, 1.6-2x. Bodies that loop over cache-sized blocks
@@ -78,6 +83,25 @@ SMOOTHING = 0.3
 THREADED_MARGIN = 0.9
 
 _in_chunk = threading.local()
+_site = threading.local()
+
+
+def site_scope():
+    """The layer call whose chunk runs are being timed on this thread (None outside one)."""
+    return getattr(_site, "key", None)
+
+
+@contextmanager
+def call_site(key):
+    """Within this block, this thread's chunk runs are timed as call sites of `key` (a
+    layer's forward or backward): two layers whose bodies share code and sizes keep
+    separate records."""
+    before = getattr(_site, "key", None)
+    _site.key = key
+    try:
+        yield
+    finally:
+        _site.key = before
 
 
 class _Site:
@@ -177,7 +201,7 @@ class ChunkRunner:
         if not self.adaptive:
             self._threaded(count, body, grain, chunks)
             return
-        key = (getattr(body, "__code__", type(body)), count, grain)
+        key = (site_scope(), getattr(body, "__code__", type(body)), count, grain)
         site = self._sites.get(key)
         if site is None:
             site = self._sites.setdefault(key, _Site(len(self._sites) * 7))
@@ -189,9 +213,10 @@ class ChunkRunner:
             self._serial(count, body, grain)
         site.record(threaded, self._clock() - start)
 
-    def way(self, body: Callable, count: int, grain: int) -> bool | None:
-        """How a call site runs now (True: threaded, False: serial; None: not settled)."""
-        site = self._sites.get((getattr(body, "__code__", type(body)), count, grain))
+    def way(self, body: Callable, count: int, grain: int, scope=None) -> bool | None:
+        """How a call site (of the layer call `scope`, see `call_site`) runs now (True:
+        threaded, False: serial; None: not settled)."""
+        site = self._sites.get((scope, getattr(body, "__code__", type(body)), count, grain))
         if site is None or not site.settled():
             return None
         return site.threaded_wins()

@@ -205,6 +205,26 @@ def test_a_settled_site_follows_a_change_of_load():
     assert runner.way(body, 4, 1) is False
 
 
+def test_layer_calls_keep_separate_records_of_the_same_body_and_sizes():
+    """Two layers hand out the same code over the same chunk count (as every convolution on
+    the per-sample columns does): within their own `call_site` each settles on its own
+    faster way, instead of one record comparing one layer's time with the other's."""
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    costs = {"small": {True: 0.5, False: 1.0}, "large": {True: 50.0, False: 10.0}}
+    cost = {}
+    body = timed_body(clock, cost, [])
+    for _ in range(parallel.CALLS_TO_SETTLE):
+        for layer in ("small", "large"):
+            cost.update(costs[layer])
+            with parallel.call_site(layer):
+                for_each_chunk(np, 4, body, runner=runner)
+    assert parallel.site_scope() is None
+    assert runner.way(body, 4, 1, scope="small") is True
+    assert runner.way(body, 4, 1, scope="large") is False
+    assert runner.way(body, 4, 1) is None  # no run outside a layer call
+
+
 def test_both_ways_give_the_same_chunks():
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=25, serial_below=0, clock=clock)

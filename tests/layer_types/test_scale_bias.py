@@ -166,13 +166,18 @@ def test_num_axes_past_the_end():
         make_layer(param("Scale", "scale_param { axis: 2 num_axes: 3 }"), [X_SHAPE])
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_scale_row_blocks_on_threads(in_place, dtype):
-    """The CPU path over blocks of (outer, channel) rows, on two threads with one-row chunks:
-    forward bit for bit as x * s + b, backward against sums written out here, from stale
-    bottom diffs and lazily cleared parameter diffs."""
+def test_scale_row_blocks_on_threads(in_place, dtype, compiled):
+    """The CPU path over blocks of (outer, channel) rows, on two threads with one-row chunks,
+    as compiled loops or numpy calls: forward bit for bit as x * s + b, backward against sums
+    written out here, from stale bottom diffs and lazily cleared parameter diffs."""
+    from mgcaffe.kernels import scale_loops
     from mgcaffe.kernels.parallel import ChunkRunner
+
+    if compiled and scale_loops.load() is None:
+        pytest.skip("numba is not importable: the compiled loops cannot run")
 
     rng = np.random.default_rng(7)
     shape = (3, 4, 5, 6)
@@ -186,6 +191,7 @@ def test_scale_row_blocks_on_threads(in_place, dtype):
     top = bottom if in_place else Blob((), dtype=dtype)
     layer.setup([bottom], [top])
     assert layer.fused_rows
+    layer.compiled_loops = compiled
     layer.fused_forward_min_inner = 1  # this test's rows are short
     layer.blobs[0].data[...] = s
     layer.blobs[1].data[...] = b
@@ -205,10 +211,42 @@ def test_scale_row_blocks_on_threads(in_place, dtype):
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
     ds = [sum(float(v) for v in (dy64[:, c] * x64[:, c]).ravel()) for c in range(4)]
     db = [sum(float(v) for v in dy64[:, c].ravel()) for c in range(4)]
-    tol = 1e-5 if dtype == np.float32 else 1e-12
+    # Compiled, the sums are float64, rounded once to float32.
+    tol = 1e-12 if dtype == np.float64 else 1e-6 if compiled else 1e-5
     np.testing.assert_allclose(layer.blobs[0].diff, ds, rtol=tol, atol=tol)
     np.testing.assert_allclose(layer.blobs[1].diff, db, rtol=tol, atol=tol)
     np.testing.assert_array_equal(bottom.diff, dy * s.reshape(1, 4, 1, 1))
     top.diff[...] = dy  # in place, the first backward overwrote it with the bottom diff
     layer.backward([top], [False], [bottom])  # the parameter diffs accumulate
     np.testing.assert_allclose(layer.blobs[1].diff, 2 * np.array(db), rtol=tol, atol=tol)
+
+
+def test_compiled_scale_rows_repeat_bit_for_bit_on_any_thread_count():
+    """Each row is summed by one thread in the compiled loops, so 1 and 3 threads (one-row
+    chunks) give the same bits, forward and backward, in ResNet's in-place form."""
+    from mgcaffe.kernels import scale_loops
+    from mgcaffe.kernels.parallel import ChunkRunner
+
+    if scale_loops.load() is None:
+        pytest.skip("numba is not importable: the compiled loops cannot run")
+    rng = np.random.default_rng(11)
+    shape = (2, 8, 7, 7)
+    x, dy = rng.standard_normal(shape, np.float32), rng.standard_normal(shape, np.float32)
+    results = []
+    for threads in (1, 3):
+        ctx = LayerContext(dtype=np.float32, chunk_runner=ChunkRunner(
+            threads, chunk_elements=1, serial_below=0, adaptive=False))
+        layer = create_layer(param("Scale", "scale_param { bias_term: true }"), ctx)
+        blob = Blob(shape, dtype=np.float32)
+        blob.data[...] = x
+        layer.setup([blob], [blob])
+        layer.blobs[0].data[...] = np.linspace(-2, 2, 8)
+        layer.blobs[1].data[...] = np.linspace(1, -1, 8)
+        layer.forward([blob], [blob])
+        top = blob.data.copy()
+        blob.diff[...] = dy
+        layer.backward([blob], [True], [blob])
+        results.append((top, blob.diff.copy(), layer.blobs[0].diff.copy(),
+                        layer.blobs[1].diff.copy()))
+    for one, three in zip(*results):
+        np.testing.assert_array_equal(one, three)

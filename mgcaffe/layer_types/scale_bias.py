@@ -110,9 +110,10 @@ class ScaleLayer(_BroadcastLayer):
     #: product and the bias; the two sums and the bottom diff), on the chunk threads: one
     #: trip through memory per array instead of one per pass. False: whole-array passes.
     fused_rows = True
-    #: ... in forward only for rows of at least this many elements: on short rows (ResNet's
-    #: 14x14 and 7x7 planes) the whole-array passes measured faster (1.05 vs 1.15 ms at
-    #: 4x1024x14x14, 0.50 vs 0.65 ms at 4x2048x7x7; the other way at 56x56: 4.3 vs 3.6 ms).
+    #: ... in forward, on numpy's calls (without `compiled_loops`), only for rows of at
+    #: least this many elements: on short rows (ResNet's 14x14 and 7x7 planes) the
+    #: whole-array passes measured faster (1.05 vs 1.15 ms at 4x1024x14x14, 0.50 vs 0.65 ms
+    #: at 4x2048x7x7; the other way at 56x56: 4.3 vs 3.6 ms).
     fused_forward_min_inner = 1024
     #: The blocks' passes as compiled loops (kernels.scale_loops; numba importable), one
     #: loop per row with the operands per row; False: numpy calls per block. Measured

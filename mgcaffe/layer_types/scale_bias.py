@@ -205,22 +205,24 @@ class ScaleLayer(_BroadcastLayer):
             b_rows = np.ascontiguousarray(self._per_row(self.blobs[self.bias_index].data))
             b = b_rows[:, None]
         loops = self._loops()
+        if loops is not None:
+            # An absent operand's place takes a stand-in of the same type, never read.
+            args = (x, y, y if copy is None else copy, s_rows,
+                    s_rows if b_rows is None else b_rows, copy is not None, b_rows is not None)
 
-        def body(start, stop):
-            if loops is not None:  # absent operands: stand-ins of the same types, unread
-                loops.forward(x, y, y if copy is None else copy, s_rows,
-                              s_rows if b_rows is None else b_rows, copy is not None,
-                              b_rows is not None, start, stop)
-                return
-            if copy is not None:
-                np.copyto(copy[start:stop], x[start:stop])
-                source = copy[start:stop]
-            else:
-                source = x[start:stop]
-            out = y[start:stop]
-            np.multiply(source, s[start:stop], out=out)
-            if b is not None:
-                out += b[start:stop]
+            def body(start, stop):
+                loops.forward(*args, start, stop)
+        else:
+            def body(start, stop):
+                if copy is not None:
+                    np.copyto(copy[start:stop], x[start:stop])
+                    source = copy[start:stop]
+                else:
+                    source = x[start:stop]
+                out = y[start:stop]
+                np.multiply(source, s[start:stop], out=out)
+                if b is not None:
+                    out += b[start:stop]
 
         self._for_each_rows(body)
 
@@ -247,24 +249,25 @@ class ScaleLayer(_BroadcastLayer):
             dx = bottom[0].diff.reshape(rows)
             s_rows = np.ascontiguousarray(self._per_row(self._scale(bottom).data))
             s = s_rows[:, None]
-        unused = np.empty(1, dtype=sums)  # stand-ins of the same types, unread
+        if loops is not None:
+            # An absent operand's place takes a stand-in of the same type, never read.
+            unused = np.empty(1, dtype=sums)
+            args = (dy, dy if x is None else x, dy if dx is None else dx,
+                    np.empty(1, dy.dtype) if s_rows is None else s_rows,
+                    unused if bias is None else bias, unused if scale is None else scale,
+                    bias is not None, scale is not None, dx is not None)
 
-        def body(start, stop):
-            if loops is not None:
-                loops.backward(dy, dy if x is None else x, dy if dx is None else dx,
-                               np.empty(1, dy.dtype) if s_rows is None else s_rows,
-                               unused if bias is None else bias,
-                               unused if scale is None else scale,
-                               bias is not None, scale is not None, dx is not None,
-                               start, stop)
-                return
-            grad = dy[start:stop]
-            if bias is not None:
-                grad.sum(axis=1, out=bias[start:stop])
-            if scale is not None:
-                np.einsum("ij,ij->i", grad, x[start:stop], out=scale[start:stop])
-            if dx is not None:
-                np.multiply(grad, s[start:stop], out=dx[start:stop])
+            def body(start, stop):
+                loops.backward(*args, start, stop)
+        else:
+            def body(start, stop):
+                grad = dy[start:stop]
+                if bias is not None:
+                    grad.sum(axis=1, out=bias[start:stop])
+                if scale is not None:
+                    np.einsum("ij,ij->i", grad, x[start:stop], out=scale[start:stop])
+                if dx is not None:
+                    np.multiply(grad, s[start:stop], out=dx[start:stop])
 
         self._for_each_rows(body)
         if bias is not None:

@@ -33,9 +33,9 @@ changes. Both ways run the same chunks with the same boundaries, so the results 
 identical; only who runs them differs.
 
 A call site is the body's code and sizes within the layer call that runs it (`call_site`,
-which the net sets around each layer's forward and backward): every convolution on the
-per-sample columns hands out the same code over the same 16 chunks, and one record shared
-by all of them compared one layer's threaded time with another's serial time.
+which the net sets around each layer's forward and backward), so that layers whose work
+looks alike to the runner keep separate records: every convolution on the per-sample
+columns hands out the same code over the same 16 chunks.
 
 Two limits, measured on the 2-core reference machine. (1) The GIL: a thread holds it between
 numpy calls, so calls shorter than ~20 us (32K-element passes) do not overlap at all; only
@@ -92,16 +92,21 @@ def site_scope():
 
 
 @contextmanager
+def _thread_setting(local: threading.local, name: str, value):
+    """Within this block, `local.name` is `value` on this thread (restored after)."""
+    before = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, before)
+
+
 def call_site(key):
     """Within this block, this thread's chunk runs are timed as call sites of `key` (a
     layer's forward or backward): two layers whose bodies share code and sizes keep
     separate records."""
-    before = getattr(_site, "key", None)
-    _site.key = key
-    try:
-        yield
-    finally:
-        _site.key = before
+    return _thread_setting(_site, "key", key)
 
 
 class _Site:
@@ -257,15 +262,9 @@ class ChunkRunner:
             raise state["errors"][0]
 
 
-@contextmanager
 def serial_chunks():
     """Within this block, chunk runs on this thread run serially (`layer_way`'s one way)."""
-    before = getattr(_in_chunk, "serial", False)
-    _in_chunk.serial = True
-    try:
-        yield
-    finally:
-        _in_chunk.serial = before
+    return _thread_setting(_in_chunk, "serial", True)
 
 
 def default_threads() -> int:

@@ -97,3 +97,13 @@ def test_off_unless_the_thread_choice_allows_it(monkeypatch):
     assert layer_way.default_layer_way().threads == 2
     # any array module other than numpy: a plain call
     assert layer_way.call_layer(object(), "k", lambda: 7) == 7
+
+
+def test_a_layer_call_names_its_call_site_for_the_chunk_runner():
+    """The net's layer calls go through call_layer: inside, the runner's records are the
+    layer call's own (parallel.call_site); after it, and off numpy, none is named."""
+    seen = []
+    layer_way.call_layer(np, ("conv1", 0), lambda: seen.append(parallel.site_scope()))
+    layer_way.call_layer(object(), ("conv1", 1), lambda: seen.append(parallel.site_scope()))
+    assert seen == [("conv1", 0), None]
+    assert parallel.site_scope() is None

@@ -40,9 +40,10 @@ class InnerProduct(Layer):
     #: diff; per cache-sized block the zeroing stays in the cache), `overwrite_blocks_per_
     #: chunk` blocks to a chunk of the runner, each GEMM on one BLAS thread (no wait inside
     #: a small GEMM for a busy core; the same blocks, so the same bits, on any thread
-    #: count); 0: one call. fc6's dW alone, 1 thread: 26-30 -> 11-23 ms, fc7 11-26 -> 5-10;
-    #: 2 threads: fc6 15.3 -> 11.1, fc7 6.8 -> 5.4. Whole fc6 backward in AlexNet at batch 8
-    #: (`mgcaffe time --threads 2`, alternated): 29.8-30.8 -> 22.8-28.0 ms.
+    #: count); 0: one call. fc6's dW alone at batch 8, one call / blocks, best of 7: one
+    #: thread 26.0 -> 11.1 ms (fc7 11.3 -> 5.3), two threads 15.3 -> 11.1 (fc7 6.8 -> 5.4).
+    #: Whole fc6 backward in AlexNet at batch 8 (`mgcaffe time --threads 2`, alternated):
+    #: 29.8-30.8 -> 22.8-28.0 ms.
     overwrite_block_elements = 1 << 16
     #: Blocks a chunk of the runner takes at once (fewer hand-outs, each a few MB of diff).
     overwrite_blocks_per_chunk = 8

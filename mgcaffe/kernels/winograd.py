@@ -27,12 +27,18 @@ conv2/3x3).
 Layouts (P = tiles_h * tiles_w tiles per sample, ordered tile row then column): V kept
 for backward (C, 16, N, P) (4x the input for even sizes; im2col's columns are 9x); the
 per-call temporaries M and dM (16, O, N, P), Y and the gathered dY tiles (4, O, N, P), the
-tile columns (N, C*16, P), the padded image (N, C, Hp, Wp). The input transform runs sample
-by sample, the output transforms over blocks of output channels, the 16 * group GEMMs of a
-pass one per task (the weight gradient's each a single GEMM over all the batch's tiles),
-all handed to the runner's threads with one BLAS thread each (kernels.sample_gemm), so the
-results do not depend on the thread count. Forward on large planes runs whole samples
-instead (PER_SAMPLE_FROM), each sample's M used while it is in the cache.
+tile columns (N, C*16, P), the padded image (N, C, Hp, Wp). The transforms read or write
+a tile's 16 positions together, 16 streams, so the slabs along a tile-position axis (the
+rows of V, and M, dM, dV) start a few cache lines off a multiple of the page
+(`slab_stride`): slabs a whole number of pages apart (as O*N*P float32 is whenever O*P is a
+multiple of 128) put the 16 streams in the same cache sets, and on conv2/3x3 the output
+gradient's transform ran 2.2x as long. The input
+transform runs sample by sample, the output transforms over blocks of output channels, the
+16 * group GEMMs of a pass one per task (the weight gradient's each a single GEMM over all
+the batch's tiles), all handed to the runner's threads with one BLAS thread each
+(kernels.sample_gemm), so the results do not depend on the thread count. Forward on large
+planes runs whole samples instead (PER_SAMPLE_FROM), each sample's M used while it is in
+the cache.
 
 Rounding: the transforms add and subtract up to 16 (input), 9 (output) and 9 (weight, in
 halves and quarters) terms, so float32 results differ from a direct convolution's by a few
@@ -41,6 +47,7 @@ units in the last place of the largest terms (tests bound it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +72,24 @@ KRON_OUT = np.kron(AT, AT)     # 4 x 16
 def applies(kernel, stride, dilation) -> bool:
     """Whether a 2-D convolution's geometry is one this module computes."""
     return tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
+
+
+def slab_stride(elements: int) -> int:
+    """Elements from one slab's start to the next for slabs of `elements`: whole float32
+    cache lines (16 elements), as few more as make 16 slabs' starts fall in 16 different
+    sets of the caches (lines apart, a multiple of at most 4 of the 64 sets of a 4 KB
+    way)."""
+    lines = -(-elements // 16)
+    while math.gcd(lines, 64) > 4:
+        lines += 1
+    return 16 * lines
+
+
+def _slabs(memory, shape):
+    """A view of 1-D `memory` as `shape`, its leading axis's steps `slab_stride` apart."""
+    count, rest = shape[0], int(np.prod(shape[1:]))
+    stride = slab_stride(rest)
+    return memory[:count * stride].reshape(count, stride)[:, :rest].reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -104,6 +129,23 @@ class Geometry:
         """V, kept from forward to backward: (C, 16, N, P)."""
         return (self.image[1], 16, self.image[0], self.per_sample)
 
+    def input_elements(self):
+        """The length of the 1-D memory that holds V and then, in backward, dV (16, C, N, P),
+        each in slabs (`input_view`, `tile_grad_view`)."""
+        n, c, p = self.image[0], self.image[1], self.per_sample
+        return max(c * 16 * slab_stride(n * p), 16 * slab_stride(c * n * p))
+
+    def input_view(self, memory):
+        """V (C, 16, N, P), its (channel, tile position) rows in slabs, in `memory`
+        (input_elements long)."""
+        n, c, p = self.image[0], self.image[1], self.per_sample
+        return _slabs(memory, (c * 16, n, p)).reshape(self.input_shape())
+
+    def tile_grad_view(self, memory):
+        """dV (16, C, N, P), in slabs, in V's `memory`."""
+        n, c = self.image[:2]
+        return _slabs(memory, (16, c, n, self.per_sample))
+
     def columns_shape(self):
         """The tile columns (and dV): (N, C*16, P)."""
         return (self.image[0], self.image[1] * 16, self.per_sample)
@@ -111,6 +153,21 @@ class Geometry:
     def product_shape(self):
         """M and dM: (16, O, N, P)."""
         return (16, self.num_output, self.image[0], self.per_sample)
+
+    def product_elements(self):
+        """The length of the 1-D memory for M or dM: in slabs (16, O, N, P)
+        (`product_view`) or, for the forward by samples, (N, 16, O, P) (`sample_product_view`)."""
+        n, o, p = self.image[0], self.num_output, self.per_sample
+        return max(16 * slab_stride(o * n * p), n * 16 * slab_stride(o * p))
+
+    def product_view(self, memory):
+        """M or dM (16, O, N, P), in slabs, in `memory` (product_elements long)."""
+        return _slabs(memory, self.product_shape())
+
+    def sample_product_view(self, memory):
+        """M (N, 16, O, P), each sample's 16 in slabs, in `memory`."""
+        n, o, p = self.image[0], self.num_output, self.per_sample
+        return _slabs(memory, (n * 16, o, p)).reshape(n, 16, o, p)
 
     def output_tiles_shape(self):
         """Y and the gathered dY tiles: (4, O, N, P)."""
@@ -246,13 +303,15 @@ PER_SAMPLE_FROM = 256
 
 def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     """top (N, O, Ho, Wo) = the convolution of image (N, C, H, W) by the transformed weight
-    u (16, O, C/group) (+ bias (O,)); fills v (C, 16, N, P) for backward. `buffers(name,
-    shape)` gives the temporaries ("padded", "columns", "product", "tiles")."""
+    u (16, O, C/group) (+ bias (O,)); fills V for backward into `v` (1-D, of
+    geometry.input_elements). `buffers(name, shape)` gives the temporaries ("padded",
+    "columns", "product", "tiles")."""
     if geometry.per_sample >= PER_SAMPLE_FROM:
         _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner)
         return
     fill_input(image, geometry, v, buffers, runner)
-    m = buffers("product", geometry.product_shape())
+    v = geometry.input_view(v)
+    m = geometry.product_view(buffers("product", (geometry.product_elements(),)))
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     vk = v.reshape(v.shape[0], 16, -1)                      # (C, 16, N*P)
     mk = m.reshape(16, geometry.num_output, -1)            # (16, O, N*P)
@@ -289,7 +348,8 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
     padded, columns = _fallback_buffers(geometry, buffers)
     n, o, p = geometry.image[0], geometry.num_output, geometry.per_sample
     g = geometry.group
-    m = buffers("product", geometry.product_shape()).reshape(n, 16, o, p)
+    v = geometry.input_view(v)
+    m = geometry.sample_product_view(buffers("product", (geometry.product_elements(),)))
     loops = _loops()
     y = None if loops else buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
     ug = u.reshape(16, g, o // g, u.shape[2])
@@ -313,8 +373,10 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
 
 
 def fill_input(image, geometry, v, buffers, runner=None):
-    """v (C, 16, N, P) = B^T d B for every tile of image (kept for backward)."""
+    """V (C, 16, N, P) = B^T d B for every tile of image, into `v` (1-D, of
+    geometry.input_elements; kept for backward)."""
     padded, columns = _fallback_buffers(geometry, buffers)
+    v = geometry.input_view(v)
 
     def samples(start, stop):
         for s in range(start, stop):
@@ -327,7 +389,7 @@ def output_grad(dy, geometry, buffers, runner=None):
     """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
     loops = _loops()
     tiles = None if loops else buffers("tiles", geometry.output_tiles_shape())
-    dm = buffers("product", geometry.product_shape())
+    dm = geometry.product_view(buffers("product", (geometry.product_elements(),)))
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
     mk = dm.reshape(16, geometry.num_output, -1)
 
@@ -346,8 +408,10 @@ def output_grad(dy, geometry, buffers, runner=None):
 
 def transformed_weight_grad(dm, v, geometry, du, runner=None):
     """du (16, O, C/group) = dM[k] @ V[:, k]^T over all the tiles of the batch, per tile
-    position k and group: one GEMM per (k, group), each on one BLAS thread."""
+    position k and group: one GEMM per (k, group), each on one BLAS thread. `v` is V's 1-D
+    memory."""
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
+    v = geometry.input_view(v)
     vk = v.reshape(v.shape[0], 16, -1)
     mk = dm.reshape(16, geometry.num_output, -1)
 
@@ -361,12 +425,13 @@ def transformed_weight_grad(dm, v, geometry, du, runner=None):
 
 
 def input_grad(dm, u, geometry, v, buffers, out, runner=None):
-    """out (N, C, H, W) = the input gradient from dM and u (overwritten); v's memory takes
-    dV (16, C, N, P) on the way (its V is lost)."""
+    """out (N, C, H, W) = the input gradient from dM and u (overwritten); V's 1-D memory `v`
+    takes dV (16, C, N, P) on the way (its V is lost)."""
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     c = geometry.image[1]
     mk = dm.reshape(16, geometry.num_output, -1)
-    dv = v.reshape(16, c, -1)
+    dv4 = geometry.tile_grad_view(v)
+    dv = dv4.reshape(16, c, -1)
 
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
@@ -378,7 +443,6 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     _, _, h, w = geometry.image
     ph, pw = geometry.pad
     kron_in_t = _constant(KRON_IN, dm.dtype).T
-    dv4 = v.reshape(16, c, geometry.image[0], -1)
     loops = _loops()
 
     def samples(start, stop):

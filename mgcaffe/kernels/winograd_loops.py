@@ -41,72 +41,57 @@ from . import compiled
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 
 
-#: Tiles per block of the transforms that write 16 streams (V, dM): each block's 16 results
-#: are made in a small buffer (in the L1 cache) and copied out as 16 contiguous runs.
-#: Written tile by tile straight into the 16 rows, the stores ran at ~1 GB/s (conv2/3x3
-#: b8: the output gradient 88 ms, the input transform 174 ms).
-BLOCK_TILES = 64
-
-
-def _pad_plane(image, s, c, ph, pw, padded, zero):
-    """padded (Hp, Wp) = plane (s, c) of image with its zero border (the pad, and the
-    extra row or column of an odd output size)."""
-    height, width = image.shape[2], image.shape[3]
-    for y in range(padded.shape[0]):
-        row = padded[y]
-        if y < ph or y >= ph + height:
-            for x in range(padded.shape[1]):
-                row[x] = zero
-            continue
-        source = image[s, c, y - ph]
-        for x in range(pw):
-            row[x] = zero
-        for x in range(width):
-            row[pw + x] = source[x]
-        for x in range(pw + width, padded.shape[1]):
-            row[x] = zero
-
-
 def _column_in(padded, y0, x):
-    """B^T times the 4-cell column x of the tile from row y0 (B^T's rows: d0 - d2, d1 + d2,
-    d2 - d1, d1 - d3)."""
+    """B^T times the 4-cell column x of the tile from row y0 of `padded` (B^T's rows:
+    d0 - d2, d1 + d2, d2 - d1, d1 - d3)."""
     d0, d1, d2, d3 = padded[y0, x], padded[y0 + 1, x], padded[y0 + 2, x], padded[y0 + 3, x]
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-def _copy_block(block, out, first, at, count, k0, s):
-    """out[k0 + k, first, s, at:at + count] = block[k, :count] for the 16 k (16 runs)."""
-    for k in range(16):
-        row, target = block[k], out[k0 + k, first, s]
-        for t in range(count):
-            target[at + t] = row[t]
-
-
 def _input_tiles(image, v, s0, s1, c0, c1, ph, pw, th, tw, zero):
-    block = np.empty((16, BLOCK_TILES), dtype=v.dtype)
-    vt = v.transpose(1, 0, 2, 3)  # (16, C, N, P): _copy_block's layout
-    tiles = th * tw
-    # Each plane is first copied with its zero border: the tiles then read it unchecked
-    # (reading the image with a bounds check per cell took 7x as long).
-    padded = np.empty((2 * th + 2, 2 * tw + 2), dtype=v.dtype)
+    vt = v.transpose(1, 0, 2, 3)  # (16, C, N, P)
+    # A tile row's four padded image rows, copied with the zero border: the tiles then read
+    # them unchecked (reading the image with a bounds check per cell took 7x as long).
+    rows = np.empty((4, 2 * tw + 2), dtype=v.dtype)
     for q in range((s1 - s0) * (c1 - c0)):
         s, c = s0 + q // (c1 - c0), c0 + q % (c1 - c0)
-        _pad_plane(image, s, c, ph, pw, padded, zero)
-        for at in range(0, tiles, BLOCK_TILES):
-            count = min(BLOCK_TILES, tiles - at)
-            for t in range(count):
-                p = at + t
-                y0, x0 = 2 * (p // tw), 2 * (p % tw)
-                # t = B^T d per column, then V = t B per row: the same combination.
-                t0, t1 = _column_in(padded, y0, x0), _column_in(padded, y0, x0 + 1)
-                t2, t3 = _column_in(padded, y0, x0 + 2), _column_in(padded, y0, x0 + 3)
-                for i in range(4):
-                    a, b, e, f = t0[i], t1[i], t2[i], t3[i]
-                    block[4 * i, t] = a - e
-                    block[4 * i + 1, t] = b + e
-                    block[4 * i + 2, t] = e - b
-                    block[4 * i + 3, t] = b - f
-            _copy_block(block, vt, c, at, count, 0, s)
+        out = vt[:, c, s]
+        for ty in range(th):
+            for i in range(4):
+                _padded_row(image, s, c, 2 * ty + i - ph, pw, rows[i], zero)
+            _input_row(rows, out, ty * tw, tw)
+
+
+def _padded_row(image, s, c, y, pw, row, zero):
+    """row = image[s, c, y] shifted right by pw, zero outside it (all zero where y is
+    outside the image)."""
+    width = image.shape[3] if 0 <= y < image.shape[2] else 0
+    for x in range(min(pw, row.shape[0])):
+        row[x] = zero
+    for x in range(width):
+        row[pw + x] = image[s, c, y, x]
+    for x in range(pw + width, row.shape[0]):
+        row[x] = zero
+
+
+def _input_row(rows, out, first, count):
+    """out[:, first + t] = V of the tiles over columns 2t .. 2t + 3 of the four rows."""
+    for t in range(count):
+        x0 = 2 * t
+        # B^T per column (d0 - d2, d1 + d2, d2 - d1, d1 - d3), then the same along the row.
+        c0 = _column_in(rows, 0, x0)
+        c1 = _column_in(rows, 0, x0 + 1)
+        c2 = _column_in(rows, 0, x0 + 2)
+        c3 = _column_in(rows, 0, x0 + 3)
+        p = first + t
+        out[0, p], out[1, p] = c0[0] - c2[0], c1[0] + c2[0]
+        out[2, p], out[3, p] = c2[0] - c1[0], c1[0] - c3[0]
+        out[4, p], out[5, p] = c0[1] - c2[1], c1[1] + c2[1]
+        out[6, p], out[7, p] = c2[1] - c1[1], c1[1] - c3[1]
+        out[8, p], out[9, p] = c0[2] - c2[2], c1[2] + c2[2]
+        out[10, p], out[11, p] = c2[2] - c1[2], c1[2] - c3[2]
+        out[12, p], out[13, p] = c0[3] - c2[3], c1[3] + c2[3]
+        out[14, p], out[15, p] = c2[3] - c1[3], c1[3] - c3[3]
 
 
 def _output_tiles(m, top, bias, has_bias, s0, s1, o0, o1, tw):
@@ -140,36 +125,34 @@ def _output_tiles(m, top, bias, has_bias, s0, s1, o0, o1, tw):
 
 
 def _output_grad_tiles(dy, dm, s0, s1, o0, o1, tw, zero):
-    ho, wo = dy.shape[2], dy.shape[3]
-    block = np.empty((16, BLOCK_TILES), dtype=dm.dtype)
-    tiles = dm.shape[3]
+    th = dm.shape[3] // tw
+    # Each tile row's two image rows, copied with a zero past the edge: the tiles then read
+    # them unchecked, and the 16 results of a tile go straight to dM's 16 slabs.
+    upper = np.empty(2 * tw, dtype=dm.dtype)
+    lower = np.empty(2 * tw, dtype=dm.dtype)
     for q in range((s1 - s0) * (o1 - o0)):
         s, o = s0 + q // (o1 - o0), o0 + q % (o1 - o0)
-        for at in range(0, tiles, BLOCK_TILES):
-            count = min(BLOCK_TILES, tiles - at)
-            _output_grad_block(dy, block, s, o, at, count, tw, ho, wo, zero)
-            _copy_block(block, dm, o, at, count, 0, s)
+        out = dm[:, o, s]
+        for ty in range(th):
+            _padded_row(dy, s, o, 2 * ty, 0, upper, zero)
+            _padded_row(dy, s, o, 2 * ty + 1, 0, lower, zero)
+            _output_grad_row(upper, lower, out, ty * tw, tw)
 
 
-def _output_grad_block(dy, block, s, o, at, count, tw, ho, wo, zero):
-    """block[:, :count] = dM of tiles [at, at + count) of plane (s, o)."""
+def _output_grad_row(upper, lower, out, first, count):
+    """out[:, first + t] = dM of the tiles over columns 2t, 2t + 1 of rows upper, lower."""
     for t in range(count):
-        p = at + t
-        y, x = 2 * (p // tw), 2 * (p % tw)
-        right, down = x + 1 < wo, y + 1 < ho
-        g00 = dy[s, o, y, x]
-        g01 = dy[s, o, y, x + 1] if right else zero
-        g10 = dy[s, o, y + 1, x] if down else zero
-        g11 = dy[s, o, y + 1, x + 1] if right and down else zero
-        # dM = A dY A^T; A's rows: (1, 0), (1, 1), (1, -1), (0, -1). Rows first.
-        ra = (g00, g00 + g10, g00 - g10, -g10)
-        rb = (g01, g01 + g11, g01 - g11, -g11)
-        for i in range(4):
-            a, b = ra[i], rb[i]
-            block[4 * i, t] = a
-            block[4 * i + 1, t] = a + b
-            block[4 * i + 2, t] = a - b
-            block[4 * i + 3, t] = -b
+        g00, g01 = upper[2 * t], upper[2 * t + 1]
+        g10, g11 = lower[2 * t], lower[2 * t + 1]
+        # dM = A dY A^T; A's rows: (1, 0), (1, 1), (1, -1), (0, -1).
+        a1, a2 = g00 + g10, g00 - g10
+        b1, b2 = g01 + g11, g01 - g11
+        p = first + t
+        out[0, p], out[1, p], out[2, p], out[3, p] = g00, g00 + g01, g00 - g01, -g01
+        out[4, p], out[5, p], out[6, p], out[7, p] = a1, a1 + b1, a1 - b1, -b1
+        out[8, p], out[9, p], out[10, p], out[11, p] = a2, a2 + b2, a2 - b2, -b2
+        out[12, p], out[13, p] = -g10, -g10 - g11
+        out[14, p], out[15, p] = g11 - g10, g11
 
 
 def _column_back(dv, c, s, p, j):
@@ -209,10 +192,11 @@ def _input_grad_tiles(dv, out, s0, s1, c0, c1, ph, pw, th, tw, zero):
 def _compile(numba):
     """The functions compiled lazily per argument types (float32 / float64 blobs)."""
     jit = functools.partial(compiled.jit, numba)
-    global _pad_plane, _column_in, _column_back, _copy_block, _output_grad_block
+    global _column_in, _column_back, _padded_row, _input_row, _output_grad_row
     # The helpers called from compiled code are compiled themselves (looked up as globals).
-    _pad_plane, _column_in, _column_back = jit(_pad_plane), jit(_column_in), jit(_column_back)
-    _copy_block, _output_grad_block = jit(_copy_block), jit(_output_grad_block)
+    _column_in, _column_back = jit(_column_in), jit(_column_back)
+    _padded_row, _input_row = jit(_padded_row), jit(_input_row)
+    _output_grad_row = jit(_output_grad_row)
     return types.SimpleNamespace(
         input_tiles=jit(_input_tiles), output_tiles=jit(_output_tiles),
         output_grad_tiles=jit(_output_grad_tiles),

@@ -634,7 +634,7 @@ class Convolution(_ConvolutionBase):
         self.drop_buffers("shift_input")
         self._shift, self._direct = None, False
         # V of each bottom, kept for backward's weight gradient (then it takes dV).
-        self._wino_inputs = [self.buffer(f"winograd_input{i}", self._wino.input_shape())
+        self._wino_inputs = [self.buffer(f"winograd_input{i}", (self._wino.input_elements(),))
                              for i in range(bottoms)]
         self._wino_hold_input = [False] * bottoms
         return True

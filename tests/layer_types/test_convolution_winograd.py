@@ -163,10 +163,53 @@ def test_stale_buffers_do_not_leak_into_results(conv_passes):
 
 
 def test_the_kept_input_is_four_times_the_input_for_even_outputs():
+    """... plus the slabs' spacing: at most 63 elements (four cache lines) more per
+    (channel, tile position) row."""
     layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", (2, 3, 14, 14))
     kept = sum(a.nbytes for r, a in layer._buffers.items() if r.startswith("winograd"))
-    assert kept == 4 * bottom[0].data.nbytes
+    quadruple = 4 * bottom[0].data.nbytes
+    assert quadruple <= kept <= quadruple + 3 * 16 * 63 * bottom[0].data.itemsize
     assert not any(r.startswith("columns") for r in layer._buffers)
+
+
+# (N, C, H, W), O: conv2/3x3 at batch 8 (O*N*P a whole number of pages, as is N*P*C), a
+# 16x16 output at batch 32 (N*P one page), a small odd one.
+SLAB_CASES = [((8, 64, 56, 56), 192), ((32, 64, 16, 16), 64), ((2, 3, 7, 5), 4)]
+
+
+def cache_sets(view, axis):
+    """The 64-byte line sets (of a 4 KB way) where 16 consecutive slabs along axis start."""
+    return {(k * view.strides[axis] // 64) % 64 for k in range(16)}
+
+
+@pytest.mark.parametrize("image,outputs", SLAB_CASES)
+def test_tile_position_slabs_start_in_sixteen_different_cache_sets(image, outputs):
+    """The transforms read or write a tile's 16 positions together: those 16 streams may
+    not share cache sets, in every array with a tile-position axis; each view's elements
+    are distinct elements of its memory."""
+    geometry = winograd.Geometry(image, (1, 1), outputs, 1)
+    product = np.zeros(geometry.product_elements(), np.float32)
+    kept = np.zeros(geometry.input_elements(), np.float32)
+    views = [(product, geometry.product_view, 0, geometry.product_shape()),
+             (product, geometry.sample_product_view, 1, None),
+             (kept, geometry.input_view, 1, geometry.input_shape()),
+             (kept, geometry.tile_grad_view, 0, None)]
+    for memory, make, axis, shape in views:
+        memory[...] = 0
+        view = make(memory)
+        assert len(cache_sets(view, axis)) == 16
+        assert view.shape[axis] == 16 and view.strides[-1] == view.itemsize
+        if shape is not None:
+            assert view.shape == shape
+        view[...] = 1.0
+        assert np.count_nonzero(memory) == view.size
+
+
+def test_slab_strides_are_whole_lines_and_barely_longer():
+    for elements in (1, 15, 16, 294, 1024, 4096, 6272, 401408, 2**20):
+        stride = winograd.slab_stride(elements)
+        assert stride % 16 == 0 and elements <= stride <= elements + 63
+        assert len({(k * stride // 16) % 64 for k in range(16)}) == 16
 
 
 def rule_picks(body, shape):
@@ -417,9 +460,10 @@ def test_the_gemm_fallback_is_taken_when_numba_cannot_be_imported(transforms):
     def buffers(name, shape):
         return scratch.setdefault(name, np.full(shape, np.nan))
 
-    v = np.empty(geometry.input_shape())
+    v = np.empty(geometry.input_elements())
     winograd.fill_input(x, geometry, v, buffers)
-    np.testing.assert_allclose(v, naive_input(x, geometry), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(geometry.input_view(v), naive_input(x, geometry), rtol=0,
+                               atol=1e-13)
     dm = winograd.output_grad(dy, geometry, buffers)
     np.testing.assert_allclose(dm, naive_output_grad(dy, geometry), rtol=0, atol=1e-13)
 

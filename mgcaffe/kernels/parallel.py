@@ -341,8 +341,10 @@ _blas_libraries: list | None = None
 
 
 def blas_controllers() -> list:
-    """threadpoolctl's controllers of the BLAS libraries loaded (looked up once; [] without
-    threadpoolctl)."""
+    """threadpoolctl's controllers of the BLAS libraries loaded when first asked (numpy's
+    among them: numpy loads it on import; [] without threadpoolctl). One list for every
+    caller, so the counts `sample_gemm.one_blas_thread` and `layer_way` set are the ones
+    `blas_threads` reads, whatever library (scipy's, say) loads later."""
     global _blas_libraries
     if _blas_libraries is None:
         try:

@@ -26,32 +26,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .parallel import runner_or_default
-
-_lock = threading.Lock()
-_controllers: list | None = None
-
-
-def _blas_controllers() -> list:
-    """threadpoolctl's controllers of the loaded BLAS libraries ([] without threadpoolctl)."""
-    global _controllers
-    with _lock:
-        if _controllers is None:
-            try:
-                from threadpoolctl import ThreadpoolController  # noqa: PLC0415
-            except ImportError:  # pragma: no cover - a dependency
-                _controllers = []
-            else:
-                _controllers = list(
-                    ThreadpoolController().select(user_api="blas").lib_controllers)
-        return _controllers
+from .parallel import blas_controllers, runner_or_default
 
 
 @contextmanager
 def one_blas_thread():
     """Within this block the BLAS runs each call on the calling thread alone (restored after,
     to the count it had)."""
-    libs = _blas_controllers()
+    libs = blas_controllers()
     before = [lib.get_num_threads() for lib in libs]
     for lib in libs:
         lib.set_num_threads(1)

@@ -9,7 +9,7 @@ import pytest
 from conv_layers import threaded_conv
 
 from mgcaffe.gradient_check import check_layer_gradients
-from mgcaffe.kernels import sample_gemm
+from mgcaffe.kernels import parallel, sample_gemm
 from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types.convolution import Convolution
 
@@ -101,7 +101,7 @@ def test_weight_diff_blocks_cover_a_wide_gradient(monkeypatch):
 
 
 def test_blas_thread_count_is_restored_after_a_call_and_an_error():
-    libs = sample_gemm._blas_controllers()
+    libs = parallel.blas_controllers()
     if not libs:
         pytest.skip("threadpoolctl finds no BLAS library here")
     before = [lib.get_num_threads() for lib in libs]
@@ -119,9 +119,20 @@ def test_blas_thread_count_is_restored_after_a_call_and_an_error():
     assert [lib.get_num_threads() for lib in libs] == before
 
 
+def test_one_blas_thread_limits_every_library_blas_threads_reads():
+    """One list of libraries for both: with another BLAS loaded after the first lookup
+    (scipy's, in a longer test run) one_blas_thread once left it at its count, and
+    blas_threads, looked up later, read that."""
+    if not parallel.blas_controllers():
+        pytest.skip("threadpoolctl finds no BLAS library here")
+    with sample_gemm.one_blas_thread():
+        assert parallel.blas_threads() == 1
+        assert all(lib.get_num_threads() == 1 for lib in parallel.blas_controllers())
+
+
 def test_a_one_thread_runner_calls_the_same_chunks_on_one_blas_thread():
     """A GEMM's last bits can depend on its shape: one thread or two, the same chunks."""
-    libs = sample_gemm._blas_controllers()
+    libs = parallel.blas_controllers()
     for threads in (1, 2):
         calls, blas = [], []
 

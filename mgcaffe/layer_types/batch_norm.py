@@ -6,6 +6,10 @@ variance sum (each channel), blobs[2] the scale factor (shape (1,)) both are div
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..kernels import batch_norm_loops, scale_loops
+from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..proto import caffe_pb2
 from .base import TEST, Layer
 from .layer_util import count, ensure_param_blob
@@ -28,6 +32,13 @@ class BatchNormLayer(Layer):
     type = "BatchNorm"
     exact_num_bottom = 1
     exact_num_top = 1
+    #: On the CPU (float32/float64, numba importable) the statistics, the normalisation and
+    #: the input gradient run as compiled loops per (sample, channel) row on the chunk
+    #: threads (kernels.batch_norm_loops): one trip through memory for the statistics, one
+    #: for y and its kept copy, two for the input gradient, instead of six and eight
+    #: whole-array passes. False: numpy's passes. The statistics and the gradient's sums are
+    #: then float64.
+    compiled_loops = True
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -83,7 +94,22 @@ class BatchNormLayer(Layer):
             self._x_norm = self._scratch = None
         elif self._x_norm is None or self._x_norm.shape != shape:
             self._x_norm = self.xp.zeros(shape, dtype=self.dtype)
-            self._scratch = self.xp.zeros(shape, dtype=self.dtype)
+            # The row loops need no work buffer.
+            self._scratch = (self.xp.zeros(shape, dtype=self.dtype)
+                             if self._loops() is None else None)
+
+    def _loops(self):
+        """The compiled row loops where they apply, else None (numpy's passes)."""
+        if not self.compiled_loops or self.xp is not np or \
+                np.dtype(self.dtype) not in (np.float32, np.float64):
+            return None
+        loops = batch_norm_loops.load()
+        return loops if loops is not None and scale_loops.load() is not None else None
+
+    def _for_each_row(self, rows, body):
+        """body(start, stop) over chunks of the (sample, channel) rows on the chunk threads."""
+        for_each_chunk(np, rows[0], body, item_elements=max(1, rows[1]),
+                       runner=runner_or_default(self.ctx.chunk_runner))
 
     def _global_stats(self):
         xp = self.xp
@@ -93,6 +119,10 @@ class BatchNormLayer(Layer):
         return self.blobs[0].data * inverse, self.blobs[1].data * inverse
 
     def forward(self, bottom, top):
+        loops = self._loops()
+        if loops is not None:
+            self._forward_rows(loops, bottom, top)
+            return
         xp = self.xp
         x, y = self._view(bottom[0].data), self._view(top[0].data)
         if self.use_global_stats:
@@ -112,6 +142,34 @@ class BatchNormLayer(Layer):
         if not self.use_global_stats:
             # Kept for backward: a later in-place layer may overwrite the top.
             xp.copyto(self._view(self._x_norm), y)
+
+    def _forward_rows(self, loops, bottom, top):
+        """forward() as row loops: each row's mean and squared deviations (float64), combined
+        per channel; then y, and the kept copy, in one sweep."""
+        n, c, inner = self._view(bottom[0].data).shape
+        rows = (n * c, inner)
+        x, y = bottom[0].data.reshape(rows), top[0].data.reshape(rows)
+        if self.use_global_stats:
+            mean, var = self._global_stats()
+        else:
+            means, deviations = np.empty(rows[0]), np.empty(rows[0])
+            self._for_each_row(rows, lambda start, stop: loops.row_moments(
+                x, means, deviations, start, stop))
+            means, deviations = means.reshape(n, c), deviations.reshape(n, c)
+            # A channel's rows, each `inner` values: the pairwise update of the moments.
+            mean64 = means.mean(axis=0)
+            spread = deviations.sum(axis=0) + inner * ((means - mean64) ** 2).sum(axis=0)
+            mean = mean64.astype(self.dtype)
+            var = (spread / (n * inner)).astype(self.dtype)
+            self._update_running_stats(mean, var, n * inner)
+        std = var + self.dtype.type(self.eps)
+        np.sqrt(std, out=std)
+        self._std = std.reshape(1, -1, 1)
+        keep = None if self.use_global_stats else self._x_norm.reshape(rows)
+        mean_rows, std_rows = np.tile(mean, n), np.tile(std, n)
+        self._for_each_row(rows, lambda start, stop: loops.normalize(
+            x, y, y if keep is None else keep, mean_rows, std_rows, keep is not None,
+            start, stop))
 
     def _update_running_stats(self, mean, var, m):
         maf = self.dtype.type(self.moving_average_fraction)
@@ -133,6 +191,10 @@ class BatchNormLayer(Layer):
         if self.use_global_stats:
             xp.divide(dy, self._std, out=dx)
             return
+        loops = self._loops()
+        if loops is not None:
+            self._backward_rows(loops, dy, dx)
+            return
         # dx = (dy - mean(dy) - mean(dy * y) * y) / std, means over N and spatial.
         y = self._view(self._x_norm)
         work = self._view(self._scratch)
@@ -146,3 +208,21 @@ class BatchNormLayer(Layer):
         work += dy
         # In place dx aliases dy, which `work` has fully consumed by now.
         xp.divide(work, self._std, out=dx)
+
+    def _backward_rows(self, loops, dy, dx):
+        """backward() as row loops: the sums of dy and dy * y per row (float64), summed per
+        channel; then dx in one sweep (it may overwrite dy: each row is read first)."""
+        n, c, inner = dy.shape
+        rows = (n * c, inner)
+        dy, dx, y = dy.reshape(rows), dx.reshape(rows), self._x_norm.reshape(rows)
+        sum_dy, sum_dy_y = np.empty(rows[0]), np.empty(rows[0])
+        # scale_loops' dx and s are not asked for: stand-ins of their types, never read.
+        stand_in = np.empty(1, dtype=dy.dtype)
+        self._for_each_row(rows, lambda start, stop: scale_loops.load().backward(
+            dy, y, dy, stand_in, sum_dy, sum_dy_y, True, True, False, start, stop))
+        per_channel = [np.tile(sums.reshape(n, c).sum(axis=0).astype(self.dtype), n)
+                       for sums in (sum_dy, sum_dy_y)]
+        std_rows = np.tile(self._std.reshape(-1), n)
+        scale = self.dtype.type(-1.0 / (n * inner))
+        self._for_each_row(rows, lambda start, stop: loops.input_grad(
+            dy, y, dx, *per_channel, std_rows, scale, start, stop))

@@ -9,10 +9,22 @@ from google.protobuf import text_format
 from mgcaffe.blob import Blob
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.kernels import batch_norm_loops
+from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
+from mgcaffe.layer_types.batch_norm import BatchNormLayer
 from mgcaffe.proto import caffe_pb2
 
 EPS = float(np.float32(1e-5))
+
+
+@pytest.fixture(autouse=True, params=["loops", "numpy"])
+def way(request, monkeypatch):
+    """Every test on both paths: the compiled row loops and numpy's passes."""
+    if request.param == "loops" and batch_norm_loops.load() is None:
+        pytest.skip("numba is not importable: the compiled loops cannot run")
+    monkeypatch.setattr(BatchNormLayer, "compiled_loops", request.param == "loops")
+    return request.param
 
 
 def param(text: str = "") -> caffe_pb2.LayerParameter:
@@ -157,3 +169,61 @@ def test_channel_mismatch_on_reshape():
     bottom[0].reshape((2, 4, 2, 2))
     with pytest.raises(LayerError, match="channels"):
         layer.reshape(bottom, top)
+
+
+def float32_layer(shape, phase=TRAIN, runner=None):
+    layer = create_layer(param(), LayerContext(phase=phase, dtype=np.float32))
+    if runner is not None:
+        layer.ctx.chunk_runner = runner
+    bottom, top = Blob(shape, dtype=np.float32), Blob((), dtype=np.float32)
+    layer.setup([bottom], [top])
+    return layer, bottom, top
+
+
+def test_float32_statistics_of_offset_data_are_float64_exact(way):
+    """Values 1000 + N(0, 0.01): the loops' statistics are float64 (the mean and variance
+    to float32's rounding of the exact ones); numpy's float32 passes are looser."""
+    shape = (4, 3, 9, 11)
+    x = (1000 + 0.01 * np.random.default_rng(6).standard_normal(shape)).astype(np.float32)
+    layer, bottom, top = float32_layer(shape)
+    bottom.data[...] = x
+    layer.forward([bottom], [top])
+    mean, var, m = batch_stats(x.astype(np.float64))
+    np.testing.assert_allclose(layer.blobs[0].data, mean, rtol=1e-7)
+    rtol = 1e-6 if way == "loops" else 1e-2
+    np.testing.assert_allclose(layer.blobs[1].data, var * m / (m - 1), rtol=rtol)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 7, 9), (5, 6)])
+def test_float32_forward_and_backward_repeat_on_any_thread_count(shape, way):
+    """Each row is summed by one thread: 1 and 3 chunk threads give the same bits, and the
+    results match a float64 reference."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    results = []
+    for threads in (1, 3):
+        runner = ChunkRunner(threads, chunk_elements=8, serial_below=1, adaptive=False)
+        layer, bottom, top = float32_layer(shape, runner=runner)
+        bottom.data[...] = x
+        layer.forward([bottom], [top])
+        top.diff[...] = dy
+        layer.backward([top], [True], [bottom])
+        results.append((top.data.copy(), bottom.diff.copy(), layer.blobs[1].data.copy()))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    mean, var, m = batch_stats(x.astype(np.float64))
+    y = reference_normalize(x.astype(np.float64), mean, var)
+    axes = (0,) + tuple(range(2, len(shape)))
+    std = np.sqrt(var + EPS).reshape((1, -1) + (1,) * (len(shape) - 2))
+    d64 = dy.astype(np.float64)
+    dx = (d64 - d64.mean(axis=axes, keepdims=True)
+          - (d64 * y).mean(axis=axes, keepdims=True) * y) / std
+    np.testing.assert_allclose(results[0][0], y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(results[0][1], dx, rtol=1e-4, atol=1e-4)
+
+
+def test_the_loops_keep_no_work_buffer(way):
+    layer, _, _ = float32_layer((2, 3, 4, 4))
+    assert (layer._scratch is None) == (way == "loops")
+    assert layer._x_norm is not None

@@ -1,0 +1,127 @@
+"""The BatchNorm layer's batch statistics, normalisation and input gradient as compiled row
+loops (numba), for the CPU.
+
+Why: numpy's forward over batch statistics makes six passes over input-sized arrays (the
+mean, x - mean, its squares, their mean, the division, the copy kept for backward) and its
+backward eight, each a call through memory. Here each row, a (sample, channel) plane, does
+its share of a pass while it is in the cache:
+
+- `row_moments`: the row's mean and the sum of its squared deviations from that mean, in
+  float64 (the row swept twice from the cache). The layer combines a channel's rows with
+  the pairwise update (Chan, Golub and LeVeque): the statistics take one trip through
+  memory, and are as exact as a two-pass float64 variance.
+- `normalize`: y = (x - mean) / std, in the blob's type and numpy's order of operations
+  (the same bits as numpy's for the same mean and std), and the copy kept for backward in
+  the same sweep. y may be x (in place).
+- `input_grad`: dx = (dy + (y * sum(dy * y) + sum(dy)) * (-1 / m)) / std, the numpy
+  path's operations in its order. dx may be dy. The sums per row are those of
+  kernels.scale_loops' backward (sum dy, sum dy * x), in float64.
+
+Every function works on rows [r0, r1) with its operands given per row, so the layer's chunk
+runner calls it from several threads on disjoint rows (`nogil`); each row is summed by one
+thread, so the bits do not depend on the thread count. `load()` imports numba on first use
+and returns the compiled functions, or None when numba cannot be imported (the layer keeps
+its numpy path).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import numpy as np
+
+from . import compiled
+
+_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
+
+
+def _row_mean(x):
+    """The mean of x in float64."""
+    total = 0.0
+    for i in range(x.shape[0]):
+        total += np.float64(x[i])
+    return total / x.shape[0]
+
+
+def _row_squared_deviations(x, mean):
+    """sum((x - mean)^2) in float64."""
+    total = 0.0
+    for i in range(x.shape[0]):
+        d = np.float64(x[i]) - mean
+        total += d * d
+    return total
+
+
+def _row_moments(x, means, deviations, r0, r1):
+    """means[r], deviations[r] = mean(x[r]), sum((x[r] - mean)^2) for rows [r0, r1)."""
+    for r in range(r0, r1):
+        mean = _row_mean(x[r])
+        means[r] = mean
+        deviations[r] = _row_squared_deviations(x[r], mean)
+
+
+def _normalize(x, y, keep, mean, std, keeping, r0, r1):
+    """y[r] = (x[r] - mean[r]) / std[r] for rows [r0, r1); with `keeping`, keep[r] = y[r]."""
+    inner = x.shape[1]
+    row = np.empty(inner, dtype=y.dtype)
+    in_place = _same(x, y)
+    for r in range(r0, r1):
+        # In place, made in another array (keep's row, else `row`) and then copied: a loop
+        # whose output may overlap its input is not vectorised (3x as long).
+        source, m, s = x[r], mean[r], std[r]
+        made = y[r] if not in_place else keep[r] if keeping else row
+        for i in range(inner):
+            made[i] = (source[i] - m) / s
+        if in_place:
+            _copy(made, y[r])
+        elif keeping:
+            _copy(made, keep[r])
+
+
+def _input_grad(dy, y, dx, sum_dy, sum_dy_y, std, scale, r0, r1):
+    """dx[r] = (dy[r] + (y[r] * sum_dy_y[r] + sum_dy[r]) * scale) / std[r] for rows
+    [r0, r1), with scale = -1/m; the sums and std in the blob's type. dx may be dy."""
+    inner = dy.shape[1]
+    row = np.empty(inner, dtype=dx.dtype)
+    in_place = _same(dy, dx)
+    for r in range(r0, r1):
+        g, yr = dy[r], y[r]
+        a, b, s = sum_dy_y[r], sum_dy[r], std[r]
+        made = row if in_place else dx[r]  # in place via `row`, as _normalize's y
+        for i in range(inner):
+            made[i] = (g[i] + (yr[i] * a + b) * scale) / s
+        if in_place:
+            _copy(row, dx[r])
+
+
+def _same(a, b):
+    """Whether arrays a and b start at the same address (in place: y is x, dx is dy)."""
+    return a.ctypes.data == b.ctypes.data
+
+
+def _copy(source, target):
+    """target = source, element by element."""
+    for i in range(source.shape[0]):
+        target[i] = source[i]
+
+
+def _compile(numba) -> types.SimpleNamespace:
+    # The sums may be reassociated into vector lanes (as kernels.scale_loops' sums: a chain
+    # of dependent float64 additions runs at the adder's latency); the order is fixed by the
+    # compiled code, not by the thread count.
+    sums = functools.partial(compiled.jit, numba, fastmath={"reassoc"})
+    global _row_mean, _row_squared_deviations, _same, _copy
+    _row_mean, _row_squared_deviations = sums(_row_mean), sums(_row_squared_deviations)
+    _same, _copy = compiled.jit(numba, _same), compiled.jit(numba, _copy)
+    return types.SimpleNamespace(row_moments=compiled.jit(numba, _row_moments),
+                                 normalize=compiled.jit(numba, _normalize),
+                                 input_grad=compiled.jit(numba, _input_grad))
+
+
+def load() -> types.SimpleNamespace | None:
+    """The compiled loops (compiled on first call per dtype), or None without numba."""
+    global _loaded
+    if _loaded is False:
+        _loaded = compiled.load(_compile)
+    return _loaded

@@ -29,6 +29,7 @@ from .backend import CPU, Device, to_host
 from .errors import NetError
 from .kernels.layer_way import call_layer
 from .layer_types.base import TEST, TRAIN
+from .layer_types.norm_chain import find_chains
 from .net_builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .net_weights import (
     copy_trained_layers,
@@ -73,6 +74,10 @@ class Net:
     _after_forward: tuple = ()
     _before_backward: tuple = ()
     _after_backward: tuple = ()
+    #: Run BatchNorm, Scale (and ReLU) in place on one blob as one sweep each way where a
+    #: forward or backward run covers all of them (layer_types.norm_chain; the CPU, not
+    #: under debug_info or per-layer callbacks). False: always layer by layer.
+    fuse_norm_chains = True
 
     def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
                  device: Device | None = None, dtype=np.float32, seed: int | None = None,
@@ -150,6 +155,8 @@ class Net:
                 self.learnable_layers.append(LearnableLayer(k, name, layer_id, ids, count))
                 self._learnable_of_layer[layer_id] = k
         self._shapes = [self._shape_key(i) for i in range(len(self.layers))]
+        self._chains = find_chains(self.layers, self._bottom_vecs, self._top_vecs)
+        self._chains_by_last = {c.last: c for c in self._chains.values()}
 
     # -- lookups
     def layer_id(self, name: str) -> int:
@@ -238,16 +245,61 @@ class Net:
             raise err from exc
         return layer.loss(top) if self._has_loss[i] else 0.0
 
+    def forward_step(self, i: int, end: int) -> tuple[int, float]:
+        """Run layer i's forward, or that of the norm chain starting at i where the run goes
+        on to layer `end` past it (see `fuse_norm_chains`); (the last layer run, its loss)."""
+        chain = self._chains.get(i)
+        if chain is not None and chain.last <= end and self._chain_runs(chain, forward=True):
+            layers = range(chain.first, chain.last + 1)
+            for j in layers:
+                if self._shape_key(j) != self._shapes[j]:
+                    self._guard(j, "reshape", self._reshape_layer, j)
+            if chain.usable():  # still, after a reshape
+                self._run_chain(chain, chain.forward, 0)
+            else:
+                for j in layers:
+                    self.forward_layer(j)
+            return chain.last, 0.0
+        return i, self.forward_layer(i)
+
+    def _chain_runs(self, chain, forward: bool, propagate=None) -> bool:
+        """Whether a chain may run as one now: allowed, nothing watching its layers one at a
+        time, usable, and in backward every layer of it giving its bottom a diff."""
+        hooks = (self._before_forward + self._after_forward if forward else
+                 self._before_backward + self._after_backward)
+        if not self.fuse_norm_chains or self.debug_info or hooks or not chain.usable():
+            return False
+        if forward:
+            return True
+        layers = range(chain.first, chain.last + 1)
+        if propagate is not None:
+            return all(list(propagate[j]) == [True] for j in layers)
+        return all(self.layer_need_backward[j] and list(self.bottom_need_backward[j]) == [True]
+                   for j in layers)
+
+    def _run_chain(self, chain, run, phase: int) -> None:
+        """run() for a chain (phase 0 forward, 1 backward), as a layer call of its own."""
+        try:
+            call_layer(self.xp, (id(chain), phase), run)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the chain's first layer
+            err = wrap_layer_error(chain.batch_norm.param, ("forward", "backward")[phase], exc)
+            if err is None:
+                raise
+            raise err from exc
+
     def _forward_range(self, start: int, end: int) -> float:
         loss = 0.0
-        for i in range(start, end + 1):
+        i = start
+        while i <= end:
             for hook in self._before_forward:
                 hook(i)
-            loss += self.forward_layer(i)
+            last, layer_loss = self.forward_step(i, end)
+            loss += layer_loss
             if self.debug_info:
                 net_debug.forward(self, i)
             for hook in self._after_forward:
                 hook(i)
+            i = last + 1
         self.loss = loss
         return loss
 
@@ -309,22 +361,37 @@ class Net:
                 raise
             raise err from exc
 
+    def backward_step(self, i: int, end: int, propagate=None) -> int:
+        """Run layer i's backward (if it needs one), or that of the norm chain ending at i
+        where the run goes on to layer `end` before it; the first layer run. `propagate`:
+        every layer's propagate_down, each layer's backward then run whatever the net's rule
+        (as `caffe time` does); default the net's rule."""
+        chain = self._chains_by_last.get(i)
+        if chain is not None and chain.first >= end and \
+                self._chain_runs(chain, forward=False, propagate=propagate):
+            self._run_chain(chain, chain.backward, 1)
+            return chain.first
+        if propagate is not None or self.layer_need_backward[i]:
+            self.backward_layer(i, None if propagate is None else propagate[i])
+            if self.debug_info:
+                net_debug.backward(self, i)
+        return i
+
     def _backward_range(self, start: int, end: int,
                         on_learnable_done: Callable[[int], None] | None) -> None:
-        need = self.layer_need_backward
         learnable = self._learnable_of_layer
-        for i in range(start, end - 1, -1):
+        i = start
+        while i >= end:
             for hook in self._before_backward:
                 hook(i)
-            if need[i]:
-                self.backward_layer(i)
-                if self.debug_info:
-                    net_debug.backward(self, i)
+            first = self.backward_step(i, end)
             for hook in self._after_backward:
                 hook(i)
-            if on_learnable_done is not None and learnable[i] is not None:
-                self._settle_diffs(learnable[i])
-                on_learnable_done(learnable[i])
+            for j in range(i, first - 1, -1):
+                if on_learnable_done is not None and learnable[j] is not None:
+                    self._settle_diffs(learnable[j])
+                    on_learnable_done(learnable[j])
+            i = first - 1
 
     def backward(self, diffs=None, start: str | None = None, end: str | None = None,
                  on_learnable_done: Callable[[int], None] | None = None, **top_diffs):

@@ -82,19 +82,23 @@ def profile_net(net, iterations: int = 50, *, model: str | None = None, warmup: 
         net.clear_param_diffs()
         synchronize(xp)
         start = time.perf_counter()
-        for i in range(n):
+        i = 0
+        while i < n:
             t0 = time.perf_counter()
-            net.forward_layer(i)
+            last, _ = net.forward_step(i, n - 1)  # a norm chain's time is its first layer's
             synchronize(xp)
             if record:
                 forward[i] += time.perf_counter() - t0
+            i = last + 1
         middle = time.perf_counter()
-        for i in range(n - 1, -1, -1):
+        i = n - 1
+        while i >= 0:
             t0 = time.perf_counter()
-            net.backward_layer(i, propagate[i])
+            first = net.backward_step(i, 0, propagate)  # ... in backward, its last layer's
             synchronize(xp)
             if record:
                 backward[i] += time.perf_counter() - t0
+            i = first - 1
         return middle - start, time.perf_counter() - middle
 
     for _ in range(warmup):

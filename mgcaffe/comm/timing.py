@@ -1,9 +1,11 @@
 """Timing a training net layer by layer, for the trace and the start-up profile.
 
-`NetTimer` wraps one Net instance's `forward_layer` and `backward_layer` (the net calls them
+`NetTimer` wraps one Net instance's `forward_step` and `backward_step` (the net calls them
 through `self`, so an instance attribute takes their place; net.py is not changed and the
-wrappers are removed again with `remove()`). Each call is timed; with a tracer every layer's
-forward and backward becomes an event on the compute row.
+wrappers are removed again with `remove()`). Each step is one layer, or a chain of layers
+the net runs as one (layer_types.norm_chain); each is timed, and with a tracer becomes an
+event on the compute row named after its layer (a chain: forward its first, backward its
+last).
 
 `OnlineProfile` turns the times of a few real training iterations into the planner's
 profile: t_f from the first to the last forward layer, and for learnable layer k the time
@@ -27,7 +29,7 @@ __all__ = ["NetTimer", "OnlineProfile", "as_profile", "median_profile", "per_ite
 
 
 class NetTimer:
-    """Times every forward_layer/backward_layer call of `net` (optionally into `tracer`)."""
+    """Times every forward_step/backward_step call of `net` (optionally into `tracer`)."""
 
     def __init__(self, net: Any, tracer: Any = None, clock=time.perf_counter,
                  synchronize=None):
@@ -43,7 +45,7 @@ class NetTimer:
         if self._installed:
             return self
         net, tracer = self.net, self.tracer
-        forward_layer, backward_layer = net.forward_layer, net.backward_layer
+        forward_step, backward_step = net.forward_step, net.backward_step
         names = net.layer_names
         sync = self.synchronize
 
@@ -57,7 +59,7 @@ class NetTimer:
             if i == 0:
                 self.forward_start = t0
             try:
-                return forward_layer(i, *args, **kwargs)
+                return forward_step(i, *args, **kwargs)
             finally:
                 self.forward_end = t1 = clock()
                 if tracer is not None:
@@ -66,20 +68,20 @@ class NetTimer:
         def timed_backward(i, *args, **kwargs):
             t0 = clock()
             try:
-                return backward_layer(i, *args, **kwargs)
+                return backward_step(i, *args, **kwargs)
             finally:
                 if tracer is not None:
                     tracer.span(names[i], "backward", COMPUTE, t0, clock())
 
-        net.forward_layer = timed_forward
-        net.backward_layer = timed_backward
+        net.forward_step = timed_forward
+        net.backward_step = timed_backward
         self._installed = True
         return self
 
     def remove(self) -> None:
         """Put the net's own methods back (no timing cost from here on)."""
         if self._installed:
-            for name in ("forward_layer", "backward_layer"):
+            for name in ("forward_step", "backward_step"):
                 self.net.__dict__.pop(name, None)
             self._installed = False
 

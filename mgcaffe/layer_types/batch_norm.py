@@ -96,9 +96,9 @@ class BatchNormLayer(Layer):
             self._x_norm = self.xp.zeros(shape, dtype=self.dtype)
             # The row loops need no work buffer.
             self._scratch = (self.xp.zeros(shape, dtype=self.dtype)
-                             if self._loops() is None else None)
+                             if self.loops() is None else None)
 
-    def _loops(self):
+    def loops(self):
         """The compiled row loops where they apply, else None (numpy's passes)."""
         if not self.compiled_loops or self.xp is not np or \
                 np.dtype(self.dtype) not in (np.float32, np.float64):
@@ -106,7 +106,7 @@ class BatchNormLayer(Layer):
         loops = batch_norm_loops.load()
         return loops if loops is not None and scale_loops.load() is not None else None
 
-    def _for_each_row(self, rows, body):
+    def for_each_row(self, rows, body):
         """body(start, stop) over chunks of the (sample, channel) rows on the chunk threads."""
         for_each_chunk(np, rows[0], body, item_elements=max(1, rows[1]),
                        runner=runner_or_default(self.ctx.chunk_runner))
@@ -119,7 +119,7 @@ class BatchNormLayer(Layer):
         return self.blobs[0].data * inverse, self.blobs[1].data * inverse
 
     def forward(self, bottom, top):
-        loops = self._loops()
+        loops = self.loops()
         if loops is not None:
             self._forward_rows(loops, bottom, top)
             return
@@ -144,16 +144,29 @@ class BatchNormLayer(Layer):
             xp.copyto(self._view(self._x_norm), y)
 
     def _forward_rows(self, loops, bottom, top):
-        """forward() as row loops: each row's mean and squared deviations (float64), combined
-        per channel; then y, and the kept copy, in one sweep."""
-        n, c, inner = self._view(bottom[0].data).shape
-        rows = (n * c, inner)
+        """forward() as row loops: the statistics (`statistics_rows`), then y, and the kept
+        copy, in one sweep."""
+        rows, mean, std = self.statistics_rows(loops, bottom[0].data)
+        n = bottom[0].shape[0]
         x, y = bottom[0].data.reshape(rows), top[0].data.reshape(rows)
+        keep = None if self.use_global_stats else self._x_norm.reshape(rows)
+        mean_rows, std_rows = np.tile(mean, n), np.tile(std, n)
+        self.for_each_row(rows, lambda start, stop: loops.normalize(
+            x, y, y if keep is None else keep, mean_rows, std_rows, keep is not None,
+            start, stop))
+
+    def statistics_rows(self, loops, data):
+        """The (sample, channel) rows' shape of `data`, and the mean and std per channel: over
+        the batch (each row's mean and squared deviations in float64, combined per channel;
+        the running sums updated) or the global statistics. Sets the std backward uses."""
+        n, c, inner = self._view(data).shape
+        rows = (n * c, inner)
         if self.use_global_stats:
             mean, var = self._global_stats()
         else:
+            x = data.reshape(rows)
             means, deviations = np.empty(rows[0]), np.empty(rows[0])
-            self._for_each_row(rows, lambda start, stop: loops.row_moments(
+            self.for_each_row(rows, lambda start, stop: loops.row_moments(
                 x, means, deviations, start, stop))
             means, deviations = means.reshape(n, c), deviations.reshape(n, c)
             # A channel's rows, each `inner` values: the pairwise update of the moments.
@@ -165,11 +178,7 @@ class BatchNormLayer(Layer):
         std = var + self.dtype.type(self.eps)
         np.sqrt(std, out=std)
         self._std = std.reshape(1, -1, 1)
-        keep = None if self.use_global_stats else self._x_norm.reshape(rows)
-        mean_rows, std_rows = np.tile(mean, n), np.tile(std, n)
-        self._for_each_row(rows, lambda start, stop: loops.normalize(
-            x, y, y if keep is None else keep, mean_rows, std_rows, keep is not None,
-            start, stop))
+        return rows, mean, std
 
     def _update_running_stats(self, mean, var, m):
         maf = self.dtype.type(self.moving_average_fraction)
@@ -191,7 +200,7 @@ class BatchNormLayer(Layer):
         if self.use_global_stats:
             xp.divide(dy, self._std, out=dx)
             return
-        loops = self._loops()
+        loops = self.loops()
         if loops is not None:
             self._backward_rows(loops, dy, dx)
             return
@@ -218,11 +227,11 @@ class BatchNormLayer(Layer):
         sum_dy, sum_dy_y = np.empty(rows[0]), np.empty(rows[0])
         # scale_loops' dx and s are not asked for: stand-ins of their types, never read.
         stand_in = np.empty(1, dtype=dy.dtype)
-        self._for_each_row(rows, lambda start, stop: scale_loops.load().backward(
+        self.for_each_row(rows, lambda start, stop: scale_loops.load().backward(
             dy, y, dy, stand_in, sum_dy, sum_dy_y, True, True, False, start, stop))
         per_channel = [np.tile(sums.reshape(n, c).sum(axis=0).astype(self.dtype), n)
                        for sums in (sum_dy, sum_dy_y)]
         std_rows = np.tile(self._std.reshape(-1), n)
         scale = self.dtype.type(-1.0 / (n * inner))
-        self._for_each_row(rows, lambda start, stop: loops.input_grad(
+        self.for_each_row(rows, lambda start, stop: loops.input_grad(
             dy, y, dx, *per_channel, std_rows, scale, start, stop))

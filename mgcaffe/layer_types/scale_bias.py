@@ -138,7 +138,23 @@ class ScaleLayer(_BroadcastLayer):
             shape = operand_shape(self, x_shape, self.axis, bias_axes)
             ensure_param_blob(self, self.bias_index, shape, p.bias_filler, "bias")
         self._input_copy = None
+        self._input_copy_lent = False
         self._scratch = None
+
+    def lend_input_copy(self, array):
+        """From now on backward reads `array` as this layer's input when it runs in place:
+        another layer's array holding the same values (a norm_chain's BatchNorm copy). The
+        layer's own forward takes its own copy again."""
+        self._input_copy, self._input_copy_lent = array, True
+        return array
+
+    def own_input_copy(self, shape):
+        """This layer's own array for a copy of its input, (re)allocated for `shape`."""
+        copy = self._input_copy
+        if copy is None or self._input_copy_lent or copy.shape != tuple(shape):
+            self._input_copy = self.xp.empty(shape, dtype=self.dtype)
+            self._input_copy_lent = False
+        return self._input_copy
 
     def _scale(self, bottom):
         return bottom[1] if len(bottom) > 1 else self.blobs[0]
@@ -178,9 +194,7 @@ class ScaleLayer(_BroadcastLayer):
             return
         if in_place(bottom, top):
             # The scale gradient needs x, which the in-place forward overwrites.
-            if self._input_copy is None or self._input_copy.shape != bottom[0].shape:
-                self._input_copy = xp.empty_like(bottom[0].data)
-            xp.copyto(self._input_copy, bottom[0].data)
+            xp.copyto(self.own_input_copy(bottom[0].shape), bottom[0].data)
         s = self._scale(bottom).data.reshape(1, -1, 1)
         y = self._view(top[0].data)
         xp.multiply(self._view(bottom[0].data), s, out=y)
@@ -195,9 +209,7 @@ class ScaleLayer(_BroadcastLayer):
         y = top[0].data.reshape(rows)
         copy = None
         if in_place(bottom, top):
-            if self._input_copy is None or self._input_copy.shape != bottom[0].shape:
-                self._input_copy = np.empty_like(bottom[0].data)
-            copy = self._input_copy.reshape(rows)
+            copy = self.own_input_copy(bottom[0].shape).reshape(rows)
         s_rows = np.ascontiguousarray(self._per_row(self._scale(bottom).data))
         s = s_rows[:, None]
         b = b_rows = None

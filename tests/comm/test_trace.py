@@ -76,25 +76,26 @@ def test_load_trace_errors(tmp_path):
 
 
 class TinyNet:
-    """forward_layer/backward_layer called through self, as Net does."""
+    """forward_step/backward_step called through self, as Net does."""
 
     layer_names = ["data", "fc", "loss"]
 
     def __init__(self, clock):
         self.clock = clock
 
-    def forward_layer(self, i):
+    def forward_step(self, i, end):
         self.clock.t += 0.001 * (i + 1)
-        return 0.0
+        return i, 0.0
 
-    def backward_layer(self, i):
+    def backward_step(self, i, end):
         self.clock.t += 0.002
+        return i
 
     def forward_backward(self):
         for i in range(3):
-            self.forward_layer(i)
+            self.forward_step(i, 2)
         for i in reversed(range(3)):
-            self.backward_layer(i)
+            self.backward_step(i, 0)
 
 
 def test_net_timer_traces_every_layer_and_can_be_removed():
@@ -109,7 +110,7 @@ def test_net_timer_traces_every_layer_and_can_be_removed():
     assert bw == ["loss", "fc", "data"]
     assert timer.forward_end - timer.forward_start == pytest.approx(0.006)
     timer.remove()
-    assert "forward_layer" not in net.__dict__
+    assert "forward_step" not in net.__dict__
     net.forward_backward()
     assert len(tr.events) == 6
 

@@ -104,11 +104,12 @@ class NormChain:
 def find_chains(layers, bottoms, tops) -> dict[int, NormChain]:
     """The chains of a net's layers (with their bottom and top blob lists), by first index:
     BatchNorm, then Scale with a learned per-channel scale, then optionally a ReLU of slope
-    0, each with one bottom and one top, all the same blob."""
+    0, each with one bottom and one top, all the same blob, and no loss weight."""
     def in_place(j, kind, blob):
         return j < len(layers) and isinstance(layers[j], kind) and \
             len(bottoms[j]) == 1 and bottoms[j][0] is blob and \
-            len(tops[j]) == 1 and tops[j][0] is blob
+            len(tops[j]) == 1 and tops[j][0] is blob and \
+            not any(layers[j].loss_weights)  # a loss on a layer's top: the layer runs alone
 
     chains = {}
     i = 0

@@ -94,9 +94,13 @@ class BatchNormLayer(Layer):
             self._x_norm = self._scratch = None
         elif self._x_norm is None or self._x_norm.shape != shape:
             self._x_norm = self.xp.zeros(shape, dtype=self.dtype)
-            # The row loops need no work buffer.
-            self._scratch = (self.xp.zeros(shape, dtype=self.dtype)
-                             if self.loops() is None else None)
+            self._scratch = None  # numpy's passes allocate it (`_work`); the row loops never
+
+    def _work(self):
+        """numpy's input-sized work buffer (allocated on first use)."""
+        if self._scratch is None or self._scratch.shape != self._x_norm.shape:
+            self._scratch = self.xp.zeros(self._x_norm.shape, dtype=self.dtype)
+        return self._scratch
 
     def loops(self):
         """The compiled row loops where they apply, else None (numpy's passes)."""
@@ -131,7 +135,7 @@ class BatchNormLayer(Layer):
             mean = x.mean(axis=(0, 2))
         xp.subtract(x, mean.reshape(1, -1, 1), out=y)
         if not self.use_global_stats:
-            squares = self._view(self._scratch)
+            squares = self._view(self._work())
             xp.multiply(y, y, out=squares)
             var = squares.mean(axis=(0, 2))
             self._update_running_stats(mean, var, x.shape[0] * x.shape[2])
@@ -206,7 +210,7 @@ class BatchNormLayer(Layer):
             return
         # dx = (dy - mean(dy) - mean(dy * y) * y) / std, means over N and spatial.
         y = self._view(self._x_norm)
-        work = self._view(self._scratch)
+        work = self._view(self._work())
         m = dy.shape[0] * dy.shape[2]
         xp.multiply(dy, y, out=work)
         sum_dy_y = work.sum(axis=(0, 2)).reshape(1, -1, 1)

@@ -12,13 +12,16 @@ GEMMs (after, kernels.shift_conv); `--compare stack`: shifted GEMMs one per kern
 winograd`: the 3x3 stride-1 layers of GoogleNet, AlexNet and ResNet-50 on the im2col paths
 (before) and forced onto Winograd F(2x2, 3x3) (after, kernels.winograd); `--compare
 winograd-loops`: Winograd with its transforms as GEMMs (before) and as compiled loops
-(after, kernels.winograd_loops); `--compare sample-columns`: every kxk layer of the five
+(after, kernels.winograd_loops); `--compare winograd-tile`: Winograd F(2x2, 3x3) (before)
+against F(4x4, 3x3) (after, kernels.winograd4_loops), both forced, on the same layers;
+`--compare sample-columns`: every kxk layer of the five
 nets on the defaults without (before) and forced onto (after) the per-sample columns
 (kernels.sample_columns). The two run in alternation,
 repetition by repetition, so a change in the machine's load hits both; the best of R is
 printed. `--busy K` keeps K single-threaded busy-loop processes running meanwhile (a loaded
 node). Usage: python benchmarks/bench_conv_paths.py [--repeats R] [--only 1x1|kxk]
-[--compare direct|split|shift|stack|winograd|winograd-loops|sample-columns] [--busy K].
+[--compare direct|split|shift|stack|winograd|winograd-loops|winograd-tile|sample-columns]
+[--busy K].
 """
 
 from __future__ import annotations
@@ -110,10 +113,12 @@ BEFORE = {"direct": {"direct_from": 10**9, "weight_diff_in_gemm": False},
           "stack": {"shift_gemm": True, "shift_stack": False},
           "winograd": {"winograd": False},
           "winograd-loops": {"winograd": True},
+          "winograd-tile": {"winograd": True, "winograd_tile": 2},
           "sample-columns": {"sample_columns": False}}
 #: The "after" side for each comparison ({}: the defaults).
 AFTER = {"shift": {"shift_gemm": True}, "stack": {"shift_gemm": True, "shift_stack": True},
          "winograd": {"winograd": True}, "winograd-loops": {"winograd": True},
+         "winograd-tile": {"winograd": True, "winograd_tile": 4},
          "sample-columns": {"sample_columns": True, "winograd": False}}
 #: kernels.winograd's COMPILED (the transforms as compiled loops) before and after, where a
 #: comparison sets it.

@@ -1,4 +1,5 @@
-"""Winograd F(2x2, 3x3) convolution for 3x3, stride-1, dilation-1 kernels (any pad, groups).
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for 3x3, stride-1, dilation-1 kernels (any
+pad, groups).
 
 The output is cut into 2x2 tiles; each needs a 4x4 input tile (tiles overlap by 2 rows and
 columns, zero padding past the edges; an odd output size leaves a partial last tile whose
@@ -43,6 +44,15 @@ the cache.
 Rounding: the transforms add and subtract up to 16 (input), 9 (output) and 9 (weight, in
 halves and quarters) terms, so float32 results differ from a direct convolution's by a few
 units in the last place of the largest terms (tests bound it).
+
+F(4x4, 3x3) (`Geometry.tile` 4; the compiled transforms only, kernels.winograd4_loops): the
+same passes with 6x6 input tiles at a stride of 4, 4x4 output tiles and 36 tile positions
+where F(2x2) has 16 (every "16" above), U = kron(G4, G4) (36 x 9) times the weight. The
+GEMMs have 36*O*C*N*H*W/16 = 2.25*O*C*N*H*W multiply-adds (against F(2x2)'s 4 and a direct
+convolution's 9) and V, M, dM and dV are 36/16 of the input or output instead of 4x. Its
+transforms have six terms with coefficients up to 8 and its weight transform divides by 24,
+so its float32 error is about 20x F(2x2)'s (9e-6 of the output's scale on
+inception_3a/3x3).
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import winograd_loops
+from . import winograd4_loops, winograd_loops
 from .gemm import gemm_accumulate
 from .im2col import col2im, im2col, padded_copy
 from .sample_gemm import for_each_gemm
@@ -67,6 +77,11 @@ AT = np.array([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]])
 KRON_IN = np.kron(BT, BT)      # 16 x 16
 KRON_WEIGHT = np.kron(G, G)    # 16 x 9
 KRON_OUT = np.kron(AT, AT)     # 4 x 16
+#: F(4x4, 3x3)'s weight matrix G (6x3) (its B^T and A^T: kernels.winograd4_loops), and
+#: kron(G4, G4) (36 x 9): U for 6x6 tiles.
+G4 = np.array([[1 / 4, 0.0, 0.0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0.0, 0.0, 1.0]])
+KRON_WEIGHT4 = np.kron(G4, G4)
 
 
 def applies(kernel, stride, dilation) -> bool:
@@ -100,6 +115,13 @@ class Geometry:
     pad: tuple
     num_output: int
     group: int
+    #: The output tile's side: 2 for F(2x2, 3x3), 4 for F(4x4, 3x3) (compiled loops only).
+    tile: int = 2
+
+    @property
+    def positions(self):
+        """Tile positions: (tile + 2)^2 values per input tile (16, or 36)."""
+        return (self.tile + 2) ** 2
 
     @property
     def out_hw(self):
@@ -108,9 +130,10 @@ class Geometry:
 
     @property
     def tiles(self):
-        """(tiles_h, tiles_w): 2x2 output tiles per sample, the last partial on odd sizes."""
+        """(tiles_h, tiles_w): output tiles per sample, the last partial where the output
+        size is not a multiple of the tile."""
         ho, wo = self.out_hw
-        return -(-ho // 2), -(-wo // 2)
+        return -(-ho // self.tile), -(-wo // self.tile)
 
     @property
     def per_sample(self):
@@ -123,42 +146,42 @@ class Geometry:
         """(N, C, Hp, Wp): the zero-padded image the tiles read (H + 2*pad, plus one row or
         column where the output size is odd)."""
         th, tw = self.tiles
-        return self.image[:2] + (2 * th + 2, 2 * tw + 2)
+        return self.image[:2] + (self.tile * th + 2, self.tile * tw + 2)
 
     def input_shape(self):
-        """V, kept from forward to backward: (C, 16, N, P)."""
-        return (self.image[1], 16, self.image[0], self.per_sample)
+        """V, kept from forward to backward: (C, 16, N, P) (36 for F(4x4))."""
+        return (self.image[1], self.positions, self.image[0], self.per_sample)
 
     def input_elements(self):
         """The length of the 1-D memory that holds V and then, in backward, dV (16, C, N, P),
         each in slabs (`input_view`, `tile_grad_view`)."""
-        n, c, p = self.image[0], self.image[1], self.per_sample
-        return max(c * 16 * slab_stride(n * p), 16 * slab_stride(c * n * p))
+        n, c, p, k = self.image[0], self.image[1], self.per_sample, self.positions
+        return max(c * k * slab_stride(n * p), k * slab_stride(c * n * p))
 
     def input_view(self, memory):
         """V (C, 16, N, P), its (channel, tile position) rows in slabs, in `memory`
         (input_elements long)."""
         n, c, p = self.image[0], self.image[1], self.per_sample
-        return _slabs(memory, (c * 16, n, p)).reshape(self.input_shape())
+        return _slabs(memory, (c * self.positions, n, p)).reshape(self.input_shape())
 
     def tile_grad_view(self, memory):
         """dV (16, C, N, P), in slabs, in V's `memory`."""
         n, c = self.image[:2]
-        return _slabs(memory, (16, c, n, self.per_sample))
+        return _slabs(memory, (self.positions, c, n, self.per_sample))
 
     def columns_shape(self):
         """The tile columns (and dV): (N, C*16, P)."""
-        return (self.image[0], self.image[1] * 16, self.per_sample)
+        return (self.image[0], self.image[1] * self.positions, self.per_sample)
 
     def product_shape(self):
         """M and dM: (16, O, N, P)."""
-        return (16, self.num_output, self.image[0], self.per_sample)
+        return (self.positions, self.num_output, self.image[0], self.per_sample)
 
     def product_elements(self):
         """The length of the 1-D memory for M or dM: in slabs (16, O, N, P)
         (`product_view`) or, for the forward by samples, (N, 16, O, P) (`sample_product_view`)."""
-        n, o, p = self.image[0], self.num_output, self.per_sample
-        return max(16 * slab_stride(o * n * p), n * 16 * slab_stride(o * p))
+        n, o, p, k = self.image[0], self.num_output, self.per_sample, self.positions
+        return max(k * slab_stride(o * n * p), n * k * slab_stride(o * p))
 
     def product_view(self, memory):
         """M or dM (16, O, N, P), in slabs, in `memory` (product_elements long)."""
@@ -166,8 +189,8 @@ class Geometry:
 
     def sample_product_view(self, memory):
         """M (N, 16, O, P), each sample's 16 in slabs, in `memory`."""
-        n, o, p = self.image[0], self.num_output, self.per_sample
-        return _slabs(memory, (n * 16, o, p)).reshape(n, 16, o, p)
+        n, o, p, k = self.image[0], self.num_output, self.per_sample, self.positions
+        return _slabs(memory, (n * k, o, p)).reshape(n, k, o, p)
 
     def output_tiles_shape(self):
         """Y and the gathered dY tiles: (4, O, N, P)."""
@@ -175,7 +198,7 @@ class Geometry:
 
     def weight_shape(self):
         """U and dU: (16, O, C/group)."""
-        return (16, self.num_output, self.image[1] // self.group)
+        return (self.positions, self.num_output, self.image[1] // self.group)
 
 
 #: The tile transforms as compiled loops (kernels.winograd_loops) where numba is importable
@@ -183,13 +206,17 @@ class Geometry:
 COMPILED = True
 
 
-def _loops():
-    return winograd_loops.load() if COMPILED else None
+def _loops(geometry=None):
+    """The compiled transforms for the geometry's tile (F(2x2) without one), or None."""
+    if not COMPILED:
+        return None
+    tile = 2 if geometry is None else geometry.tile
+    return (winograd_loops if tile == 2 else winograd4_loops).load()
 
 
-def compiled() -> bool:
-    """Whether the passes run their transforms as compiled loops."""
-    return _loops() is not None
+def compiled(tile: int = 2) -> bool:
+    """Whether the passes run their transforms as compiled loops (for F(tile x tile))."""
+    return _loops(Geometry((0, 0, 0, 0), (0, 0), 0, 1, tile)) is not None
 
 
 def _constant(matrix, dtype):
@@ -197,11 +224,15 @@ def _constant(matrix, dtype):
 
 
 # -- weight ------------------------------------------------------------------------------
+def _kron_weight(positions):
+    return KRON_WEIGHT if positions == 16 else KRON_WEIGHT4
+
+
 def transform_weight(weight, out):
     """out (16, O, C/group) = G g G^T for each (o, c) of weight (O, C/group, 3, 3)."""
     o, c = weight.shape[:2]
-    np.matmul(_constant(KRON_WEIGHT, weight.dtype), weight.reshape(o * c, 9).T,
-              out=out.reshape(16, o * c))
+    np.matmul(_constant(_kron_weight(out.shape[0]), weight.dtype), weight.reshape(o * c, 9).T,
+              out=out.reshape(out.shape[0], o * c))
     return out
 
 
@@ -210,7 +241,8 @@ def weight_grad(du, out, overwrite: bool):
     adjoint; `overwrite` for a lazily cleared diff, else accumulated (as Caffe does)."""
     o, c = du.shape[1:]
     grad = out.reshape(o * c, 9)
-    gemm_accumulate(du.reshape(16, o * c).T, _constant(KRON_WEIGHT, du.dtype), grad, None,
+    gemm_accumulate(du.reshape(du.shape[0], o * c).T, _constant(_kron_weight(du.shape[0]),
+                                                                du.dtype), grad, None,
                     overwrite)
 
 
@@ -219,7 +251,7 @@ def _fallback_buffers(geometry, buffers):
     """The temporaries only the GEMM transforms use: the padded image and the tile columns
     (None, None when the compiled loops run). Asked for by the caller's thread, before the
     runner's threads start."""
-    if _loops() is not None:
+    if _loops(geometry) is not None:
         return None, None
     return buffers("padded", geometry.padded), buffers("columns", geometry.columns_shape())
 
@@ -228,7 +260,7 @@ def _input_sample(image, geometry, padded, columns, v, s):
     """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (the fallback: im2col's 4x4/2
     tiles of the padded image, times kron(B^T, B^T))."""
     c = geometry.image[1]
-    loops = _loops()
+    loops = _loops(geometry)
     if loops is not None:
         loops.input_tiles(image, v, s, s + 1, 0, c, *geometry.pad, *geometry.tiles,
                           image.dtype.type(0))
@@ -271,8 +303,8 @@ def _gather_output_grad(dy, geometry, tiles):
 
 # -- the passes ----------------------------------------------------------------------------
 def _gemm_tasks(geometry):
-    """(k, group) for each of the 16 * group GEMMs of a pass."""
-    return [divmod(task, geometry.group) for task in range(16 * geometry.group)]
+    """(k, group) for each of the positions * group GEMMs of a pass."""
+    return [divmod(task, geometry.group) for task in range(geometry.positions * geometry.group)]
 
 
 #: The 16 * group GEMMs of a whole-batch pass: split over the runner's threads, one BLAS
@@ -284,7 +316,7 @@ SPLIT_GEMMS = True
 
 
 def _sixteen_gemms(geometry, body, runner):
-    count = 16 * geometry.group
+    count = geometry.positions * geometry.group
     if SPLIT_GEMMS:
         for_each_gemm(np, count, body, runner)
     else:
@@ -296,9 +328,10 @@ def _by_output(count, body, runner):
     for_each_gemm(np, count, body, runner, grain=max(1, -(-count // 8)))
 
 
-#: Forward runs sample by sample from this many tiles per sample (56x56 planes: 784), else
-#: as 16 whole-batch GEMMs: GEMMs of 49 columns (14x14) ran slower than of 392 (batch 8).
-PER_SAMPLE_FROM = 256
+#: Forward runs sample by sample from this many output positions per sample (56x56
+#: planes: 3136), else as whole-batch GEMMs: F(2x2)'s GEMMs of 49 columns (14x14) ran
+#: slower than of 392 (batch 8).
+PER_SAMPLE_FROM = 1024
 
 
 def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
@@ -306,15 +339,16 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     u (16, O, C/group) (+ bias (O,)); fills V for backward into `v` (1-D, of
     geometry.input_elements). `buffers(name, shape)` gives the temporaries ("padded",
     "columns", "product", "tiles")."""
-    if geometry.per_sample >= PER_SAMPLE_FROM:
+    if geometry.per_sample * geometry.tile ** 2 >= PER_SAMPLE_FROM:
         _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner)
         return
     fill_input(image, geometry, v, buffers, runner)
     v = geometry.input_view(v)
     m = geometry.product_view(buffers("product", (geometry.product_elements(),)))
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
-    vk = v.reshape(v.shape[0], 16, -1)                      # (C, 16, N*P)
-    mk = m.reshape(16, geometry.num_output, -1)            # (16, O, N*P)
+    k16 = geometry.positions
+    vk = v.reshape(v.shape[0], k16, -1)                     # (C, 16, N*P)
+    mk = m.reshape(k16, geometry.num_output, -1)           # (16, O, N*P)
 
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
@@ -322,7 +356,7 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
                             mk[k, j * og:(j + 1) * og], None, True)
 
     _sixteen_gemms(geometry, gemms, runner)
-    loops = _loops()
+    loops = _loops(geometry)
     y = None if loops else buffers("tiles", geometry.output_tiles_shape())
     kron_out = _constant(KRON_OUT, image.dtype)
 
@@ -350,9 +384,10 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
     g = geometry.group
     v = geometry.input_view(v)
     m = geometry.sample_product_view(buffers("product", (geometry.product_elements(),)))
-    loops = _loops()
+    loops = _loops(geometry)
     y = None if loops else buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
-    ug = u.reshape(16, g, o // g, u.shape[2])
+    k16 = geometry.positions
+    ug = u.reshape(k16, g, o // g, u.shape[2])
     kron_out = _constant(KRON_OUT, image.dtype)
     bias3 = None if bias is None else bias[:, None, None]
     m4 = m.transpose(1, 2, 0, 3)                                    # (16, O, N, P) view
@@ -361,7 +396,7 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
         for s in range(start, stop):
             _input_sample(image, geometry, padded, columns, v, s)
             vs = v[:, :, s].transpose(1, 0, 2)                     # (16, C, P)
-            np.matmul(ug, vs.reshape(16, g, -1, p), out=m[s].reshape(16, g, -1, p))
+            np.matmul(ug, vs.reshape(k16, g, -1, p), out=m[s].reshape(k16, g, -1, p))
             if loops is not None:
                 loops.output_tiles(m4, top, bias if bias is not None else m4[0, 0, 0],
                                    bias is not None, s, s + 1, 0, o, geometry.tiles[1])
@@ -386,12 +421,13 @@ def fill_input(image, geometry, v, buffers, runner=None):
 
 
 def output_grad(dy, geometry, buffers, runner=None):
-    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy (N, O, Ho, Wo) (buffer "product")."""
-    loops = _loops()
+    """dM (16, O, N, P) = A dY A^T per output tile of dy (N, O, Ho, Wo) (buffer
+    "product")."""
+    loops = _loops(geometry)
     tiles = None if loops else buffers("tiles", geometry.output_tiles_shape())
     dm = geometry.product_view(buffers("product", (geometry.product_elements(),)))
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
-    mk = dm.reshape(16, geometry.num_output, -1)
+    mk = dm.reshape(geometry.positions, geometry.num_output, -1)
 
     def outputs(start, stop):
         if loops is not None:
@@ -412,8 +448,8 @@ def transformed_weight_grad(dm, v, geometry, du, runner=None):
     memory."""
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     v = geometry.input_view(v)
-    vk = v.reshape(v.shape[0], 16, -1)
-    mk = dm.reshape(16, geometry.num_output, -1)
+    vk = v.reshape(v.shape[0], geometry.positions, -1)
+    mk = dm.reshape(geometry.positions, geometry.num_output, -1)
 
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
@@ -429,9 +465,9 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     takes dV (16, C, N, P) on the way (its V is lost)."""
     og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     c = geometry.image[1]
-    mk = dm.reshape(16, geometry.num_output, -1)
+    mk = dm.reshape(geometry.positions, geometry.num_output, -1)
     dv4 = geometry.tile_grad_view(v)
-    dv = dv4.reshape(16, c, -1)
+    dv = dv4.reshape(geometry.positions, c, -1)
 
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
@@ -443,7 +479,7 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     _, _, h, w = geometry.image
     ph, pw = geometry.pad
     kron_in_t = _constant(KRON_IN, dm.dtype).T
-    loops = _loops()
+    loops = _loops(geometry)
 
     def samples(start, stop):
         if loops is not None:

@@ -380,7 +380,8 @@ class Convolution(_ConvolutionBase):
     32 channels per group): no im2col; per kernel offset one GEMM on a shifted view of the
     padded, channel-major input (kernels.shift_conv), split into fixed column blocks over
     the runner's threads. "Winograd" (`winograd`, 3x3, stride 1, dilation 1): F(2x2, 3x3)
-    on 4x4 input tiles (kernels.winograd), 16 GEMMs with 2.25x fewer multiplications.
+    on 4x4 input tiles (kernels.winograd), 16 GEMMs with 2.25x fewer multiplications, or
+    F(4x4, 3x3) on 6x6 tiles (`winograd_tile`), 36 GEMMs with 4x fewer.
     "Per-sample columns" (`sample_columns`): where the whole batch's columns would be far
     larger than the cache and one sample's fit in it (small planes at a large batch), each
     sample's columns are built by a compiled loop, multiplied and dropped while in the
@@ -468,6 +469,13 @@ class Convolution(_ConvolutionBase):
     #: 0.78-0.92; 13x13 AlexNet conv3-5 (1.16 computed) 0.69-0.86; 7x7 still lost (5a/5b
     #: 1.08-1.15, res5a 1.15-1.24).
     winograd_compiled_rule = (169, 3200, 196, 1.2)
+    #: The output tile of a Winograd layer: 4 (F(4x4, 3x3): 36 GEMMs on 6x6 tiles, 4x
+    #: fewer multiplications than a direct convolution against 2.25x, and V and M 9/16 the
+    #: size) where the compiled F(4x4) transforms load and the 4x4 tiles cover the output
+    #: with at most `winograd4_max_waste` computed per output kept; else 2. 2 or 4 force it
+    #: (4 only with the compiled transforms).
+    winograd_tile = None
+    winograd4_max_waste = 1.1
     _wino = None
     #: im2col + GEMM sample by sample, each sample's columns built and used in the cache
     #: and rebuilt in backward (kernels.sample_columns; numpy, numba importable): None by
@@ -646,11 +654,23 @@ class Convolution(_ConvolutionBase):
         if self.xp is not np or self.winograd is False or \
                 not winograd.applies(self.kernel, self.stride, self.dilation):
             return None
-        geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group)
+        geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group,
+                                     self._winograd_tile())
         # The rule yields to a shifted-GEMM path the user opted into (shift_gemm None/True).
         if self.winograd or (self.shift_gemm is False and self._winograd_rule()):
             return geometry
         return None
+
+    def _winograd_tile(self) -> int:
+        """4 or 2: see `winograd_tile`."""
+        if self.winograd_tile in (2, 4):
+            if self.winograd_tile == 4 and not winograd.compiled(4):
+                raise self.error("winograd_tile 4 needs the compiled F(4x4, 3x3) transforms "
+                                 "(numba)")
+            return self.winograd_tile
+        ho, wo = self.out_hw
+        waste = (4 * -(-ho // 4)) * (4 * -(-wo // 4)) / max(1, ho * wo)
+        return 4 if waste <= self.winograd4_max_waste and winograd.compiled(4) else 2
 
     def _winograd_rule(self) -> bool:
         """Whether the measured rule takes this (3x3, stride 1) layer onto Winograd."""

@@ -13,7 +13,7 @@ import pytest
 from conv_layers import threaded_conv
 
 from mgcaffe.gradient_check import check_layer_gradients
-from mgcaffe.kernels import winograd, winograd_loops
+from mgcaffe.kernels import winograd, winograd4_loops, winograd_loops
 from mgcaffe.layer_types.convolution import Convolution
 
 # body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
@@ -28,7 +28,7 @@ CASES = [
     ("num_output: 2 kernel_size: 3", (2, 2, 3, 3)),                    # one output position
     ("num_output: 2 kernel_size: 3 pad_h: 0 pad_w: 2", (1, 2, 6, 5)),  # pad per axis
 ]
-# 16x16 tiles per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
+# 32x31 outputs per sample: forward runs sample by sample (winograd.PER_SAMPLE_FROM).
 LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))
 
 
@@ -37,6 +37,7 @@ def transforms(request, monkeypatch):
     """Every test on both transform paths: the compiled loops (kernels.winograd_loops;
     skipped without numba) and the GEMM fallback, with numba's import made to fail."""
     monkeypatch.setattr(winograd_loops, "_loaded", False)  # load() tries the import anew
+    monkeypatch.setattr(winograd4_loops, "_loaded", False)
     if request.param == "loops":
         pytest.importorskip("numba")
     else:
@@ -46,10 +47,11 @@ def transforms(request, monkeypatch):
         assert (winograd_loops._loaded is None) == (request.param == "gemm")
 
 
-def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
-    """A layer forced onto (or off) the Winograd path (conv_layers.threaded_conv)."""
-    layer, bottom, top = threaded_conv(body, shape, {"winograd": wino}, threads, dtype, seed,
-                                       bottoms)
+def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1, tile=2):
+    """A layer forced onto (or off) the Winograd path (conv_layers.threaded_conv), its
+    output tile `tile` (None: the rule's)."""
+    switches = {"winograd": wino, "winograd_tile": tile}
+    layer, bottom, top = threaded_conv(body, shape, switches, threads, dtype, seed, bottoms)
     if wino is not None:
         assert (layer._wino is not None) == wino
     return layer, bottom, top
@@ -76,11 +78,20 @@ def naive_gradients(layer, x, dy):
     return dx, dw, dy.sum(axis=(0, 2, 3))
 
 
+@pytest.fixture(params=[2, 4])
+def tile(request, transforms):
+    """F(2x2, 3x3) and F(4x4, 3x3) (compiled transforms only)."""
+    if request.param == 4 and transforms != "loops":
+        pytest.skip("F(4x4, 3x3) runs on the compiled transforms only")
+    return request.param
+
+
 @pytest.mark.parametrize("body,shape", CASES + [LARGE])
-def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_layer_top):
+def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_layer_top, tile):
     """float64: top, bottom diff, weight diff (lazily cleared over NaN: overwritten) and bias
     diff (stale values: accumulated) against the loop reference, to ~1e-10."""
-    layer, bottom, top = build(body, shape)
+    layer, bottom, top = build(body, shape, tile=tile)
+    assert layer._wino.tile == tile
     layer.forward(bottom, top)
     expected = naive_layer_top(layer, bottom[0].data)
     assert top[0].shape == expected.shape
@@ -107,14 +118,14 @@ def test_central_differences_on_a_tiny_layer():
 
 @pytest.mark.parametrize("body,shape", CASES[:3] + [LARGE])
 def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, shape,
-                                                                           conv_passes):
+                                                                           conv_passes, tile):
     """float32, two bottoms, two backwards after one forward (stale diffs accumulated, the
     kept V rebuilt for the second): within the transforms' rounding of the im2col path (a
     few float32 ulps of terms of size ~ sqrt(C*9) * 4: 1e-4 relative to the largest), and
     the same bits on 1, 2 and 3 runner threads."""
     old = conv_passes(*build(body, shape, dtype=np.float32, wino=False, bottoms=2))
-    new = [conv_passes(*build(body, shape, dtype=np.float32, threads=t, bottoms=2))
-           for t in (1, 2, 3)]
+    new = [conv_passes(*build(body, shape, dtype=np.float32, threads=t, bottoms=2,
+                              tile=tile)) for t in (1, 2, 3)]
     for a, b in zip(old, new[0]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * max(1.0, np.abs(a).max()))
     for other in new[1:]:
@@ -250,10 +261,65 @@ def test_transform_matrices_give_the_1d_f23_convolution():
     np.testing.assert_allclose(y, [1 * .25 + 2 + 6, -2 * .25 - 3 + 1], rtol=1e-15)
 
 
-def test_large_case_takes_the_per_sample_forward():
-    layer, bottom, top = build(*LARGE)
-    assert layer._wino.per_sample >= winograd.PER_SAMPLE_FROM > winograd.Geometry(
-        (3, 2, 7, 7), (1, 1), 4, 1).per_sample
+def test_transform_matrices_give_the_1d_f43_convolution():
+    """F(4, 3), its matrices written out here again: A^T [(G g) * (B^T d)] is the valid
+    correlation of d (6) with g (3); the module's G4 is this G."""
+    b_t = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                    [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], float)
+    g_m = np.array([[6, 0, 0], [-4, -4, -4], [-4, 4, -4], [1, 2, 4], [1, -2, 4],
+                    [0, 0, 24]], float) / 24
+    a_t = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                    [0, 1, -1, 8, -8, 1]], float)
+    np.testing.assert_allclose(winograd.G4, g_m, rtol=1e-15)
+    rng = np.random.default_rng(9)
+    d, g = rng.standard_normal(6), rng.standard_normal(3)
+    y = a_t @ ((g_m @ g) * (b_t @ d))
+    np.testing.assert_allclose(y, [d[i:i + 3] @ g for i in range(4)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("body,shape,why", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (1, 2, 28, 28), "28x28: whole 4x4 tiles"),
+    ("num_output: 4 kernel_size: 3 pad: 0", (1, 2, 14, 14), "12x12: whole 4x4 tiles"),
+])
+def test_outputs_that_4x4_tiles_cover_take_f43_where_compiled(body, shape, why, transforms):
+    layer, bottom, top = build(body, shape, tile=None)
+    assert layer._wino.tile == (4 if transforms == "loops" else 2), why
+
+
+def test_outputs_4x4_tiles_would_waste_on_take_f23():
+    for shape in [(1, 2, 14, 14), (1, 2, 13, 13), (1, 2, 7, 7)]:  # 16x16/14x14 computed: 1.31
+        layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", shape, tile=None)
+        assert layer._wino.tile == 2, shape
+
+
+def test_f43_forced_without_the_compiled_transforms_is_a_clear_error(transforms):
+    if transforms == "loops":
+        pytest.skip("the compiled transforms are here")
+    with pytest.raises(Exception, match="winograd_tile 4 needs the compiled"):
+        build("num_output: 4 kernel_size: 3 pad: 1", (1, 2, 8, 8), tile=4)
+
+
+def test_f43_float32_error_on_a_googlenet_sized_layer_is_small(tile):
+    """inception_3a/3x3's shape at batch 1 (96 -> 128 at 28x28): float32 against a float64
+    direct convolution (einsum), relative to the output's scale: F(4x4)'s error is larger
+    than F(2x2)'s, still well inside float32 training noise."""
+    layer, bottom, top = build("num_output: 128 kernel_size: 3 pad: 1", (1, 96, 28, 28),
+                               dtype=np.float32, tile=tile)
+    layer.forward(bottom, top)
+    x = np.pad(bottom[0].data.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    w = layer.blobs[0].data.astype(np.float64)
+    expected = np.einsum("ncyzij,ocij->noyz", patches, w) + layer.blobs[1].data[:, None, None]
+    error = np.abs(top[0].data - expected).max() / np.abs(expected).max()
+    assert error < (2e-6 if tile == 2 else 2e-5), error
+
+
+def test_large_case_takes_the_per_sample_forward(tile):
+    """... judged by output positions per sample (the tiles' count times their area)."""
+    layer, bottom, top = build(*LARGE, tile=tile)
+    small = winograd.Geometry((3, 2, 7, 7), (1, 1), 4, 1, tile)
+    assert layer._wino.per_sample * tile ** 2 >= winograd.PER_SAMPLE_FROM > \
+        small.per_sample * tile ** 2
 
 
 def test_the_rule_decides_by_default():
@@ -290,74 +356,91 @@ def test_rule_takes_these_only_with_the_compiled_transforms(body, shape, why, tr
     assert rule_picks(body, shape) == (transforms == "loops"), why
 
 
-# -- the compiled transforms against naive numpy (kernels.winograd_loops) -----------------
-# The F(2x2, 3x3) matrices written out here again, independent of the module's copies.
+# -- the compiled transforms against naive numpy (kernels.winograd_loops, winograd4_loops) -
+# The F(2x2, 3x3) and F(4x4, 3x3) matrices written out here again, independent of the
+# modules' copies.
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=float)
 A_T = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=float)
+B_T4 = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                 [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], float)
+A_T4 = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                 [0, 1, -1, 8, -8, 1]], float)
 # (N, C, H, W), pad: odd sizes (partial last tiles), per-axis pads, no pad.
-TRANSFORM_CASES = [((2, 3, 7, 6), (1, 2)), ((1, 2, 6, 9), (0, 0)), ((3, 1, 5, 5), (2, 1))]
+TRANSFORM_CASES = [((2, 3, 7, 6), (1, 2)), ((1, 2, 6, 9), (0, 0)), ((3, 1, 5, 5), (2, 1)),
+                   ((1, 2, 10, 11), (1, 1))]
+
+
+def matrices(geometry):
+    """(B^T, A^T, the input tile's side a, the output tile's m) of the geometry's tile."""
+    m = geometry.tile
+    return (B_T, A_T, 4, 2) if m == 2 else (B_T4, A_T4, 6, 4)
 
 
 def naive_tiles(geometry):
     """(tile row, tile column, y0, x0) of every tile, with y0/x0 in padded coordinates."""
     th, tw = geometry.tiles
-    return [(ty, tx, 2 * ty, 2 * tx) for ty in range(th) for tx in range(tw)]
+    m = geometry.tile
+    return [(ty, tx, m * ty, m * tx) for ty in range(th) for tx in range(tw)]
 
 
 def naive_input(x, geometry):
-    """V (C, 16, N, P) = B^T d B per 4x4 tile of the zero-padded image."""
+    """V (C, a*a, N, P) = B^T d B per a x a tile of the zero-padded image."""
+    bt, _, a, _ = matrices(geometry)
     n, c = x.shape[:2]
     (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
     padded = np.zeros((n, c, hp, wp))
     padded[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]] = x
     v = np.zeros(geometry.input_shape())
     for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
-        d = padded[:, :, y0:y0 + 4, x0:x0 + 4]
-        v[:, :, :, p] = np.einsum("ir,ncrs,js->cijn", B_T, d, B_T).reshape(c, 16, n)
+        d = padded[:, :, y0:y0 + a, x0:x0 + a]
+        v[:, :, :, p] = np.einsum("ir,ncrs,js->cijn", bt, d, bt).reshape(c, a * a, n)
     return v
 
 
 def naive_output(m, geometry, bias):
     """top (N, O, Ho, Wo) = A^T M A per tile, cropped, + bias."""
+    _, at, a, t = matrices(geometry)
     o, n = m.shape[1:3]
     ho, wo = geometry.out_hw
     th, tw = geometry.tiles
-    top = np.zeros((n, o, 2 * th, 2 * tw))
+    top = np.zeros((n, o, t * th, t * tw))
     for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
-        tile = m[:, :, :, p].reshape(4, 4, o, n)
-        top[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = np.einsum(
-            "ir,rsoN,js->Noij", A_T, tile, A_T)
+        tile = m[:, :, :, p].reshape(a, a, o, n)
+        top[:, :, t * ty:t * ty + t, t * tx:t * tx + t] = np.einsum(
+            "ir,rsoN,js->Noij", at, tile, at)
     return top[:, :, :ho, :wo] + bias[:, None, None]
 
 
 def naive_output_grad(dy, geometry):
-    """dM (16, O, N, P) = A dY A^T per 2x2 tile of dy, zero past its edge."""
+    """dM (a*a, O, N, P) = A dY A^T per output tile of dy, zero past its edge."""
+    _, at, a, t = matrices(geometry)
     n, o, ho, wo = dy.shape
     th, tw = geometry.tiles
-    grown = np.zeros((n, o, 2 * th, 2 * tw))
+    grown = np.zeros((n, o, t * th, t * tw))
     grown[:, :, :ho, :wo] = dy
     dm = np.zeros(geometry.product_shape())
     for p, (ty, tx, _, _) in enumerate(naive_tiles(geometry)):
-        g = grown[:, :, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2]
-        dm[:, :, :, p] = np.einsum("ri,Nors,sj->ijoN", A_T, g, A_T).reshape(16, o, n)
+        g = grown[:, :, t * ty:t * ty + t, t * tx:t * tx + t]
+        dm[:, :, :, p] = np.einsum("ri,Nors,sj->ijoN", at, g, at).reshape(a * a, o, n)
     return dm
 
 
 def naive_input_grad(dv, geometry):
     """dd (N, C, H, W) = B dV B^T added onto each tile of the padded image, cropped."""
+    bt, _, a, _ = matrices(geometry)
     _, c, n, _ = dv.shape
     (ph, pw), (hp, wp) = geometry.pad, geometry.padded[2:]
     _, _, h, w = geometry.image
     padded = np.zeros((n, c, hp, wp))
     for p, (_, _, y0, x0) in enumerate(naive_tiles(geometry)):
-        tile = dv[:, :, :, p].reshape(4, 4, c, n)
-        padded[:, :, y0:y0 + 4, x0:x0 + 4] += np.einsum("ri,rsCN,sj->NCij", B_T, tile, B_T)
+        tile = dv[:, :, :, p].reshape(a, a, c, n)
+        padded[:, :, y0:y0 + a, x0:x0 + a] += np.einsum("ri,rsCN,sj->NCij", bt, tile, bt)
     return padded[:, :, ph:ph + h, pw:pw + w]
 
 
 def compiled_transforms(x, m, dy, dv, geometry, bias):
     """The four compiled transforms over all planes: V, top, dM, dd."""
-    loops = winograd_loops.load()
+    loops = winograd._loops(geometry)
     assert loops is not None
     n, c = geometry.image[:2]
     o = geometry.num_output
@@ -374,13 +457,14 @@ def compiled_transforms(x, m, dy, dv, geometry, bias):
     return v, top, dm, dd
 
 
-def transform_inputs(image, pad, dtype, seed=0):
-    geometry = winograd.Geometry(image, pad, 2, 1)
+def transform_inputs(image, pad, dtype, seed=0, tile=2):
+    geometry = winograd.Geometry(image, pad, 2, 1, tile)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(image).astype(dtype)
     m = rng.standard_normal(geometry.product_shape()).astype(dtype)
     dy = rng.standard_normal((image[0], 2) + geometry.out_hw).astype(dtype)
-    dv = rng.standard_normal((16, image[1], image[0], geometry.per_sample)).astype(dtype)
+    dv = rng.standard_normal((geometry.positions, image[1], image[0],
+                              geometry.per_sample)).astype(dtype)
     bias = rng.standard_normal(2).astype(dtype)
     return geometry, (x, m, dy, dv), bias
 
@@ -395,10 +479,10 @@ def naive_all(arrays, geometry, bias):
 
 
 @pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
-def test_compiled_transforms_match_naive_numpy_in_float64(image, pad, transforms):
+def test_compiled_transforms_match_naive_numpy_in_float64(image, pad, transforms, tile):
     if transforms != "loops":
         pytest.skip("the compiled transforms themselves")
-    geometry, arrays, bias = transform_inputs(image, pad, np.float64)
+    geometry, arrays, bias = transform_inputs(image, pad, np.float64, tile=tile)
     got = compiled_transforms(*arrays, geometry, bias)
     for name, a, b in zip(("V", "top", "dM", "dd"), got, naive_all(arrays, geometry, bias)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-13, err_msg=name)
@@ -406,17 +490,17 @@ def test_compiled_transforms_match_naive_numpy_in_float64(image, pad, transforms
 
 @pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
 def test_compiled_transforms_in_float32_are_within_a_few_ulp(image, pad, transforms,
-                                                             monkeypatch):
+                                                             monkeypatch, tile):
     """float32 against float64 of the same inputs: within 4 float32 ulps of the sum of the
     terms' magnitudes (the transforms with |B^T|, |A^T| applied to the inputs' |values|)."""
     if transforms != "loops":
         pytest.skip("the compiled transforms themselves")
-    geometry, arrays, bias = transform_inputs(image, pad, np.float32, seed=3)
+    geometry, arrays, bias = transform_inputs(image, pad, np.float32, seed=3, tile=tile)
     got = compiled_transforms(*arrays, geometry, bias)
     expected = naive_all(arrays, geometry, bias)
     here = sys.modules[__name__]
-    monkeypatch.setattr(here, "B_T", np.abs(B_T))
-    monkeypatch.setattr(here, "A_T", np.abs(A_T))
+    for name in ("B_T", "A_T", "B_T4", "A_T4"):
+        monkeypatch.setattr(here, name, np.abs(getattr(here, name)))
     magnitudes = naive_all([np.abs(a) for a in arrays], geometry, np.abs(bias))
     eps = np.finfo(np.float32).eps
     for name, a, b, scale in zip(("V", "top", "dM", "dd"), got, expected, magnitudes):
@@ -425,13 +509,14 @@ def test_compiled_transforms_in_float32_are_within_a_few_ulp(image, pad, transfo
 
 
 @pytest.mark.parametrize("image,pad", TRANSFORM_CASES)
-def test_compiled_transforms_on_plane_ranges_fill_only_their_planes(image, pad, transforms):
+def test_compiled_transforms_on_plane_ranges_fill_only_their_planes(image, pad, transforms,
+                                                                    tile):
     """Split over samples and channels the results are the same bits as one call (the
     runner's threads call them on disjoint ranges)."""
     if transforms != "loops":
         pytest.skip("the compiled transforms themselves")
-    loops = winograd_loops.load()
-    geometry, (x, _, _, dv), _ = transform_inputs(image, pad, np.float32, seed=5)
+    geometry, (x, _, _, dv), _ = transform_inputs(image, pad, np.float32, seed=5, tile=tile)
+    loops = winograd._loops(geometry)
     n, c = image[:2]
     th, tw = geometry.tiles
     zero = np.float32(0)

@@ -25,9 +25,12 @@ import types
 
 import numpy as np
 
-from . import compiled
+from . import compiled, winograd_loops
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
+
+#: A tile row's image rows are padded as for F(2x2): winograd_loops' row copy.
+_padded_row = winograd_loops._padded_row
 
 
 def _bt(d0, d1, d2, d3, d4, d5, two, four, five):
@@ -56,18 +59,6 @@ def _b(v0, v1, v2, v3, v4, v5, two, four, five):
     return (four * v0, four * (v2 - v1 + v5) + two * (v4 - v3),
             -five * v0 - four * (v1 + v2) - v3 - v4, v1 - v2 + two * (v3 - v4) - five * v5,
             v0 + v1 + v2 + v3 + v4, v5)
-
-
-def _padded_row(image, s, c, y, pw, row, zero):
-    """row = image[s, c, y] shifted right by pw, zero outside it (all zero where y is
-    outside the image)."""
-    width = image.shape[3] if 0 <= y < image.shape[2] else 0
-    for x in range(min(pw, row.shape[0])):
-        row[x] = zero
-    for x in range(width):
-        row[pw + x] = image[s, c, y, x]
-    for x in range(pw + width, row.shape[0]):
-        row[x] = zero
 
 
 def _input_tiles(image, v, s0, s1, c0, c1, ph, pw, th, tw, zero):
@@ -276,9 +267,11 @@ def _compile(numba) -> types.SimpleNamespace:
     jit = functools.partial(compiled.jit, numba)
     global _bt, _at, _a, _b, _padded_row, _input_tile, _put6, _output_columns, \
         _output_grad_tile, _input_grad_columns, _plus, _put4, _add6
-    # The helpers called from compiled code are compiled themselves (looked up as globals).
+    # The helpers called from compiled code are compiled themselves (looked up as globals;
+    # the padded row from its Python function, whether or not winograd_loops compiled it).
     _bt, _at, _a, _b = jit(_bt), jit(_at), jit(_a), jit(_b)
-    _padded_row, _put6 = jit(_padded_row), jit(_put6)
+    _padded_row = jit(getattr(_padded_row, "py_func", _padded_row))
+    _put6 = jit(_put6)
     _input_tile, _output_columns = jit(_input_tile), jit(_output_columns)
     _output_grad_tile, _input_grad_columns = jit(_output_grad_tile), jit(_input_grad_columns)
     _plus, _put4, _add6 = jit(_plus), jit(_put4), jit(_add6)

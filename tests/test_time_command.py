@@ -178,3 +178,22 @@ def test_adaptive_threads_settle_before_the_timed_passes(repo_root, monkeypatch,
         pytest.skip("one usable core: --threads adaptive has nothing to choose")
     assert calls[0] > 0
     assert unsettled == []
+
+
+def test_time_runs_every_backward_once_untimed_before_timing(monkeypatch, repo_root):
+    """A deploy net (no loss) runs no backward in the first pass: without a warm-up pass of
+    the profile, the first timed backward would pay for the first calls (compiled loops
+    loaded, buffers first touched)."""
+    import mgcaffe.profiling as profiling  # noqa: PLC0415
+
+    seen, real_profile = [], profiling.profile_net
+
+    def profile_net(net, iterations, *, warmup=1, **kwargs):
+        seen.append(warmup)
+        return real_profile(net, iterations, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(profiling, "profile_net", profile_net)
+    rc = main(["time", "--model", str(repo_root / "models/lenet/lenet.prototxt"),
+               "--iterations", "1", "--batch-size", "2", "--threads", "1"])
+    assert rc == 0
+    assert seen and seen[0] >= 1

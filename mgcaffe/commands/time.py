@@ -100,7 +100,10 @@ def run(args) -> int:
     loss = net.forward_backward()  # also the warm-up pass Caffe does
     log.info("Initial loss: %g", loss)
     log.info("Performing Backward")
-    warmup = 0
+    # One untimed pass of every layer's backward (the pass above may run none: a deploy net
+    # has no loss), so that the first calls' costs (compiled loops loaded from numba's cache,
+    # buffers first touched) stay out of the timed iterations.
+    warmup = 1
     if parallel.adaptive_blas():
         # `--threads adaptive` times each layer call both ways in its first calls (after an
         # untimed one, TRIALS each); timing those calls would report the start-up trials,

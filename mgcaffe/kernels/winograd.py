@@ -201,22 +201,22 @@ class Geometry:
         return (self.positions, self.num_output, self.image[1] // self.group)
 
 
-#: The tile transforms as compiled loops (kernels.winograd_loops) where numba is importable
-#: (True), else, or with False, as the GEMMs over im2col/col2im tile columns below.
+#: The tile transforms as compiled loops (kernels.winograd_loops, winograd4_loops) where
+#: numba is importable (True), else, or with False, as the GEMMs over im2col/col2im tile
+#: columns below (F(2x2) only).
 COMPILED = True
 
 
-def _loops(geometry=None):
-    """The compiled transforms for the geometry's tile (F(2x2) without one), or None."""
+def _loops(tile: int = 2):
+    """The compiled transforms for F(tile x tile, 3x3), or None."""
     if not COMPILED:
         return None
-    tile = 2 if geometry is None else geometry.tile
     return (winograd_loops if tile == 2 else winograd4_loops).load()
 
 
 def compiled(tile: int = 2) -> bool:
     """Whether the passes run their transforms as compiled loops (for F(tile x tile))."""
-    return _loops(Geometry((0, 0, 0, 0), (0, 0), 0, 1, tile)) is not None
+    return _loops(tile) is not None
 
 
 def _constant(matrix, dtype):
@@ -251,7 +251,7 @@ def _fallback_buffers(geometry, buffers):
     """The temporaries only the GEMM transforms use: the padded image and the tile columns
     (None, None when the compiled loops run). Asked for by the caller's thread, before the
     runner's threads start."""
-    if _loops(geometry) is not None:
+    if _loops(geometry.tile) is not None:
         return None, None
     return buffers("padded", geometry.padded), buffers("columns", geometry.columns_shape())
 
@@ -260,7 +260,7 @@ def _input_sample(image, geometry, padded, columns, v, s):
     """V[:, :, s] (C, 16, P) = B^T d B for sample s's tiles (the fallback: im2col's 4x4/2
     tiles of the padded image, times kron(B^T, B^T))."""
     c = geometry.image[1]
-    loops = _loops(geometry)
+    loops = _loops(geometry.tile)
     if loops is not None:
         loops.input_tiles(image, v, s, s + 1, 0, c, *geometry.pad, *geometry.tiles,
                           image.dtype.type(0))
@@ -356,7 +356,7 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
                             mk[k, j * og:(j + 1) * og], None, True)
 
     _sixteen_gemms(geometry, gemms, runner)
-    loops = _loops(geometry)
+    loops = _loops(geometry.tile)
     y = None if loops else buffers("tiles", geometry.output_tiles_shape())
     kron_out = _constant(KRON_OUT, image.dtype)
 
@@ -384,7 +384,7 @@ def _forward_per_sample(image, u, geometry, v, buffers, top, bias, runner):
     g = geometry.group
     v = geometry.input_view(v)
     m = geometry.sample_product_view(buffers("product", (geometry.product_elements(),)))
-    loops = _loops(geometry)
+    loops = _loops(geometry.tile)
     y = None if loops else buffers("tiles", geometry.output_tiles_shape()).reshape(n, 4, o, p)
     k16 = geometry.positions
     ug = u.reshape(k16, g, o // g, u.shape[2])
@@ -423,7 +423,7 @@ def fill_input(image, geometry, v, buffers, runner=None):
 def output_grad(dy, geometry, buffers, runner=None):
     """dM (16, O, N, P) = A dY A^T per output tile of dy (N, O, Ho, Wo) (buffer
     "product")."""
-    loops = _loops(geometry)
+    loops = _loops(geometry.tile)
     tiles = None if loops else buffers("tiles", geometry.output_tiles_shape())
     dm = geometry.product_view(buffers("product", (geometry.product_elements(),)))
     kron_out_t = _constant(KRON_OUT, dy.dtype).T
@@ -479,7 +479,7 @@ def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     _, _, h, w = geometry.image
     ph, pw = geometry.pad
     kron_in_t = _constant(KRON_IN, dm.dtype).T
-    loops = _loops(geometry)
+    loops = _loops(geometry.tile)
 
     def samples(start, stop):
         if loops is not None:

@@ -648,18 +648,18 @@ class Convolution(_ConvolutionBase):
         return True
 
     def _winograd_geometry(self):
-        """The Winograd F(2x2, 3x3) layout (kernels.winograd) where this layer runs it, else
-        None: `winograd` True forces it (3x3, stride 1, dilation 1 only), False never; None by
-        the rule, unless the shifted GEMMs were opted into."""
+        """The Winograd layout (kernels.winograd; its tile by `_winograd_tile`) where this
+        layer runs it, else None: `winograd` True forces it (3x3, stride 1, dilation 1 only),
+        False never; None by the rule, unless the shifted GEMMs were opted into."""
         if self.xp is not np or self.winograd is False or \
                 not winograd.applies(self.kernel, self.stride, self.dilation):
             return None
-        geometry = winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group,
-                                     self._winograd_tile())
-        # The rule yields to a shifted-GEMM path the user opted into (shift_gemm None/True).
-        if self.winograd or (self.shift_gemm is False and self._winograd_rule()):
-            return geometry
-        return None
+        # The rule yields to a shifted-GEMM path the user opted into (shift_gemm None/True);
+        # the tile is asked only then (it may import numba).
+        if not (self.winograd or (self.shift_gemm is False and self._winograd_rule())):
+            return None
+        return winograd.Geometry(self._image_shape, self.pad, self.num_output, self.group,
+                                 self._winograd_tile())
 
     def _winograd_tile(self) -> int:
         """4 or 2: see `winograd_tile`."""

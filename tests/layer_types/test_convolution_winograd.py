@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conv_layers import threaded_conv
 
+from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import winograd, winograd4_loops, winograd_loops
 from mgcaffe.layer_types.convolution import Convolution
@@ -133,18 +134,23 @@ def test_float32_matches_the_im2col_path_and_repeats_on_any_thread_count(body, s
             np.testing.assert_array_equal(a, b)
 
 
-def test_float32_error_on_a_googlenet_sized_layer_is_small():
-    """inception_4e/3x3's shape at batch 1 (160 -> 320 at 14x14): float32 Winograd forward
-    against a float64 direct convolution (einsum), relative to the output's scale."""
-    layer, bottom, top = build("num_output: 320 kernel_size: 3 pad: 1", (1, 160, 14, 14),
-                               dtype=np.float32)
+@pytest.mark.parametrize("shape,outputs", [
+    ((1, 160, 14, 14), 320),   # inception_4e/3x3 at batch 1
+    ((1, 96, 28, 28), 128),    # inception_3a/3x3 at batch 1
+])
+def test_float32_error_on_a_googlenet_sized_layer_is_small(shape, outputs, tile):
+    """float32 Winograd forward against a float64 direct convolution (einsum), relative to
+    the output's scale: F(4x4)'s error is larger than F(2x2)'s (9e-6 against 4e-7 on 3a),
+    still well inside float32 training noise."""
+    layer, bottom, top = build(f"num_output: {outputs} kernel_size: 3 pad: 1", shape,
+                               dtype=np.float32, tile=tile)
     layer.forward(bottom, top)
     x = np.pad(bottom[0].data.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     patches = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
     w = layer.blobs[0].data.astype(np.float64)
     expected = np.einsum("ncyzij,ocij->noyz", patches, w) + layer.blobs[1].data[:, None, None]
     error = np.abs(top[0].data - expected).max() / np.abs(expected).max()
-    assert error < 2e-6, error
+    assert error < (2e-6 if tile == 2 else 2e-5), error
 
 
 def test_a_lazily_cleared_weight_diff_is_overwritten_and_a_stale_one_accumulated():
@@ -295,23 +301,8 @@ def test_outputs_4x4_tiles_would_waste_on_take_f23():
 def test_f43_forced_without_the_compiled_transforms_is_a_clear_error(transforms):
     if transforms == "loops":
         pytest.skip("the compiled transforms are here")
-    with pytest.raises(Exception, match="winograd_tile 4 needs the compiled"):
+    with pytest.raises(LayerError, match="'c'.*winograd_tile 4 needs the compiled"):
         build("num_output: 4 kernel_size: 3 pad: 1", (1, 2, 8, 8), tile=4)
-
-
-def test_f43_float32_error_on_a_googlenet_sized_layer_is_small(tile):
-    """inception_3a/3x3's shape at batch 1 (96 -> 128 at 28x28): float32 against a float64
-    direct convolution (einsum), relative to the output's scale: F(4x4)'s error is larger
-    than F(2x2)'s, still well inside float32 training noise."""
-    layer, bottom, top = build("num_output: 128 kernel_size: 3 pad: 1", (1, 96, 28, 28),
-                               dtype=np.float32, tile=tile)
-    layer.forward(bottom, top)
-    x = np.pad(bottom[0].data.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    patches = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
-    w = layer.blobs[0].data.astype(np.float64)
-    expected = np.einsum("ncyzij,ocij->noyz", patches, w) + layer.blobs[1].data[:, None, None]
-    error = np.abs(top[0].data - expected).max() / np.abs(expected).max()
-    assert error < (2e-6 if tile == 2 else 2e-5), error
 
 
 def test_large_case_takes_the_per_sample_forward(tile):
@@ -440,7 +431,7 @@ def naive_input_grad(dv, geometry):
 
 def compiled_transforms(x, m, dy, dv, geometry, bias):
     """The four compiled transforms over all planes: V, top, dM, dd."""
-    loops = winograd._loops(geometry)
+    loops = winograd._loops(geometry.tile)
     assert loops is not None
     n, c = geometry.image[:2]
     o = geometry.num_output
@@ -516,7 +507,7 @@ def test_compiled_transforms_on_plane_ranges_fill_only_their_planes(image, pad, 
     if transforms != "loops":
         pytest.skip("the compiled transforms themselves")
     geometry, (x, _, _, dv), _ = transform_inputs(image, pad, np.float32, seed=5, tile=tile)
-    loops = winograd._loops(geometry)
+    loops = winograd._loops(geometry.tile)
     n, c = image[:2]
     th, tw = geometry.tiles
     zero = np.float32(0)

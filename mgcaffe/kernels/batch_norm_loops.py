@@ -13,9 +13,9 @@ its share of a pass while it is in the cache:
 - `normalize`: y = (x - mean) / std, in the blob's type and numpy's order of operations
   (the same bits as numpy's for the same mean and std), and the copy kept for backward in
   the same sweep. y may be x (in place).
-- `input_grad`: dx = (dy + (y * sum(dy * y) + sum(dy)) * (-1 / m)) / std, the numpy
-  path's operations in its order. dx may be dy. The sums per row are those of
-  kernels.scale_loops' backward (sum dy, sum dy * x), in float64.
+- BatchNorm's own input gradient, dx = (dy + (y * sum(dy * y) + sum(dy)) * (-1 / m)) / std
+  in the numpy path's order, is `scaled_input_grad` below with g = 1 and keep = y (d2 = dy
+  exactly). The sums per row are those of kernels.scale_loops' backward, in float64.
 
 For a BatchNorm, Scale and ReLU run in place on one blob (layer_types.norm_chain) the
 three layers' passes are one sweep each way:
@@ -88,22 +88,6 @@ def _normalize(x, y, keep, mean, std, keeping, r0, r1):
             _copy(made, y[r])
         elif keeping:
             _copy(made, keep[r])
-
-
-def _input_grad(dy, y, dx, sum_dy, sum_dy_y, std, scale, r0, r1):
-    """dx[r] = (dy[r] + (y[r] * sum_dy_y[r] + sum_dy[r]) * scale) / std[r] for rows
-    [r0, r1), with scale = -1/m; the sums and std in the blob's type. dx may be dy."""
-    inner = dy.shape[1]
-    row = np.empty(inner, dtype=dx.dtype)
-    in_place = _same(dy, dx)
-    for r in range(r0, r1):
-        g, yr = dy[r], y[r]
-        a, b, s = sum_dy_y[r], sum_dy[r], std[r]
-        made = row if in_place else dx[r]  # in place via `row`, as _normalize's y
-        for i in range(inner):
-            made[i] = (g[i] + (yr[i] * a + b) * scale) / s
-        if in_place:
-            _copy(row, dx[r])
 
 
 def _scaled_normalize(x, y, keep, mean, std, g, b, has_bias, relu, r0, r1):
@@ -187,7 +171,6 @@ def _compile(numba) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         row_moments=compiled.jit(numba, _row_moments),
         normalize=compiled.jit(numba, _normalize),
-        input_grad=compiled.jit(numba, _input_grad),
         scaled_normalize=compiled.jit(numba, _scaled_normalize),
         scaled_grad_sums=sums(_scaled_grad_sums),
         scaled_input_grad=compiled.jit(numba, _scaled_input_grad))

@@ -237,5 +237,6 @@ class BatchNormLayer(Layer):
                        for sums in (sum_dy, sum_dy_y)]
         std_rows = np.tile(self._std.reshape(-1), n)
         scale = self.dtype.type(-1.0 / (n * inner))
-        self.for_each_row(rows, lambda start, stop: loops.input_grad(
-            dy, y, dx, *per_channel, std_rows, scale, start, stop))
+        ones = np.ones(rows[0], dtype=self.dtype)  # no Scale after it: g = 1, d2 = dy
+        self.for_each_row(rows, lambda start, stop: loops.scaled_input_grad(
+            dy, y, y, dx, ones, *per_channel, std_rows, scale, False, False, start, stop))

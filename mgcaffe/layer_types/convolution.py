@@ -33,7 +33,7 @@ from ..kernels import col2im, conv_output_size, im2col, sample_columns, shift_co
 from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
-from ..kernels.parallel import for_each_chunk
+from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.sample_gemm import for_each_gemm
 from . import convolution_nd
 from .base import Layer
@@ -229,6 +229,21 @@ class _ConvolutionBase(Layer):
     #: gradient) over the chunk runner's threads, one BLAS thread each (kernels.sample_gemm):
     #: no wait inside a GEMM for a thread whose core is busy elsewhere.
     split_sample_gemms = True
+    #: ... several samples to a chunk, so that a chunk's GEMMs do at least about this many
+    #: flops (at most a quarter of the samples per thread, for balance on a busy core): a
+    #: chunk costs ~10 us of Python and numpy calls, which one sample per chunk paid 64
+    #: times for LeNet conv1 (7 us GEMMs: 0.82 ms for what the BLAS did in 0.44). numpy
+    #: runs a stacked matmul as one GEMM per sample, so the bits do not depend on it.
+    #: 0: one sample per chunk.
+    sample_chunk_flops = 4e6
+
+    def sample_grain(self, count: int, flops_each: float) -> int:
+        """Samples per chunk for `count` independent GEMMs of `flops_each` flops each."""
+        if self.sample_chunk_flops <= 0 or flops_each <= 0:
+            return 1
+        threads = runner_or_default(self.ctx.chunk_runner).threads
+        wanted = -(-int(self.sample_chunk_flops) // int(flops_each))
+        return max(1, min(wanted, count // (4 * max(1, threads))))
 
     def sample_gemms(self, a3, x4, out4, out=None, bias=None):
         """out4[s] = a3 @ x4[s] for every sample s (numpy matmul broadcasting over groups),
@@ -241,7 +256,9 @@ class _ConvolutionBase(Layer):
                 xp.add(out[start:stop], bias, out=out[start:stop])
 
         if self.split_sample_gemms:
-            for_each_gemm(xp, x4.shape[0], samples, self.ctx.chunk_runner)
+            flops = 2.0 * a3.shape[0] * a3.shape[1] * a3.shape[2] * x4.shape[-1]
+            for_each_gemm(xp, x4.shape[0], samples, self.ctx.chunk_runner,
+                          grain=self.sample_grain(x4.shape[0], flops))
             return
         xp.matmul(a3, x4, out=out4)
         if bias is not None:
@@ -294,7 +311,9 @@ class _ConvolutionBase(Layer):
             self.xp.matmul(columns[start:stop], diff4_t[start:stop], out=per_sample[start:stop])
 
         if self.split_sample_gemms:
-            for_each_gemm(self.xp, n, samples, self.ctx.chunk_runner)
+            flops = 2.0 * g * og * columns.shape[2] * columns.shape[3]
+            for_each_gemm(self.xp, n, samples, self.ctx.chunk_runner,
+                          grain=self.sample_grain(n, flops))
         else:
             samples(0, n)
         total = per_sample.sum(axis=0).transpose(0, 2, 1)

@@ -82,6 +82,25 @@ def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_w
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("body,shape", [
+    ("num_output: 4 kernel_size: 3 pad: 1", (32, 2, 6, 5)),
+    ("num_output: 6 kernel_size: 1 pad: 1 group: 2", (24, 4, 3, 3)),
+])
+def test_several_samples_to_a_chunk_give_the_same_bits(body, shape, weight_diff_way,
+                                                      conv_passes, monkeypatch):
+    """Small per-sample GEMMs go several to a chunk (sample_chunk_flops): float32 results
+    bit for bit those of one sample per chunk."""
+    results, grains = [], []
+    for flops in (0, 1e9):
+        monkeypatch.setattr(Convolution, "sample_chunk_flops", flops)
+        layer, bottom, top = build(body, shape, threads=2, dtype=np.float32)
+        grains.append(layer.sample_grain(shape[0], 100.0))
+        results.append(conv_passes(layer, bottom, top))
+    assert grains[0] == 1 and grains[1] == shape[0] // 8
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_weight_diff_blocks_cover_a_wide_gradient(monkeypatch):
     """A weight gradient wider than one column block (64) is summed block by block: every
     block against einsum by hand."""

@@ -44,12 +44,14 @@ sys.path.insert(0, str(ROOT))
 
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
-# name: (prototxt, {input top: shape}, iterations at --scale 1)
+# name: (prototxt, {input top: shape}, iterations at --scale 1). The iterations make each
+# run last a second or more on every net: a loaded run of LeNet's 20 iterations (0.3 s) was
+# a few scheduler decisions long, and its round-to-round spread measured those.
 NETS = {
     "lenet": ("models/lenet/lenet_train_test.prototxt",
-              {"data": (64, 1, 28, 28), "label": (64,)}, 20),
+              {"data": (64, 1, 28, 28), "label": (64,)}, 100),
     "cifar10_quick": ("models/cifar10_quick/cifar10_quick_train_test.prototxt",
-                      {"data": (100, 3, 32, 32), "label": (100,)}, 10),
+                      {"data": (100, 3, 32, 32), "label": (100,)}, 25),
     "alexnet": ("models/alexnet/deploy.prototxt", {"data": (8, 3, 227, 227)}, 5),
     "googlenet": ("models/googlenet/deploy.prototxt", {"data": (8, 3, 224, 224)}, 3),
     "resnet50": ("models/resnet50/deploy.prototxt", {"data": (4, 3, 224, 224)}, 3),

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
 # name: (prototxt, {input top: shape}, iterations at --scale 1). The iterations make each
-# run last a second or more on every net: a loaded run of LeNet's 20 iterations (0.3 s) was
+# run last a second or more on every net: LeNet's 20 iterations (0.3-0.6 s a run) were
 # a few scheduler decisions long, and its round-to-round spread measured those.
 NETS = {
     "lenet": ("models/lenet/lenet_train_test.prototxt",

@@ -28,9 +28,11 @@ lose their first trial by 30x on GoogleNet's first pooling and settle on one thr
 calls alternate between the threads and the calling thread alone; then
 it runs the threads only where they took at most `THREADED_MARGIN` of the serial time (the
 trials end after one call each way when one took `DECISIVE` times the other), and
-tries the other way again every `RETRY_EVERY` calls so that it follows the load as it
-changes. Both ways run the same chunks with the same boundaries, so the results are
-identical; only who runs them differs.
+tries the other way again now and then so that it follows the load as it changes: every
+`RETRY_EVERY` calls where one way won by `DECISIVE` or more, sooner where they were close
+(down to every `RETRY_SOONEST` calls), since a retry then costs little and a trial that a
+moment of noise decided is corrected soon. Both ways run the same chunks with the same
+boundaries, so the results are identical; only who runs them differs.
 
 A call site is the body's code and sizes within the layer call that runs it (`call_site`,
 which the net sets around each layer's forward and backward), so that layers whose work
@@ -74,8 +76,14 @@ CALLS_TO_SETTLE = WARMUP + 2 * TRIALS
 #: the slow way costs a whole call (LeNet in `mgcaffe time --threads adaptive` on a busy
 #: machine: the second threaded trial pass took 111 ms against 27 ms settled).
 DECISIVE = 2.0
-#: A settled call site times the other way again once in this many calls.
+#: A settled call site times the other way again once in this many calls ...
 RETRY_EVERY = 32
+#: ... or as often as this where the two ways' estimates are close: the interval grows with
+#: the gap, so a retry's expected cost stays about 1/RETRY_EVERY of a call. On a node whose
+#: second core comes and goes, ResNet-50's layers settled on one thread after two disturbed
+#: threaded trials (res3c_branch2b backward: 10.5 ms threaded, 10.6 serial, where the
+#: threads take about 6) and kept it for 32 calls.
+RETRY_SOONEST = 4
 #: Weight of the newest timing in a way's running estimate.
 SMOOTHING = 0.3
 #: The threads must be this much faster to be used: they take more CPU time (a second core
@@ -130,7 +138,18 @@ class _Site:
             # Trials alternate, threaded first (it starts the helpers once).
             return self.trials[True] <= self.trials[False]
         best = self.threaded_wins()
-        return (not best) if self.calls % RETRY_EVERY == 0 else best
+        return (not best) if self.calls % self.retry_every() == 0 else best
+
+    def retry_every(self) -> int:
+        """Calls between retries of the losing way: RETRY_SOONEST where the estimates (the
+        threads' against THREADED_MARGIN times the serial) are close, up to RETRY_EVERY
+        where they are DECISIVE apart or more."""
+        threaded, serial = self.estimate[True], THREADED_MARGIN * self.estimate[False]
+        fast, slow = min(threaded, serial), max(threaded, serial)
+        if fast <= 0:
+            return RETRY_EVERY
+        interval = round(RETRY_EVERY * (slow / fast - 1) / (DECISIVE - 1))
+        return max(RETRY_SOONEST, min(RETRY_EVERY, interval))
 
     def settled(self) -> bool:
         """Whether the trials are over (every way timed TRIALS times, or decided early)."""

@@ -134,8 +134,9 @@ def timed_body(clock, cost, seen):
     return body
 
 
-@pytest.mark.parametrize("threaded_cost, settles_threaded", [(5.0, False), (0.5, True)])
+@pytest.mark.parametrize("threaded_cost, settles_threaded", [(5.0, False), (0.25, True)])
 def test_a_call_site_settles_on_the_faster_way(threaded_cost, settles_threaded):
+    """A decisive winner (3.6x past the margin either way) runs for RETRY_EVERY calls."""
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
     cost = {True: threaded_cost, False: 1.0}
@@ -187,6 +188,36 @@ def test_the_first_call_is_not_timed():
     assert runner.way(body, 4, 1) is None
     cost[True] = 0.5  # from then on the threads pay
     for _ in range(parallel.CALLS_TO_SETTLE - 1):
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is True
+
+
+def test_close_ways_are_retried_sooner_than_decisive_ones():
+    site = parallel._Site()
+    m = parallel.THREADED_MARGIN
+    for threaded, serial in ((1.0, 1.0), (0.95 * m, 1.0)):
+        site.estimate = {True: threaded, False: serial}
+        assert site.retry_every() == parallel.RETRY_SOONEST
+    site.estimate = {True: 1.5 * m, False: 1.0}  # halfway to DECISIVE: halfway in calls
+    assert site.retry_every() == round(parallel.RETRY_EVERY * 0.5 / (parallel.DECISIVE - 1))
+    for threaded, serial in ((4.0, 1.0), (0.2, 1.0)):
+        site.estimate = {True: threaded, False: serial}
+        assert site.retry_every() == parallel.RETRY_EVERY
+
+
+def test_a_site_a_disturbed_trial_settled_on_one_thread_is_corrected_soon():
+    """Both threaded trials slowed to the serial time (the second core taken meanwhile):
+    the site settles serial, but so narrowly that the threads are tried again within
+    RETRY_SOONEST calls, and their real speed wins it back."""
+    clock = FakeClock()
+    runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
+    cost = {True: 1.0, False: 1.0}
+    body = timed_body(clock, cost, [])
+    for _ in range(parallel.CALLS_TO_SETTLE):
+        for_each_chunk(np, 4, body, runner=runner)
+    assert runner.way(body, 4, 1) is False
+    cost[True] = 0.5
+    for _ in range(parallel.RETRY_SOONEST):
         for_each_chunk(np, 4, body, runner=runner)
     assert runner.way(body, 4, 1) is True
 

@@ -23,7 +23,7 @@ the cache (kernels.sample_columns) and keep none.
 
 from __future__ import annotations
 
-from math import prod
+from math import ceil, prod
 
 import numpy as np
 
@@ -231,9 +231,9 @@ class _ConvolutionBase(Layer):
     split_sample_gemms = True
     #: ... several samples to a chunk, so that a chunk's GEMMs do at least about this many
     #: flops (at most a quarter of the samples per thread, for balance on a busy core): a
-    #: chunk costs ~10 us of Python and numpy calls, which one sample per chunk paid 64
-    #: times for LeNet conv1 (7 us GEMMs: 0.82 ms for what the BLAS did in 0.44). numpy
-    #: runs a stacked matmul as one GEMM per sample, so the bits do not depend on it.
+    #: chunk costs ~10 us of Python and numpy calls, as much as one of LeNet conv1's GEMMs
+    #: (forward, b64: 1.09-1.13 ms one sample per chunk, 0.82-0.99 ms seven). numpy runs a
+    #: stacked matmul as one GEMM per sample, so the bits do not depend on it.
     #: 0: one sample per chunk.
     sample_chunk_flops = 4e6
 
@@ -242,8 +242,8 @@ class _ConvolutionBase(Layer):
         if self.sample_chunk_flops <= 0 or flops_each <= 0:
             return 1
         threads = runner_or_default(self.ctx.chunk_runner).threads
-        wanted = -(-int(self.sample_chunk_flops) // int(flops_each))
-        return max(1, min(wanted, count // (4 * max(1, threads))))
+        wanted = ceil(self.sample_chunk_flops / flops_each)
+        return max(1, min(wanted, count // (4 * threads)))
 
     def sample_gemms(self, a3, x4, out4, out=None, bias=None):
         """out4[s] = a3 @ x4[s] for every sample s (numpy matmul broadcasting over groups),

@@ -11,6 +11,7 @@ from conv_layers import threaded_conv
 from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import parallel, sample_gemm
 from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.layer_types import convolution
 from mgcaffe.layer_types.convolution import Convolution
 
 # body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
@@ -88,15 +89,22 @@ def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_w
 ])
 def test_several_samples_to_a_chunk_give_the_same_bits(body, shape, weight_diff_way,
                                                       conv_passes, monkeypatch):
-    """Small per-sample GEMMs go several to a chunk (sample_chunk_flops): float32 results
-    bit for bit those of one sample per chunk."""
-    results, grains = [], []
+    """Small per-sample GEMMs go several to a chunk (sample_chunk_flops; at most a quarter
+    of the samples per thread): float32 results bit for bit those of one sample per chunk."""
+    grains = []
+
+    def recording(xp, count, body, runner=None, grain=1):
+        if body.__name__ == "samples":  # not the weight gradient's column blocks
+            grains[-1].add(grain)
+        sample_gemm.for_each_gemm(xp, count, body, runner, grain)
+
+    monkeypatch.setattr(convolution, "for_each_gemm", recording)
+    results = []
     for flops in (0, 1e9):
         monkeypatch.setattr(Convolution, "sample_chunk_flops", flops)
-        layer, bottom, top = build(body, shape, threads=2, dtype=np.float32)
-        grains.append(layer.sample_grain(shape[0], 100.0))
-        results.append(conv_passes(layer, bottom, top))
-    assert grains[0] == 1 and grains[1] == shape[0] // 8
+        grains.append(set())
+        results.append(conv_passes(*build(body, shape, threads=2, dtype=np.float32)))
+    assert grains == [{1}, {shape[0] // 8}]  # the forward's and the backward's GEMMs
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
 

@@ -6,8 +6,8 @@ burning the CPU time the work needed (LeNet b64 with a busy second core: 2 BLAS 
 3-5x the wall time and 3x the CPU time of 1). On an idle node the threads pay for the large
 layers. Which way wins depends on the layer's size and on the load, which changes; so each
 layer call site (a layer's forward or backward) is timed both ways, as `parallel.ChunkRunner`
-times its chunk call sites (the same trial and retry rule, `parallel.TRIALS` and
-`parallel.RETRY_EVERY` and `RETRY_SOONEST`), and run the faster way.
+times its chunk call sites (the same trial and retry rule: `parallel.TRIALS`,
+`RETRY_EVERY` and `RETRY_SOONEST`), and run the faster way.
 
 "One thread" means the BLAS limited to one thread (through threadpoolctl's controllers, a
 ~5 us call) and the chunk runner running serially. The chunk runner's results do not depend

@@ -136,7 +136,8 @@ def timed_body(clock, cost, seen):
 
 @pytest.mark.parametrize("threaded_cost, settles_threaded", [(5.0, False), (0.25, True)])
 def test_a_call_site_settles_on_the_faster_way(threaded_cost, settles_threaded):
-    """A decisive winner (3.6x past the margin either way) runs for RETRY_EVERY calls."""
+    """A decisive winner (5.6x and 3.6x past the margin, beyond DECISIVE) runs for
+    RETRY_EVERY calls."""
     clock = FakeClock()
     runner = ChunkRunner(2, chunk_elements=1, serial_below=0, clock=clock)
     cost = {True: threaded_cost, False: 1.0}
@@ -198,8 +199,9 @@ def test_close_ways_are_retried_sooner_than_decisive_ones():
     for threaded, serial in ((1.0, 1.0), (0.95 * m, 1.0)):
         site.estimate = {True: threaded, False: serial}
         assert site.retry_every() == parallel.RETRY_SOONEST
-    site.estimate = {True: 1.5 * m, False: 1.0}  # halfway to DECISIVE: halfway in calls
-    assert site.retry_every() == round(parallel.RETRY_EVERY * 0.5 / (parallel.DECISIVE - 1))
+    halfway = 1 + (parallel.DECISIVE - 1) / 2  # halfway to DECISIVE: halfway in calls
+    site.estimate = {True: halfway * m, False: 1.0}
+    assert site.retry_every() == round(parallel.RETRY_EVERY / 2)
     for threaded, serial in ((4.0, 1.0), (0.2, 1.0)):
         site.estimate = {True: threaded, False: serial}
         assert site.retry_every() == parallel.RETRY_EVERY

@@ -8,8 +8,10 @@ makes rank R raise inside the solver at that iteration (through an iteration hoo
 "exception in a rank" fault case on a real net; `--fail-how` picks another fault (SIGKILL,
 SIGINT, SIGTERM, SIGSTOP 0.3 s later, NaN weights, sys.exit(0), rank 0's snapshots taking
 `--fail-seconds`). `--solver-rank1` gives rank 1 another solver (ranks that disagree),
-`--stop-before-init R` stops rank R before MPI is initialised. The wiring is that of `run` in
-mgcaffe/commands/train.py (keep the two in step), plus the test hooks.
+`--stop-before-init R` stops rank R before MPI is initialised, `--slow-first-layer S` sleeps
+S seconds before the input-most learnable layer's backward (room for the overlap to show).
+The wiring is that of `run` in mgcaffe/commands/train.py (keep the two in step), plus the
+test hooks.
 """
 
 from __future__ import annotations
@@ -61,6 +63,14 @@ class FailAt:
             raise RuntimeError(f"injected failure at iteration {solver.iter}")
 
 
+def slow_before_first_learnable(net, seconds):
+    """Sleep before the input-most learnable layer's backward: the gradients of the layers
+    after it are ready by then, so a wait-free all-reduce has `seconds` to start (sleeping
+    lets go of the GIL, so a loaded machine still gets the thread going)."""
+    first = min(i for i, layer in enumerate(net.layers) if layer.blobs)
+    net.before_backward(lambda i: time.sleep(seconds) if i == first else None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log-level", default="INFO")
@@ -77,6 +87,8 @@ def main() -> int:
                         help="rank 1 trains with this solver instead (ranks that disagree)")
     parser.add_argument("--stop-before-init", type=int, default=None, metavar="RANK",
                         help="this rank stops itself (SIGSTOP) before MPI is initialised")
+    parser.add_argument("--slow-first-layer", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep before the input-most learnable layer's backward")
     args = parser.parse_args()
 
     if args.stop_before_init is not None and \
@@ -88,6 +100,8 @@ def main() -> int:
         args.solver = args.solver_rank1
     with distributed.failing_together(comm):
         solver = build_solver(args, rank=rank, world_size=size)
+        if args.slow_first_layer:
+            slow_before_first_learnable(solver.net, args.slow_first_layer)
         if args.fail_at is not None:
             solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how,
                                                    args.fail_seconds))

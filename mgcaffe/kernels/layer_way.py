@@ -57,7 +57,7 @@ class LayerWay:
             return fn(*args)
         site = self._sites.get(key)
         if site is None:
-            site = self._sites.setdefault(key, parallel._Site(len(self._sites) * 7))
+            site = self._sites.setdefault(key, parallel.CallSite(len(self._sites) * 7))
         threaded = site.pick()
         _local.active = True
         start = self._clock()

@@ -117,8 +117,10 @@ def call_site(key):
     return _thread_setting(_site, "key", key)
 
 
-class _Site:
-    """Running time estimates of one call site, threaded and serial."""
+class CallSite:
+    """Running time estimates of one call site's two ways, threaded (True) and serial
+    (False), and which to run next: the trial and retry rule above. A caller with two other
+    ways names the one that needs THREADED_MARGIN's head start True."""
 
     __slots__ = ("estimate", "trials", "calls", "warmups")
 
@@ -228,7 +230,7 @@ class ChunkRunner:
         key = (site_scope(), getattr(body, "__code__", type(body)), count, grain)
         site = self._sites.get(key)
         if site is None:
-            site = self._sites.setdefault(key, _Site(len(self._sites) * 7))
+            site = self._sites.setdefault(key, CallSite(len(self._sites) * 7))
         threaded = site.pick()
         start = self._clock()
         if threaded:

@@ -7,6 +7,7 @@ K = product of the rest. Weight (num_output, K), or (K, num_output) with `transp
 
 from __future__ import annotations
 
+import time
 from math import prod
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from ..blob import Blob
 from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
-from ..kernels.parallel import blas_threads
+from ..kernels.parallel import CallSite, adaptive_blas, blas_threads
 from ..kernels.sample_gemm import for_each_gemm
 from .base import Layer
 from .registry import register_layer
@@ -43,7 +44,11 @@ class InnerProduct(Layer):
     #: count); 0: one call. fc6's dW alone at batch 8, one call / blocks, best of 7: one
     #: thread 26.0 -> 11.1 ms (fc7 11.3 -> 5.3), two threads 15.3 -> 11.1 (fc7 6.8 -> 5.4).
     #: Whole fc6 backward in AlexNet at batch 8 (`mgcaffe time --threads 2`, alternated):
-    #: 29.8-30.8 -> 22.8-28.0 ms.
+    #: 29.8-30.8 -> 22.8-28.0 ms. On a 2-core AMD EPYC (Zen 3) the blocks lose instead:
+    #: fc6's dW best of 9, two threads, one call 19.8 ms, blocks 28.1 (2-D tiles no better,
+    #: 19.5-37), whole fc6 backward in AlexNet 36-39 ms against 56-68. So where
+    #: `--threads adaptive` lets timing choose (bits differ between the two), each layer
+    #: times both ways, per BLAS thread count, and keeps the faster (parallel.CallSite).
     overwrite_block_elements = 1 << 16
     #: Blocks a chunk of the runner takes at once (fewer hand-outs, each a few MB of diff).
     overwrite_blocks_per_chunk = 8
@@ -58,6 +63,8 @@ class InnerProduct(Layer):
     dx_block_rows = 64
 
     def layer_setup(self, bottom, top):
+        #: {BLAS threads: CallSite}: one call (True) against blocks, timed per thread count.
+        self._overwrite_ways = {}
         p = self.param.inner_product_param
         shape = bottom[0].shape
         if not -len(shape) <= p.axis < max(len(shape), 1):
@@ -93,6 +100,29 @@ class InnerProduct(Layer):
         self.m = prod(shape[:self.axis])
         top[0].reshape(shape[:self.axis] + (self.num_output,))
 
+    def _overwrite_weight_diff(self, a, b, diff):
+        """diff = a @ b (numpy, few rows) in blocks, or in one call where `--threads
+        adaptive` allows the choice and one call has been the faster here."""
+        site = None
+        if adaptive_blas():
+            site = self._overwrite_ways.setdefault(blas_threads(), CallSite())
+        one_call = site.pick() if site is not None else False
+        start = time.perf_counter()
+        if one_call:
+            gemm_accumulate(a, b, diff, None, True)
+        else:
+            rows = max(1, self.overwrite_block_elements // diff.shape[1])
+
+            def blocks(start, stop):
+                for lo in range(start, stop, rows):
+                    hi = min(stop, lo + rows)
+                    gemm_accumulate(a[lo:hi], b, diff[lo:hi], None, True)
+
+            for_each_gemm(np, diff.shape[0], blocks, self.ctx.chunk_runner,
+                          grain=rows * self.overwrite_blocks_per_chunk)
+        if site is not None:
+            site.record(one_call, time.perf_counter() - start)
+
     def _weight_as_k_by_n(self, array):
         """The (K, num_output) operand of x @ W, a view either way (BLAS transposes free)."""
         return array if self.transpose else array.T
@@ -124,15 +154,7 @@ class InnerProduct(Layer):
             diff, overwrite = weight.diff_for_write()
             if (self.xp is np and overwrite and self.m <= self.weight_major_upto
                     and self.overwrite_block_elements > 0):
-                rows = max(1, self.overwrite_block_elements // diff.shape[1])
-
-                def blocks(start, stop):
-                    for lo in range(start, stop, rows):
-                        hi = min(stop, lo + rows)
-                        gemm_accumulate(a[lo:hi], b, diff[lo:hi], None, True)
-
-                for_each_gemm(np, diff.shape[0], blocks, self.ctx.chunk_runner,
-                              grain=rows * self.overwrite_blocks_per_chunk)
+                self._overwrite_weight_diff(a, b, diff)
             elif self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
                 gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
             elif overwrite:

@@ -194,7 +194,7 @@ def test_the_first_call_is_not_timed():
 
 
 def test_close_ways_are_retried_sooner_than_decisive_ones():
-    site = parallel._Site()
+    site = parallel.CallSite()
     m = parallel.THREADED_MARGIN
     for threaded, serial in ((1.0, 1.0), (0.95 * m, 1.0)):
         site.estimate = {True: threaded, False: serial}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from threadpoolctl import threadpool_limits
 
 from mgcaffe.errors import LayerError
 from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.kernels import parallel
 from mgcaffe.kernels.parallel import ChunkRunner, blas_threads
 from mgcaffe.proto import caffe_pb2
 
@@ -164,6 +166,49 @@ def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, threads
     layer.ctx.chunk_runner = ChunkRunner(1)
     layer.backward(top, [True], bottom)
     np.testing.assert_array_equal(weight.diff, first)
+
+
+@pytest.mark.parametrize("slow", ["one call", "blocks"])
+def test_adaptive_threads_keep_the_faster_way_to_overwrite_the_weight_diff(slow, monkeypatch):
+    """With `--threads adaptive`, a lazily cleared weight diff is written both ways in the
+    first calls (one GEMM, blocks of 2 rows) and then the faster way only (here the other
+    way sleeps 50 ms a GEMM); the gradient is right whichever way ran."""
+    from mgcaffe.layer_types import inner_product
+
+    monkeypatch.setattr(parallel, "_adaptive_blas", True)
+    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)])
+    layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
+    calls, real = [], inner_product.gemm_accumulate
+
+    def timed(a, b, c, *args):
+        way = "one call" if c.shape[0] == 9 else "blocks"
+        calls.append(way)
+        if way == slow:
+            time.sleep(0.05)
+        real(a, b, c, *args)
+
+    def backward_way():
+        calls.clear()
+        weight.diff[...] = np.nan
+        weight.clear_diff_lazily()
+        layer.backward(top, [False], bottom)
+        assert len(set(calls)) == 1, calls
+        return calls[0]
+
+    monkeypatch.setattr(inner_product, "gemm_accumulate", timed)
+    rng = np.random.default_rng(10)
+    top[0].diff[...] = rng.standard_normal((3, 9))
+    expected = top[0].diff.T @ bottom[0].data
+    weight = layer.blobs[0]
+    names = []
+    for _ in range(10):
+        names.append(backward_way())
+        np.testing.assert_allclose(weight.diff, expected, rtol=1e-6, atol=1e-6)
+    assert {"one call", "blocks"} <= set(names[:4]), names
+    fast = "blocks" if slow == "one call" else "one call"
+    assert names[-5:] == [fast] * 5, names
+    monkeypatch.setattr(parallel, "_adaptive_blas", False)
+    assert backward_way() == "blocks"  # not asked: the blocks, the same bits every run
 
 
 def _count_gemm_calls(monkeypatch) -> list:

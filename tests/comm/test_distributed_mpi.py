@@ -22,10 +22,9 @@ DRIVER = REPO / "tests" / "mpi" / "train_digits.py"
 ITERS = 8
 PROFILE_ITERS = 3
 COMBINED_BATCH = 16
-SLOW_FIRST_LAYER = "0.1"  # seconds: room for wfbp's first all-reduce to start before conv1's
-
 MODES = {  # name: flags
-    "wfbp": ["--comm", "wfbp"],
+    # conv1's backward waits 0.1 s first: room for the first all-reduce to start (check_trace)
+    "wfbp": ["--comm", "wfbp", "--slow-first-layer", "0.1"],
     "synceasgd": ["--comm", "synceasgd"],
     "mgwfbp-optimal": ["--comm", "mgwfbp", "--merge", "optimal"],
     "mgwfbp-paper": ["--comm", "mgwfbp", "--merge", "paper"],
@@ -103,10 +102,12 @@ def check_trace(doc, n, mode):
                 assert min(e["ts"] for e in ars) >= backward_end
             if it >= PROFILE_ITERS:
                 overlapped += ars[0]["ts"] < backward_end
+            if mode == "wfbp":  # the room is there: conv1's gradient comes 0.1 s after conv2's
+                assert backward_end - sorted(grads)[-2] >= 0.1e6, (rank, it)  # trace: us
         if mode == "wfbp":
-            # The first all-reduce starts while backward runs: conv1's backward waits
-            # SLOW_FIRST_LAYER seconds first (--slow-first-layer), so even a thread woken late
-            # on a loaded machine starts it in time, on most iterations.
+            # The first all-reduce starts while backward runs: conv1's backward waits 0.1 s
+            # first (--slow-first-layer in MODES), so even a thread woken late on a loaded
+            # machine starts it in time, on most iterations.
             assert overlapped > (ITERS - PROFILE_ITERS) / 2, (rank, overlapped)
 
 

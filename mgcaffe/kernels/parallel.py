@@ -119,8 +119,8 @@ def call_site(key):
 
 class CallSite:
     """Running time estimates of one call site's two ways, threaded (True) and serial
-    (False), and which to run next: the trial and retry rule above. A caller with two other
-    ways names the one that needs THREADED_MARGIN's head start True."""
+    (False), and which to run next: the trial and retry rule above. A caller choosing
+    between two other ways passes True for the one that must win by THREADED_MARGIN."""
 
     __slots__ = ("estimate", "trials", "calls", "warmups")
 

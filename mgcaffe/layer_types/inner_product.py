@@ -105,8 +105,11 @@ class InnerProduct(Layer):
         adaptive` allows the choice and one call has been the faster here."""
         site = None
         if adaptive_blas():
-            site = self._overwrite_ways.setdefault(blas_threads(), CallSite())
-        one_call = site.pick() if site is not None else False
+            threads = blas_threads()
+            site = self._overwrite_ways.get(threads)
+            if site is None:
+                site = self._overwrite_ways[threads] = CallSite()
+        one_call = site is not None and site.pick()
         start = time.perf_counter()
         if one_call:
             gemm_accumulate(a, b, diff, None, True)

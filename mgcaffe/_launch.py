@@ -14,7 +14,9 @@ reported a segmentation fault).
   MPI is up: if any rank was interrupted, every rank writes the line and exits with status
   0. A SIGINT that arrives after that exchange is handed to the training loop's
   SignalHandler (`take_pending()`), so every rank stops at the same iteration, as a Ctrl-C
-  later in training does. After start-up (`resume()`) SIGINT raises KeyboardInterrupt again.
+  later in training does. After start-up (`resume()`) SIGINT raises KeyboardInterrupt again;
+  `train` skips that and keeps recording until its SignalHandler takes over, so that no rank
+  is interrupted alone in between.
 
 Imported as a library (`import mgcaffe` in a program), nothing is changed.
 """

@@ -80,13 +80,17 @@ PROFILE_EXTENSION = 4  # profiling may run up to this many times profile_iters w
 
 
 def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
-          startup_timeout: float | None = None) -> tuple[Communicator, int, int]:
+          startup_timeout: float | None = None,
+          keep_deferred: bool = False) -> tuple[Communicator, int, int]:
     """(communicator, rank, size) of this process: MPI when a launcher started it, else a
     world of one rank without touching MPI. With `log_level`, logging is configured so that
     only rank 0 logs below WARNING and every other rank's lines carry its rank. `mpi_wait`:
     how MPI all-reduces wait ("poll" or "block", see MpiCommunicator). Under a launcher,
     MPI's start-up and the exchange of the rank map (rank 0 logs it) must end within
-    `startup_timeout` seconds (default 120), or this process ends with a message."""
+    `startup_timeout` seconds (default 120), or this process ends with a message.
+    `keep_deferred`: a Ctrl-C after start-up stays recorded (`_launch.take_pending()`) for
+    the SignalHandler the caller installs next, instead of raising KeyboardInterrupt: a rank
+    interrupted between the two would leave alone, and the others wait for it."""
     if not (launched_by_mpi() or launcher_size() is not None):
         comm: Communicator = SingleCommunicator()
         return comm, comm.rank, comm.size
@@ -105,7 +109,8 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
             _launch.take_pending()
             print(_launch.LINE, file=sys.stderr, flush=True)
             raise SystemExit(0)  # on every rank: MPI_Finalize at exit, as a normal end
-    _launch.resume()
+    if not keep_deferred:
+        _launch.resume()
     return comm, comm.rank, comm.size
 
 

@@ -196,8 +196,11 @@ def run(args) -> int:
         raise MgcaffeError(str(exc)) from None
     # Under mpiexec: rank and size before the solver (data sharding), every rank ended on
     # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
+    # A Ctrl-C from here to the handler's install is recorded, and the handler takes it: a
+    # KeyboardInterrupt in between ended one rank alone and left the others waiting.
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
-                                         startup_timeout=getattr(args, "comm_timeout", None))
+                                         startup_timeout=getattr(args, "comm_timeout", None),
+                                         keep_deferred=True)
     threads.configure(getattr(args, "threads", None), comm)  # before any net is built
     with handler, distributed.failing_together(comm):
         if rank == 0:  # the rank that writes them; before hours of training, not after

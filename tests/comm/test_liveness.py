@@ -209,3 +209,33 @@ def test_the_handshake_keeps_heartbeats_where_datagrams_pass():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("keep_deferred", [False, True])
+def test_world_hands_a_late_start_up_ctrl_c_to_the_caller_when_asked(keep_deferred,
+                                                                      monkeypatch):
+    """Under a launcher, once MPI is up `world()` makes SIGINT raise KeyboardInterrupt again,
+    unless the caller (train) keeps it recorded until its SignalHandler takes it over: a
+    Ctrl-C in between then stops the loop on every rank, not this rank alone."""
+    from mgcaffe.comm import distributed
+    from mgcaffe.comm.local import SingleCommunicator
+
+    monkeypatch.setattr(distributed, "launched_by_mpi", lambda: True)
+    class OneRankMpi(SingleCommunicator):  # MPI's start-up stands in, one rank
+        library = "test"
+
+    monkeypatch.setattr(distributed, "MpiCommunicator", lambda wait: OneRankMpi())
+    monkeypatch.setattr(distributed, "check_world", lambda size, library: None)
+    before = signal.signal(signal.SIGINT, _launch._interrupted)  # as at a command-line start
+    try:
+        distributed.world(None, keep_deferred=keep_deferred)
+        if not keep_deferred:
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            return
+        os.kill(os.getpid(), signal.SIGINT)  # after world(), before the handler: recorded
+        time.sleep(0.05)
+        with SignalHandler() as handler:
+            assert handler.requested_action() == SolverAction.STOP
+    finally:
+        signal.signal(signal.SIGINT, before)
+        _launch.take_pending()

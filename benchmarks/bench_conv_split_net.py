@@ -37,12 +37,12 @@ from bench_engine import gemm_flops, matmul_gflops  # noqa: E402 - same folder
 from bench_vs_caffe import peak_rss_mb  # noqa: E402
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
+from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
-from mgcaffe.profiling import timing_propagate_down  # noqa: E402
-from mgcaffe.protoio import read_net_param  # noqa: E402
-from mgcaffe.synthetic_data import synthesize_data_layers  # noqa: E402
+from mgcaffe.net.profiling import timing_propagate_down  # noqa: E402
+from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: E402
 
 NETS = {
     "alexnet": ("models/alexnet/deploy.prototxt", (8, 3, 227, 227)),

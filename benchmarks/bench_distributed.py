@@ -20,7 +20,7 @@ measured on one process alone with the same per-rank batch.
 (tools/netns_cluster.py, root only; `--rate`, `--latency-ms`): no emulation, the all-reduce
 cost and the slowdown of computation during an all-reduce are measured at start-up (a GEMM
 probe), then the re-plan window measures the slowdown in situ (undisturbed iterations
-alternating with per-layer overlapped ones, mgcaffe.comm.insitu) and every scheme is
+alternating with per-layer overlapped ones, mgcaffe.comm.training.insitu) and every scheme is
 predicted with that; "predicted" is the extended model (docs/planner.md): backward slowed
 by rho while a message is in flight, messages slowed by sigma while backward runs, both
 measured in situ; beside it "meas/rho" (the same with sigma = 1, the model before sigma) and
@@ -66,9 +66,9 @@ ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THRE
 
 def synthetic_solver(model: str, batch: int, max_iter: int):
     """A SolverParameter training `model` on random data of batch `batch` per rank."""
+    from mgcaffe.formats.protoio import read_net_param  # noqa: PLC0415
+    from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: PLC0415
     from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
-    from mgcaffe.protoio import read_net_param  # noqa: PLC0415
-    from mgcaffe.synthetic_data import synthesize_data_layers  # noqa: PLC0415
 
     shapes = {"data": (batch, 3, 32, 32)} if model == "cifar10_quick" else None
     net, _ = synthesize_data_layers(read_net_param(str(MODELS[model])), shapes, batch)
@@ -85,7 +85,7 @@ def worker(a) -> int:
     Profile once, plan every scheme from that profile, then run the schemes in turn for
     `--rounds` rounds of `--iters` iterations each: on a machine shared with other work the
     load drifts, and interleaving exposes every scheme to the same drift."""
-    from mgcaffe.comm.distributed import failing_together, world  # noqa: PLC0415
+    from mgcaffe.comm.training.trainer import failing_together, world  # noqa: PLC0415
 
     comm, rank, size = world("WARNING")
     with failing_together(comm):  # an exception on one rank ends all, never a hang
@@ -93,10 +93,10 @@ def worker(a) -> int:
 
 
 def _worker(a, comm, rank, size) -> int:
-    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.distributed import PROFILE_EXTENSION, attach  # noqa: PLC0415
-    from mgcaffe.comm.planner import Plan, make_plan, timeline  # noqa: PLC0415
-    from mgcaffe.comm.profile import Profile  # noqa: PLC0415
+    from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.model.planner import Plan, make_plan, timeline  # noqa: PLC0415
+    from mgcaffe.comm.model.profile import Profile  # noqa: PLC0415
+    from mgcaffe.comm.training.trainer import PROFILE_EXTENSION, attach  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
     total = 2 * PROFILE_EXTENSION * a.profile_iters + 2 + a.rounds * len(a.schemes) * a.iters
@@ -181,7 +181,7 @@ def replay(trace_path: str, a_s: float, b_s: float) -> dict[str, list[tuple[floa
     iteration's ACTUAL gradient-ready times (latest over ranks): each all-reduce starts at
     max(end of the previous one, ready of its group) and lasts a + b*bytes. It separates the
     executor's fidelity to the model from drift in compute speed. Keyed by the groups."""
-    from mgcaffe.comm.trace import load_trace  # noqa: PLC0415
+    from mgcaffe.comm.runtime.trace import load_trace  # noqa: PLC0415
 
     doc = load_trace(trace_path)
     per: dict[int, dict] = {}
@@ -219,11 +219,11 @@ def window_predictions(trace_path: str, run: dict, a) -> dict[str, float]:
     so compute runs undisturbed), of each rank's per-layer times, slowest rank taken. The
     start-up profile can be minutes older than a measurement; on a shared machine the load
     moves in between."""
-    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.planner import timeline  # noqa: PLC0415
-    from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: PLC0415
-    from mgcaffe.comm.timing import slowest  # noqa: PLC0415
-    from mgcaffe.comm.trace import load_trace  # noqa: PLC0415
+    from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.model.planner import timeline  # noqa: PLC0415
+    from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: PLC0415
+    from mgcaffe.comm.runtime.timing import slowest  # noqa: PLC0415
+    from mgcaffe.comm.runtime.trace import load_trace  # noqa: PLC0415
 
     if "synceasgd" not in a.schemes:
         return {}
@@ -282,7 +282,7 @@ def launch_on_cluster(a, mpi_args, env, timeout):
     the shaped links."""
     import importlib.util  # noqa: PLC0415
 
-    from mgcaffe.comm.testing import mpiexec  # noqa: PLC0415
+    from mgcaffe.testing.comm import mpiexec  # noqa: PLC0415
 
     spec = importlib.util.spec_from_file_location("netns_cluster",
                                                   REPO / "tools" / "netns_cluster.py")
@@ -334,7 +334,7 @@ def main() -> int:
     if a.worker:
         return worker(a)
 
-    from mgcaffe.comm.testing import mpiexec  # noqa: PLC0415
+    from mgcaffe.testing.comm import mpiexec  # noqa: PLC0415
 
     env = dict(os.environ, **ONE_THREAD, PYTHONPATH=str(REPO))
     me = [sys.executable, str(Path(__file__).resolve())]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Idle OpenBLAS threads spin on a core for ~0.1 s after each GEMM (2^28 cycles by default),
 # which starves the threads mgcaffe splits copies and element-wise loops over
-# (mgcaffe/kernels/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
+# (mgcaffe/cpu/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
 # before numpy loads OpenBLAS.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
@@ -27,12 +27,12 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mgcaffe.kernels.parallel import default_runner  # noqa: E402
+from mgcaffe.cpu.parallel import default_runner  # noqa: E402
+from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
-from mgcaffe.profiling import profile_net, timing_propagate_down  # noqa: E402
-from mgcaffe.protoio import read_net_param  # noqa: E402
-from mgcaffe.synthetic_data import fill_labels, synthesize_data_layers  # noqa: E402
+from mgcaffe.net.profiling import profile_net, timing_propagate_down  # noqa: E402
+from mgcaffe.net.synthetic_data import fill_labels, synthesize_data_layers  # noqa: E402
 
 # name, prototxt, synthetic data shape, iterations by default
 MODELS = {

@@ -14,7 +14,7 @@ import time
 
 # Idle OpenBLAS threads spin on a core for ~0.1 s after each GEMM (2^28 cycles by default),
 # which starves the threads mgcaffe splits copies and element-wise loops over
-# (mgcaffe/kernels/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
+# (mgcaffe/cpu/parallel.py). 2^18 cycles parks them within ~0.1 ms. It must be set
 # before numpy loads OpenBLAS.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
@@ -23,7 +23,7 @@ from bench_engine import matmul_gflops  # noqa: E402 - same folder: one matmul r
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.kernels.parallel import default_runner
+from mgcaffe.cpu.parallel import default_runner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def build(net_name: str, batch: int):
     import bench_vs_caffe  # noqa: PLC0415 - the same generated nets as the Caffe comparison
 
+    from mgcaffe.formats.protoio import read_net_param  # noqa: PLC0415
     from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
     from mgcaffe.net import Net  # noqa: PLC0415
-    from mgcaffe.protoio import read_net_param  # noqa: PLC0415
 
     path, shapes, iters = bench_vs_caffe.NETS[net_name]
     shapes = {k: (batch,) + tuple(v[1:]) for k, v in shapes.items()}

@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mgcaffe.comm.cost import CostModel  # noqa: E402
-from mgcaffe.comm.planner import SCHEMES, make_plan  # noqa: E402
-from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: E402
+from mgcaffe.comm.model.cost import CostModel  # noqa: E402
+from mgcaffe.comm.model.planner import SCHEMES, make_plan  # noqa: E402
+from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: E402
 
 REGIMES = {
     "latency-bound (a 5.7 ms, b 4.4 ns/B)": CostModel(5.70276e-3, 4.4167e-9),
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def extended(layer_counts: list[int]) -> None:
     """`optimal` under the extended model: ms per plan, and whether the search was cut."""
-    from mgcaffe.comm.profile import load_profile  # noqa: PLC0415
+    from mgcaffe.comm.model.profile import load_profile  # noqa: PLC0415
 
     paper = Path(__file__).resolve().parents[1] / "models" / "paper"
     for regime in ("latency-bound (a 5.7 ms, b 4.4 ns/B)", "balanced (a 0.27 ms, b 3.4 ns/B)"):

@@ -20,10 +20,10 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 import numpy as np  # noqa: E402
 from bench_small_layers import BEFORE  # noqa: E402 - same folder
 
-from mgcaffe import threads  # noqa: E402
+from mgcaffe.cpu import threads  # noqa: E402
+from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
-from mgcaffe.protoio import read_net_param  # noqa: E402
 
 
 def build(path: str, settings: dict) -> Net:

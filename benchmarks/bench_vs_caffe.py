@@ -64,9 +64,9 @@ ENGINES = ("caffe", "mgcaffe", "torch")
 # -- the nets
 def generate(name: str, out_dir: Path) -> Path:
     """The TRAIN-phase net with Input layers of the given shapes, written for every engine."""
+    from mgcaffe.formats.protoio import filter_net, read_net_param, write_prototxt  # noqa: PLC0415
     from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
     from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
-    from mgcaffe.protoio import filter_net, read_net_param, write_prototxt  # noqa: PLC0415
 
     path, shapes, _ = NETS[name]
     param = filter_net(read_net_param(ROOT / path), TRAIN)
@@ -99,7 +99,7 @@ def conv_ip_flops(prototxt: Path) -> tuple[float, list[str]]:
 
     from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
     from mgcaffe.net import Net  # noqa: PLC0415
-    from mgcaffe.profiling import timing_propagate_down  # noqa: PLC0415
+    from mgcaffe.net.profiling import timing_propagate_down  # noqa: PLC0415
 
     net = Net(str(prototxt), TRAIN)
     try:
@@ -233,8 +233,8 @@ def torch_worker(prototxt: str, iterations: int) -> None:  # noqa: C901, PLR0915
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: N812, PLC0415
 
+    from mgcaffe.formats.protoio import read_net_param  # noqa: PLC0415
     from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
-    from mgcaffe.protoio import read_net_param  # noqa: PLC0415
 
     net = read_net_param(prototxt)
     g = torch.Generator().manual_seed(0)

@@ -31,7 +31,7 @@ import os as _os
 from . import _launch  # noqa: F401 - first: Ctrl-C while the program starts ends quietly
 
 # OpenBLAS's idle threads spin for ~0.1 s after every matrix product, taking the core that
-# mgcaffe's sample-chunk threads need for copies and pooling (kernels/parallel.py); parking
+# mgcaffe's sample-chunk threads need for copies and pooling (cpu/parallel.py); parking
 # them sooner measured GoogleNet b8 at ~690 instead of ~790 ms per iteration on 2 cores.
 # Effective only when numpy has not loaded yet; a value the user set wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")

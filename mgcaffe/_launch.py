@@ -33,7 +33,7 @@ __all__ = ["LINE", "command_line_launch", "defer", "install", "pending", "resume
 
 _pending = False  # a SIGINT arrived after defer()
 
-# Set by the common MPI launchers (see comm/mpi.py; repeated so that nothing else loads).
+# Set by the common MPI launchers (see comm/backends/mpi.py; repeated so that nothing else loads).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
                        "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from .outputs import check_log_directory  # noqa: PLC0415
+        from .formats.outputs import check_log_directory  # noqa: PLC0415
 
         check_log_directory(args.log_dir, os.environ)  # before a line is logged to it
     except MgcaffeError as exc:

@@ -15,8 +15,8 @@ import shutil
 import subprocess
 
 from .errors import MgcaffeError
+from .formats.protoio import layer_included
 from .proto import caffe_pb2
-from .protoio import layer_included
 
 LAYER_STYLE = {"shape": "box", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_STYLE = {"shape": "box", "fillcolor": "#90EE90", "style": "filled"}

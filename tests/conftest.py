@@ -58,7 +58,7 @@ def _restore_thread_choice():
     """CLI tests run `threads.configure`, which replaces the process-wide chunk runner and
     may switch on the per-layer BLAS fallback; later tests get the library default again."""
     yield
-    from mgcaffe.kernels import layer_way, parallel  # noqa: PLC0415
+    from mgcaffe.cpu import layer_way, parallel  # noqa: PLC0415
 
     parallel._default_runner = None
     parallel._adaptive_blas = False

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from mgcaffe import jsonio
 from mgcaffe.cli import main
 from mgcaffe.errors import ParseError, PlanError
+from mgcaffe.formats import jsonio
 
 GOOD = {"model": "m", "forward_time": 0.01,
         "layers": [{"name": "a", "params": 10, "backward_time": 0.001}]}
@@ -43,7 +43,7 @@ def test_bad_json_gives_one_line(tmp_path, capsys, flag, content, expect):
 
 
 def test_plan_file_is_read_through_the_same_loader(tmp_path):
-    from mgcaffe.comm.planner import load_plan
+    from mgcaffe.comm.model.planner import load_plan
 
     bad = tmp_path / "plan.json"
     bad.write_bytes(b"\xff\xfe{}")

@@ -17,14 +17,14 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.testing import run_ranks
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.trainer import attach
 from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
+from mgcaffe.testing.comm import run_ranks
 
 # Every learnable layer type: Convolution (3x3, grouped, 1x1 direct), Deconvolution with a
 # frozen bias, BatchNorm (lr 0), Scale with bias, PReLU, Bias, InnerProduct (two sharing

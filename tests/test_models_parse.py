@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mgcaffe import protoio
+from mgcaffe.formats import protoio
 from mgcaffe.proto import caffe_pb2
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import pytest
 
 from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
-from mgcaffe.profiling import timing_propagate_down
+from mgcaffe.net.profiling import timing_propagate_down
 
 # (path, output blob, published output shape at batch 1, input C, H, W)
 MODELS = [

@@ -546,8 +546,8 @@ def test_close_stops_layers_and_set_input_arrays_feeds_memory_data():
     import numpy as np
 
     from mgcaffe.errors import NetError
+    from mgcaffe.formats.protoio import parse_net_text
     from mgcaffe.net import Net
-    from mgcaffe.protoio import parse_net_text
 
     text = """
     layer { name: "mem" type: "MemoryData" top: "data" top: "label"

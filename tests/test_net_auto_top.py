@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from mgcaffe.errors import NetError
+from mgcaffe.formats.protoio import parse_net_text
 from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.protoio import parse_net_text
 from mgcaffe.solvers import get_solver
 
 TRAIN_VAL = """

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mgcaffe.formats.protoio import parse_net_text
 from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.net import Net
-from mgcaffe.protoio import parse_net_text
 
 # data 16x16 -> conv1 (pad 5) 24x24 -> pool 12x12 -> score 12x12 -> upscore2 (x2) 24x24;
 # score_pool (pad 2) on conv1 is 28x28 and is cropped to upscore2 (offset 2), which also

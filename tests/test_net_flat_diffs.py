@@ -14,11 +14,11 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import NetError
+from mgcaffe.formats.protoio import read_net_param
 from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.net import Net
+from mgcaffe.net.synthetic_data import fill_labels, synthesize_data_layers
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.protoio import read_net_param
-from mgcaffe.synthetic_data import fill_labels, synthesize_data_layers
 
 # Every layer type with a learned blob: Convolution, BatchNorm (lr_mult 0: kept, not
 # reduced), Scale with bias, PReLU, Deconvolution, Bias, InnerProduct (two of them sharing

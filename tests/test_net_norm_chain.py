@@ -9,10 +9,10 @@ import pytest
 
 from mgcaffe.kernels import batch_norm_loops
 from mgcaffe.layer_types import TEST, TRAIN
-from mgcaffe.layer_types import norm_chain as chain_module
 from mgcaffe.layer_types.scale_bias import ScaleLayer
 from mgcaffe.net import Net
-from mgcaffe.profiling import profile_net
+from mgcaffe.net import norm_chain as chain_module
+from mgcaffe.net.profiling import profile_net
 
 pytestmark = pytest.mark.skipif(batch_norm_loops.load() is None,
                                 reason="numba is not importable: no compiled loops to chain")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.errors import MgcaffeError, ParseError
+from mgcaffe.formats import protoio
 from mgcaffe.proto import caffe_pb2
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "prototxt"
@@ -384,7 +384,7 @@ def test_atomic_write_gives_ordinary_file_permissions(tmp_path):
     import os
     import stat
 
-    from mgcaffe.protoio import atomic_write_bytes
+    from mgcaffe.formats.protoio import atomic_write_bytes
 
     target = tmp_path / "weights.caffemodel"
     atomic_write_bytes(target, b"abc")
@@ -441,7 +441,7 @@ def test_long_parse_reports_progress(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(protoio, "PROGRESS_SECONDS", 0.0)
     text = 'name: "n"\n' + "".join(f'layer {{ name: "l{i}" type: "ReLU" }}\n'
                                    for i in range(9000))
-    caplog.set_level("INFO", "mgcaffe.protoio")
+    caplog.set_level("INFO", "mgcaffe.formats.protoio")
     net = protoio.parse_text(text, caffe_pb2.NetParameter(), source="big.prototxt")
     assert len(net.layer) == 9000
     lines = [r.getMessage() for r in caplog.records if "Parsing big.prototxt" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""mgcaffe.threads: thread counts from affinity, cgroup quota, node-local ranks, user settings.
+"""mgcaffe.cpu.threads: thread counts from affinity, cgroup quota, node-local ranks, user settings.
 
 Every input is faked: environments are dicts, cgroup trees are tmp dirs, the affinity is
 passed in; the expected counts are worked out by hand in each test.
@@ -10,9 +10,8 @@ import logging
 
 import pytest
 
-from mgcaffe import threads
+from mgcaffe.cpu import parallel, threads
 from mgcaffe.errors import MgcaffeError
-from mgcaffe.kernels import parallel
 
 
 def v2_tree(tmp_path, path="/job/step", **limits):
@@ -76,7 +75,7 @@ def test_node_local_rank_count_from_launcher_variables(env, expected):
 
 
 def test_node_local_rank_count_from_the_world_when_no_variable_says(monkeypatch):
-    from mgcaffe.comm import nccl
+    from mgcaffe.comm.backends import nccl
 
     class World:
         size, rank = 4, 1
@@ -149,13 +148,13 @@ def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, ca
     monkeypatch.setenv("MPI_LOCALNRANKS", "64")
     before = threadpoolctl.threadpool_info()
     try:
-        with caplog.at_level(logging.INFO, logger="mgcaffe.threads"):
+        with caplog.at_level(logging.INFO, logger="mgcaffe.cpu.threads"):
             choice = threads.configure()
         assert choice.threads == 1
         assert parallel.default_runner().threads == 1
         blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
         assert blas and all(i["num_threads"] == 1 for i in blas)
-        lines = [r.getMessage() for r in caplog.records if r.name == "mgcaffe.threads"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "mgcaffe.cpu.threads"]
         assert len(lines) == 1
         assert lines[0].startswith("Threads: 1 for BLAS and chunk work")
         assert "rank(s) on this node (MPI_LOCALNRANKS)" in lines[0]

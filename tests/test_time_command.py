@@ -11,16 +11,12 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.cli import main
-from mgcaffe.comm.profile import load_profile
+from mgcaffe.comm.model.profile import load_profile
 from mgcaffe.errors import NetError
 from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
+from mgcaffe.net.synthetic_data import fill_labels, parse_shape_override, synthesize_data_layers
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.synthetic_data import (
-    fill_labels,
-    parse_shape_override,
-    synthesize_data_layers,
-)
 
 # LeNet's learnable layers and their parameter counts (weights + biases), by hand:
 # conv1 20x1x5x5 + 20, conv2 50x20x5x5 + 50, ip1 500x800 + 500, ip2 10x500 + 10.
@@ -84,7 +80,7 @@ def test_time_errors_are_one_line(repo_root, capsys):
 
 # ----------------------------------------------------------------------------- profiler
 def test_profile_backward_times_cover_the_whole_backward(repo_root):
-    from mgcaffe.profiling import profile_net, timing_propagate_down
+    from mgcaffe.net.profiling import profile_net, timing_propagate_down
 
     net = Net(str(repo_root / "models/lenet/lenet.prototxt"), TEST)
     propagate = timing_propagate_down(net)
@@ -148,8 +144,8 @@ def test_synthetic_overrides_batch_size_and_labels():
 def test_adaptive_threads_settle_before_the_timed_passes(repo_root, monkeypatch, capsys):
     # `--threads adaptive` times each layer call site both ways in its first calls; the timed
     # passes of `time` must all run after those trials, or they report the trials.
-    import mgcaffe.profiling as profiling  # noqa: PLC0415
-    from mgcaffe.kernels import layer_way, parallel  # noqa: PLC0415
+    import mgcaffe.net.profiling as profiling  # noqa: PLC0415
+    from mgcaffe.cpu import layer_way, parallel  # noqa: PLC0415
 
     timing, unsettled, calls = [False], [], [0]
     real_call, real_profile = layer_way.LayerWay.call, profiling.profile_net
@@ -184,7 +180,7 @@ def test_time_runs_every_backward_once_untimed_before_timing(monkeypatch, repo_r
     """A deploy net (no loss) runs no backward in the first pass: without a warm-up pass of
     the profile, the first timed backward would pay for the first calls (compiled loops
     loaded, buffers first touched)."""
-    import mgcaffe.profiling as profiling  # noqa: PLC0415
+    import mgcaffe.net.profiling as profiling  # noqa: PLC0415
 
     seen, real_profile = [], profiling.profile_net
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mgcaffe import protoio, upgrade
 from mgcaffe.errors import ParseError
+from mgcaffe.formats import protoio, upgrade
 from mgcaffe.proto import caffe_pb2
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from mgcaffe import protoio
 from mgcaffe.errors import ParseError
+from mgcaffe.formats import protoio
 from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2

@@ -30,7 +30,7 @@ import numpy as np
 
 from mgcaffe.data.convert import write_lmdb
 from mgcaffe.data.datum import array_to_datum
-from mgcaffe.protoio import write_binaryproto
+from mgcaffe.formats.protoio import write_binaryproto
 
 SEED = 1797
 TEST_PER_CLASS = 36

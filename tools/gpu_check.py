@@ -644,8 +644,8 @@ def _pool_rows(check: Check, ck, name, shape, text, rng) -> list[dict]:
 def section_nccl(check: Check) -> dict:
     if not check.on_gpu:
         return {"status": "skipped", "summary": "NCCL needs a GPU"}
-    from mgcaffe.comm.local import SingleCommunicator
-    from mgcaffe.comm.nccl import NcclCommunicator
+    from mgcaffe.comm.backends.local import SingleCommunicator
+    from mgcaffe.comm.backends.nccl import NcclCommunicator
 
     xp = check.xp
     comm = NcclCommunicator(SingleCommunicator(), timeout=20)
@@ -706,10 +706,10 @@ def section_gemm(check: Check) -> dict:
 # ============================================================================ model timing
 def build_model_net(check: Check, model: str):
     """The train_val net of `model` with synthetic data at its batch size, on the device."""
+    from mgcaffe.formats.protoio import read_net_param
     from mgcaffe.layer_types.base import TRAIN
     from mgcaffe.net import Net
-    from mgcaffe.protoio import read_net_param
-    from mgcaffe.synthetic_data import fill_labels, synthesize_data_layers
+    from mgcaffe.net.synthetic_data import fill_labels, synthesize_data_layers
 
     path, batch, _ = MODELS[model]
     batch = DRY_RUN_BATCH if check.dry_run else batch
@@ -892,7 +892,7 @@ def section_digits(check: Check) -> dict:
     if importlib.util.find_spec("sklearn") is None:
         return {"status": "skipped", "summary": "scikit-learn (the digits data) not installed"}
     from mgcaffe.backend import to_host
-    from mgcaffe.protoio import read_net_param, read_solver_param
+    from mgcaffe.formats.protoio import read_net_param, read_solver_param
     from mgcaffe.solvers import get_solver
 
     spec = importlib.util.spec_from_file_location("convert_digits",

@@ -57,8 +57,8 @@ def fit_warning(a: float, rms: float) -> str | None:
 
 
 def run(args) -> int:
-    from ..comm.benchmark import DEFAULT_SIZES, measure_allreduce  # noqa: PLC0415
-    from ..comm.distributed import world  # noqa: PLC0415 - MPI only when the command runs
+    from ..comm.training.benchmark import DEFAULT_SIZES, measure_allreduce  # noqa: PLC0415
+    from ..comm.training.trainer import world  # noqa: PLC0415 - MPI only when the command runs
 
     comm, _, _ = world(log_level=getattr(args, "log_level", "INFO"))
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
@@ -69,7 +69,10 @@ def run(args) -> int:
     result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
     points = None
     if args.interference and comm.size > 1:
-        from ..comm.interference import interference_sizes, measure_interference  # noqa: PLC0415
+        from ..comm.training.interference import (  # noqa: PLC0415
+            interference_sizes,
+            measure_interference,
+        )
 
         points = measure_interference(comm, result.fit, interference_sizes(max(sizes)))
     if comm.rank == 0:

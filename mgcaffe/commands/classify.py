@@ -61,7 +61,7 @@ def _load_mean(path: str):
         raise MgcaffeError(f"{path}: mean file not found")
     if path.endswith(".npy"):
         return np.load(path)
-    from ..protoio import read_binaryproto  # noqa: PLC0415
+    from ..formats.protoio import read_binaryproto  # noqa: PLC0415
 
     mean = read_binaryproto(path)
     return mean.reshape(mean.shape[-3:])

@@ -58,7 +58,7 @@ def image_mean(path) -> np.ndarray:
 
 def mean_blobproto(mean: np.ndarray):
     """A BlobProto of a CHW mean with num=1 and the legacy channels/height/width fields."""
-    from ..protoio import array_to_blobproto  # noqa: PLC0415
+    from ..formats.protoio import array_to_blobproto  # noqa: PLC0415
 
     blob = array_to_blobproto(mean.astype(np.float32))
     blob.ClearField("shape")
@@ -67,7 +67,7 @@ def mean_blobproto(mean: np.ndarray):
 
 
 def run(args) -> int:
-    from ..protoio import write_message  # noqa: PLC0415
+    from ..formats.protoio import write_message  # noqa: PLC0415
 
     if args.backend.lower() != "lmdb":
         raise DataError(f"-backend {args.backend}: only lmdb is supported")

@@ -36,7 +36,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..draw import draw_net_to_file  # noqa: PLC0415 - command modules load lazily
-    from ..protoio import read_net_param  # noqa: PLC0415
+    from ..formats.protoio import read_net_param  # noqa: PLC0415
 
     net = read_net_param(args.input_net_proto_file)
     try:

@@ -51,7 +51,7 @@ def legacy_dims(shape: tuple[int, ...], blob: str) -> tuple[int, int, int, int]:
 
 def feature_datum(values: np.ndarray, dims: tuple[int, int, int, int]):
     """The Datum Caffe writes for one item: float_data and the legacy C/H/W, no label."""
-    from ..protoio import caffe_pb2  # noqa: PLC0415
+    from ..formats.protoio import caffe_pb2  # noqa: PLC0415
 
     datum = caffe_pb2.Datum(channels=dims[1], height=dims[2], width=dims[3])
     datum.float_data.extend(np.asarray(values, dtype=np.float32).ravel().tolist())

@@ -16,9 +16,9 @@ import argparse
 import json
 import sys
 
-from ..comm.cost import CostModel, Network, cost_for, load_network
-from ..comm.planner import SCHEMES, Plan, canonical_scheme, make_plans
-from ..comm.profile import Profile, load_profile
+from ..comm.model.cost import CostModel, Network, cost_for, load_network
+from ..comm.model.planner import SCHEMES, Plan, canonical_scheme, make_plans
+from ..comm.model.profile import Profile, load_profile
 from ..errors import PlanError
 
 NAME = "plan"

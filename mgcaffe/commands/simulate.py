@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from ..comm.simulate import Scaling, weak_scaling
+from ..comm.model.simulate import Scaling, weak_scaling
 from ..errors import PlanError
 from .plan import (
     add_input_arguments,
@@ -129,7 +129,7 @@ def run(args) -> int:
         print()
         print(format_table(scaling))
     if args.plot or args.gantt:
-        from ..comm import plots  # noqa: PLC0415 - matplotlib only when drawing
+        from ..comm.model import plots  # noqa: PLC0415 - matplotlib only when drawing
 
         if args.plot:
             plots.scaling_plot(scaling, args.plot)

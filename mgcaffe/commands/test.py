@@ -14,13 +14,13 @@ import logging
 
 import numpy as np
 
-from .. import threads
 from ..backend import CPU, to_host
+from ..cpu import threads
 from ..errors import NetError
+from ..formats.protoio import require_layers
 from ..layer_types.base import TEST
-from ..net_weights import report_initialised
+from ..net.weights import report_initialised
 from ..proto import caffe_pb2
-from ..protoio import require_layers
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
 from .train import add_device_argument, add_state_arguments, device_from_flag, stages

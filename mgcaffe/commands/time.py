@@ -6,9 +6,9 @@
 
 Logs Caffe's lines (`Average Forward pass: X ms.`, per layer `     conv1\tforward: X ms.`)
 and with --profile-out writes the per-learnable-layer profile the planner reads (see
-`mgcaffe.profiling`). On a deploy net the backward still computes parameter gradients and
+`mgcaffe.net.profiling`). On a deploy net the backward still computes parameter gradients and
 every bottom diff except the data input's. --synthetic-data replaces data layers that read
-files by random data (shape rules: `mgcaffe.synthetic_data`).
+files by random data (shape rules: `mgcaffe.net.synthetic_data`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import json
 import logging
 from pathlib import Path
 
-from .. import threads
 from ..backend import CPU
+from ..cpu import parallel, threads
 from ..errors import NetError
-from ..kernels import parallel
 from ..layer_types.base import TEST, TRAIN
 from .train import add_device_argument, device_from_flag, stages
 
@@ -62,9 +61,9 @@ def add_arguments(parser) -> None:
 
 def build_net(args):
     """The Net to time, with synthetic data layers when asked for."""
+    from ..formats.protoio import read_net_param  # noqa: PLC0415
     from ..net import Net  # noqa: PLC0415 - loads every layer
-    from ..protoio import read_net_param  # noqa: PLC0415
-    from ..synthetic_data import (  # noqa: PLC0415
+    from ..net.synthetic_data import (  # noqa: PLC0415
         fill_labels,
         parse_shape_override,
         synthesize_data_layers,
@@ -86,9 +85,9 @@ def build_net(args):
 
 
 def run(args) -> int:
-    from ..outputs import check_output_path  # noqa: PLC0415
-    from ..profiling import profile_net  # noqa: PLC0415
-    from ..protoio import require_layers  # noqa: PLC0415
+    from ..formats.outputs import check_output_path  # noqa: PLC0415
+    from ..formats.protoio import require_layers  # noqa: PLC0415
+    from ..net.profiling import profile_net  # noqa: PLC0415
 
     if args.iterations < 1:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
@@ -128,7 +127,7 @@ def run(args) -> int:
     log.info("Total Time: %g ms.", result["total_time"] * 1e3)
     log.info("*** Benchmark ends ***")
     if args.profile_out:
-        from ..protoio import atomic_write_bytes  # noqa: PLC0415
+        from ..formats.protoio import atomic_write_bytes  # noqa: PLC0415
 
         text = json.dumps(result["profile"], indent=1) + "\n"
         atomic_write_bytes(args.profile_out, text.encode())

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .. import threads
 from ..backend import Device
-from ..comm import distributed
+from ..comm.training import trainer as distributed
+from ..cpu import threads
 from ..errors import CommError, MgcaffeError, SolverError
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 
@@ -172,7 +172,7 @@ def _sigterm_effect(args) -> str:
 
 def check_output_paths(args) -> None:
     """The files flags ask for (written at the end) must be writable now."""
-    from ..outputs import check_output_path  # noqa: PLC0415
+    from ..formats.outputs import check_output_path  # noqa: PLC0415
 
     for flag in ("timeline", "save_plan"):
         check_output_path(getattr(args, flag, None), "--" + flag.replace("_", "-"), CommError)

@@ -17,8 +17,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..formats.protoio import read_message, write_message  # noqa: PLC0415
     from ..proto import caffe_pb2  # noqa: PLC0415
-    from ..protoio import read_message, write_message  # noqa: PLC0415
     from .upgrade_net_proto_text import finish, upgrade_and_log  # noqa: PLC0415
 
     net = read_message(args.input, caffe_pb2.NetParameter())

@@ -1,7 +1,7 @@
 """`mgcaffe upgrade_net_proto_text IN OUT`: rewrite a net prototxt in the current format.
 
 Caffe's tool: V0 and V1 `layers`, net-level inputs and old BatchNorm params are upgraded as
-on load (see mgcaffe.upgrade); a file already current is written out unchanged, with a log
+on load (see mgcaffe.formats.upgrade); a file already current is written out unchanged, with a log
 line saying so.
 """
 
@@ -34,13 +34,13 @@ class _Problems(logging.Handler):
 def upgrade_and_log(net, source: str) -> int:
     """Upgrade `net` in place, logging whether anything changed; returns the number of
     problems the upgrade reported (Caffe's tools then write the file and exit 1)."""
+    from ..formats.upgrade import upgrade_net  # noqa: PLC0415
     from ..proto import caffe_pb2  # noqa: PLC0415
-    from ..upgrade import upgrade_net  # noqa: PLC0415
 
     before = caffe_pb2.NetParameter()
     before.CopyFrom(net)
     problems = _Problems()
-    upgrade_log = logging.getLogger("mgcaffe.upgrade_v0")
+    upgrade_log = logging.getLogger("mgcaffe.formats.upgrade_v0")
     upgrade_log.addHandler(problems)
     try:
         upgrade_net(net, source)
@@ -62,8 +62,8 @@ def finish(problems: int, kind: str, output: str) -> int:
 
 
 def run(args) -> int:
+    from ..formats.protoio import read_prototxt, write_prototxt  # noqa: PLC0415
     from ..proto import caffe_pb2  # noqa: PLC0415
-    from ..protoio import read_prototxt, write_prototxt  # noqa: PLC0415
 
     net = read_prototxt(args.input, caffe_pb2.NetParameter())
     problems = upgrade_and_log(net, args.input)

@@ -17,9 +17,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..formats.protoio import read_prototxt, write_prototxt  # noqa: PLC0415
+    from ..formats.upgrade import upgrade_solver  # noqa: PLC0415
     from ..proto import caffe_pb2  # noqa: PLC0415
-    from ..protoio import read_prototxt, write_prototxt  # noqa: PLC0415
-    from ..upgrade import upgrade_solver  # noqa: PLC0415
 
     solver = read_prototxt(args.input, caffe_pb2.SolverParameter())
     if not solver.HasField("solver_type"):

@@ -15,8 +15,8 @@ import os
 import numpy as np
 
 from ..errors import DataError, ParseError
+from ..formats.protoio import read_binaryproto
 from ..proto import caffe_pb2
-from ..protoio import read_binaryproto
 
 
 def read_mean_file(path: str) -> np.ndarray:

@@ -15,7 +15,7 @@ input falls in the padding form a border strip that is skipped). Only slicing an
 from __future__ import annotations
 
 from ..backend import get_array_module
-from .parallel import for_each_chunk
+from ..cpu.parallel import for_each_chunk
 
 
 def conv_output_size(size: int, kernel: int, pad: int, stride: int, dilation: int) -> int:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .parallel import blas_controllers, runner_or_default
+from ..cpu.parallel import blas_controllers, runner_or_default
 
 
 @contextmanager

@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..cpu.parallel import for_each_chunk
 from .gemm import gemm_accumulate
-from .parallel import for_each_chunk
 from .sample_gemm import for_each_gemm
 
 

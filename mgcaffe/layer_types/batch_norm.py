@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..kernels import batch_norm_loops, scale_loops
-from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..proto import caffe_pb2
 from .base import TEST, Layer
 from .layer_util import count, ensure_param_blob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from math import prod
 
-from ..kernels.parallel import for_each_chunk
+from ..cpu.parallel import for_each_chunk
 from .base import Layer
 from .layer_util import canonical_axis
 from .registry import register_layer

@@ -28,12 +28,12 @@ from math import ceil, prod
 import numpy as np
 
 from ..blob import Blob
+from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..fillers import fill_blob, filler_rng
 from ..kernels import col2im, conv_output_size, im2col, sample_columns, shift_conv, winograd
 from ..kernels.gemm import available as gemm_available
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.im2col import batch_last_image_shape, col2im_batch_last, im2col_batch_last
-from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.sample_gemm import for_each_gemm
 from . import convolution_nd
 from .base import Layer

@@ -14,11 +14,11 @@ from ..backend import to_device
 from ..data.datum import datum_to_array, parse_datum
 from ..data.db import open_db
 from ..data.prefetch import Prefetcher
-from ..data.seeding import host_rng, stream_seed
 from ..data.transformer import DataTransformer
 from ..errors import DataError
-from ..jsonio import read_regular_file
+from ..formats.jsonio import read_regular_file
 from ..proto import caffe_pb2
+from ..seeding import host_rng, stream_seed
 from .base import Layer
 from .registry import register_layer
 

@@ -12,7 +12,7 @@ times loss_weight / normalizer; none into the labels or H.
 from __future__ import annotations
 
 from ..errors import MgcaffeError
-from ..protoio import read_binaryproto
+from ..formats.protoio import read_binaryproto
 from .loss_base import LossLayer, normalizer
 from .registry import register_layer
 from .softmax import softmax_dims, softmax_into

@@ -13,9 +13,9 @@ from math import prod
 import numpy as np
 
 from ..blob import Blob
+from ..cpu.parallel import CallSite, adaptive_blas, blas_threads
 from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
-from ..kernels.parallel import CallSite, adaptive_blas, blas_threads
 from ..kernels.sample_gemm import for_each_gemm
 from .base import Layer
 from .registry import register_layer

@@ -20,8 +20,8 @@ from math import prod
 
 import numpy as np
 
+from ..cpu.parallel import for_each_chunk
 from ..kernels import lrn_loops
-from ..kernels.parallel import for_each_chunk
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register_layer

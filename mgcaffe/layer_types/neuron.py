@@ -7,7 +7,7 @@ TanH), and otherwise a copy of the input kept by the forward (`NeuronLayer.needs
 
 from __future__ import annotations
 
-from ..kernels.parallel import for_each_chunk
+from ..cpu.parallel import for_each_chunk
 from .base import Layer
 from .layer_util import in_place
 from .registry import register_layer

@@ -28,8 +28,8 @@ import os
 
 import numpy as np
 
+from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..kernels import pool_loops
-from ..kernels.parallel import for_each_chunk, runner_or_default
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
 from . import pooling_stochastic

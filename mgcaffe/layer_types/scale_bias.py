@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..kernels import scale_loops
-from ..kernels.parallel import for_each_chunk, runner_or_default
 from .base import Layer
 from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place
 from .registry import register_layer

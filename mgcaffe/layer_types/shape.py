@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..kernels.parallel import for_each_chunk
+from ..cpu.parallel import for_each_chunk
 from .base import Layer
 from .layer_util import canonical_axis, count
 from .registry import register_layer

@@ -134,7 +134,7 @@ class Solver:
 
     # -- nets -----------------------------------------------------------------------------
     def _read_net(self, field: str, value):
-        from ..protoio import read_net_param  # noqa: PLC0415 - heavy, lazy
+        from ..formats.protoio import read_net_param  # noqa: PLC0415 - heavy, lazy
 
         if isinstance(value, caffe_pb2.NetParameter):
             return read_net_param(value)
@@ -167,7 +167,7 @@ class Solver:
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
         net = self._make_net(net_param, state)
-        from ..protoio import require_layers  # noqa: PLC0415
+        from ..formats.protoio import require_layers  # noqa: PLC0415
 
         require_layers(net, f"{self.source}: the training net", "train")
         return net
@@ -198,7 +198,7 @@ class Solver:
 
     def load_weights(self, paths: str) -> None:
         """Finetune from comma-separated weight files (.caffemodel or .caffemodel.h5)."""
-        from ..net_weights import report_initialised  # noqa: PLC0415
+        from ..net.weights import report_initialised  # noqa: PLC0415
 
         loaded: set[str] = set()
         for path in [s for s in paths.split(",") if s]:
@@ -222,7 +222,7 @@ class Solver:
                               "writable")
         # Only the rank that writes snapshots locks the prefix; under the lock, what an
         # interrupted earlier run left (a half-committed pair, temporaries) is tidied.
-        from ..snapshot_lock import acquire  # noqa: PLC0415
+        from ..formats.snapshot_lock import acquire  # noqa: PLC0415
 
         self._snapshot_lock = acquire(p.snapshot_prefix, f"{self.source}: snapshot_prefix")
         snap.recover_snapshots(p.snapshot_prefix)

@@ -11,8 +11,8 @@ import logging
 import os
 
 from ..errors import SolverError
+from ..formats.upgrade import upgrade_solver
 from ..proto import caffe_pb2
-from ..upgrade import upgrade_solver
 from .lr_policy import check_lr_policy
 
 log = logging.getLogger("mgcaffe.solvers.params")
@@ -33,7 +33,7 @@ def load_solver_param(source) -> tuple[caffe_pb2.SolverParameter, str | None]:
     path = os.fspath(source)
     if not os.path.isfile(path):
         raise SolverError(f"{path}: solver file not found")
-    from ..protoio import read_solver_param  # noqa: PLC0415 - protoio pulls in text_format
+    from ..formats.protoio import read_solver_param  # noqa: PLC0415 - protoio pulls in text_format
 
     param = read_solver_param(path)
     _default_snapshot_prefix(param, path)

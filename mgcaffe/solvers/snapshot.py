@@ -57,7 +57,7 @@ def snapshot_filename(prefix: str, iteration: int, extension: str) -> str:
 
 
 def _protoio():
-    from .. import protoio  # noqa: PLC0415 - protoio pulls in text_format; load when used
+    from ..formats import protoio  # noqa: PLC0415 - protoio pulls in text_format; load when used
 
     return protoio
 
@@ -89,7 +89,7 @@ def load_weights(net, path: str) -> set[str]:
     """Copy trained layers from a .caffemodel or a .caffemodel.h5 file; returns the names
     of the net's layers that got weights."""
     _require_file(path, "weights file")
-    from ..net_weights import copy_trained_layers  # noqa: PLC0415 - what Net.copy_from runs
+    from ..net.weights import copy_trained_layers  # noqa: PLC0415 - what Net.copy_from runs
 
     return copy_trained_layers(net, path)
 
@@ -356,7 +356,7 @@ def recover_pair(state_path: str, writer: bool = True, deadline_s: float = 120.0
                                   f"{marker} was not finished by rank 0 in {deadline_s:g} s")
             time.sleep(0.05)
         return
-    from .. import snapshot_lock  # noqa: PLC0415
+    from ..formats import snapshot_lock  # noqa: PLC0415
 
     prefix = stem.rsplit("_iter_", 1)[0]
     if snapshot_lock.held_here(prefix):

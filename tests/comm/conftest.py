@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mgcaffe.comm.profile import LayerProfile, Profile
+from mgcaffe.comm.model.profile import LayerProfile, Profile
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "models" / "paper"

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 import pytest
 from google.protobuf import text_format
 
-from mgcaffe.comm.agreement import agree_on_settings, describe_difference, settings_of
-from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.options import options_from
-from mgcaffe.comm.testing import run_ranks
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.agreement import agree_on_settings, describe_difference, settings_of
+from mgcaffe.comm.training.options import options_from
+from mgcaffe.comm.training.trainer import attach
 from mgcaffe.errors import CommError
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
+from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

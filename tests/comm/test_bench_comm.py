@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from mgcaffe.comm.benchmark import default_sizes, measure_allreduce
-from mgcaffe.comm.cost import cost_for, load_network
-from mgcaffe.comm.emulate import EmulatedCommunicator
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.testing import run_mpi, run_ranks
+from mgcaffe.comm.backends.emulate import EmulatedCommunicator
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.model.cost import cost_for, load_network
+from mgcaffe.comm.training.benchmark import default_sizes, measure_allreduce
 from mgcaffe.commands.bench_comm import parse_size
 from mgcaffe.errors import CommError
+from mgcaffe.testing.comm import run_mpi, run_ranks
 
 
 def test_default_sizes_span_bytes_to_tens_of_megabytes():
@@ -74,8 +74,8 @@ def test_bench_comm_command_writes_a_network_the_planner_reads(tmp_path):
 
 
 def test_poor_fit_is_flagged_with_the_worst_point():
-    from mgcaffe.comm.benchmark import AllreduceBenchmark  # noqa: PLC0415
-    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.training.benchmark import AllreduceBenchmark  # noqa: PLC0415
 
     sizes, times = [4, 1024, 1 << 20], [5e-6, 6e-6, 1e-3]
     good = AllreduceBenchmark(2, sizes, times, CostModel(5e-6, 1e-9), 0.0,

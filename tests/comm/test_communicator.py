@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgcaffe.comm.distributed import world
-from mgcaffe.comm.local import LocalWorld, SingleCommunicator
-from mgcaffe.comm.mpi import launched_by_mpi
-from mgcaffe.comm.testing import run_mpi, run_ranks
+from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
+from mgcaffe.comm.backends.mpi import launched_by_mpi
+from mgcaffe.comm.training.trainer import world
 from mgcaffe.errors import CommError
+from mgcaffe.testing.comm import run_mpi, run_ranks
 
 CHECKS = Path(__file__).resolve().parents[1] / "mpi" / "comm_checks.py"
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from mgcaffe.comm.cost import (
+from mgcaffe.comm.model.cost import (
     ALGORITHMS,
     CostModel,
     Network,

@@ -10,18 +10,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mgcaffe.comm.distributed import (
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.trainer import (
     Options,
     agree_on_layers_and_plan,
     attach,
     benchmark_sizes,
     options_from,
 )
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.testing import plan, run_ranks
 from mgcaffe.errors import CommError
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
+from mgcaffe.testing.comm import plan, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

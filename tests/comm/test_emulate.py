@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from mgcaffe.comm.cost import CostModel
-from mgcaffe.comm.emulate import EmulatedCommunicator, sleep_overshoot
-from mgcaffe.comm.local import SingleCommunicator
+from mgcaffe.comm.backends.emulate import EmulatedCommunicator, sleep_overshoot
+from mgcaffe.comm.backends.local import SingleCommunicator
+from mgcaffe.comm.model.cost import CostModel
 
 
 class FakeClock:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mgcaffe.comm.cost import cost_for, load_network
-from mgcaffe.comm.profile import load_profile
-from mgcaffe.comm.simulate import weak_scaling
+from mgcaffe.comm.model.cost import cost_for, load_network
+from mgcaffe.comm.model.profile import load_profile
+from mgcaffe.comm.model.simulate import weak_scaling
 
 PAPER = Path(__file__).resolve().parents[2] / "models" / "paper"
 REL = 1e-9

@@ -1,4 +1,4 @@
-"""rho measured in situ during the re-plan window (mgcaffe.comm.insitu and the trainer)."""
+"""rho measured in situ during the re-plan window (mgcaffe.comm.training.insitu and the trainer)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.insitu import estimate, estimate_comm, last_arrivals, layer_overlaps
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.testing import run_ranks
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.insitu import estimate, estimate_comm, last_arrivals, layer_overlaps
+from mgcaffe.comm.training.trainer import attach
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
+from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

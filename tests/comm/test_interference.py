@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from mgcaffe.comm import planner
-from mgcaffe.comm.cost import CostModel, Network, cost_for
-from mgcaffe.comm.planner import SCHEMES, Plan, make_plan, timeline
-from mgcaffe.comm.profile import LayerProfile, Profile
+from mgcaffe.comm.model import planner
+from mgcaffe.comm.model.cost import CostModel, Network, cost_for
+from mgcaffe.comm.model.planner import SCHEMES, Plan, make_plan, timeline
+from mgcaffe.comm.model.profile import LayerProfile, Profile
 from mgcaffe.errors import PlanError
 
 
@@ -105,9 +105,12 @@ def test_interference_travels_through_network_json_and_plans(tmp_path):
 
 
 def test_measure_interference_is_a_collective_with_one_answer():
-    from mgcaffe.comm.interference import interference_sizes, measure_interference  # noqa: PLC0415
-    from mgcaffe.comm.local import LocalWorld  # noqa: PLC0415
-    from mgcaffe.comm.testing import run_ranks  # noqa: PLC0415
+    from mgcaffe.comm.backends.local import LocalWorld  # noqa: PLC0415
+    from mgcaffe.comm.training.interference import (  # noqa: PLC0415
+        interference_sizes,
+        measure_interference,
+    )
+    from mgcaffe.testing.comm import run_ranks  # noqa: PLC0415
 
     assert interference_sizes(100) == [100]
     assert interference_sizes(64 << 20) == [64 << 10, 1 << 20, 16 << 20]

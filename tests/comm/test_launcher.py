@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mgcaffe.comm.launcher import check_world, launcher_size
+from mgcaffe.comm.backends.launcher import check_world, launcher_size
 from mgcaffe.errors import CommError
 
 

@@ -14,11 +14,11 @@ import time
 import pytest
 
 from mgcaffe import _launch
-from mgcaffe.comm.faults import Watchdog
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.progress import describe_rank_map, start_liveness
-from mgcaffe.comm.testing import run_ranks
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.faults import Watchdog
+from mgcaffe.comm.training.liveness import describe_rank_map, start_liveness
 from mgcaffe.solvers.actions import SignalHandler, SolverAction
+from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,7 +112,7 @@ def test_rank_map_line():
 
 
 def test_startup_deadline_quiet_when_done_and_ends_a_blocked_process_with_one_line():
-    code = ("import time\nfrom mgcaffe.comm.startup_deadline import StartupDeadline\n"
+    code = ("import time\nfrom mgcaffe.comm.backends.startup_deadline import StartupDeadline\n"
             "with StartupDeadline(20):\n    pass\nprint('ok', flush=True)\n"
             "with StartupDeadline(0.5):\n    time.sleep(30)\n")
     env = dict(os.environ, PMI_RANK="3")
@@ -183,7 +183,7 @@ def test_blocked_datagrams_fall_back_on_every_rank_instead_of_killing_the_job(mo
     """Where a firewall drops the heartbeats of one rank, silence would look like death after
     --comm-timeout on a perfectly healthy job: start-up finds it and every rank goes without
     heartbeats, with one warning."""
-    from mgcaffe.comm import progress  # noqa: PLC0415
+    from mgcaffe.comm.training import liveness as progress  # noqa: PLC0415
 
     real_send = progress.Liveness._send
 
@@ -217,8 +217,8 @@ def test_world_hands_a_late_start_up_ctrl_c_to_the_caller_when_asked(keep_deferr
     """Under a launcher, once MPI is up `world()` makes SIGINT raise KeyboardInterrupt again,
     unless the caller (train) keeps it recorded until its SignalHandler takes it over: a
     Ctrl-C in between then stops the loop on every rank, not this rank alone."""
-    from mgcaffe.comm import distributed
-    from mgcaffe.comm.local import SingleCommunicator
+    from mgcaffe.comm.backends.local import SingleCommunicator
+    from mgcaffe.comm.training import trainer as distributed
 
     monkeypatch.setattr(distributed, "launched_by_mpi", lambda: True)
     class OneRankMpi(SingleCommunicator):  # MPI's start-up stands in, one rank

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mgcaffe.comm.testing import mpiexec
+from mgcaffe.testing.comm import mpiexec
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "netns_cluster.py"
 

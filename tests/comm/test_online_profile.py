@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgcaffe.comm.timing import OnlineProfile
+from mgcaffe.comm.runtime.timing import OnlineProfile
 
 
 def _feed(prof, forward, backward):
@@ -49,7 +49,7 @@ def test_too_few_samples_count_as_stable():
 
 
 def test_profile_is_the_median_of_ready_times_not_the_sum_of_layer_medians():
-    from mgcaffe.comm.timing import median_profile  # noqa: PLC0415
+    from mgcaffe.comm.runtime.timing import median_profile  # noqa: PLC0415
 
     # ready times [t_f, ready(2), ready(1)]: [1, 2, 3], [1, 2, 7], [1, 6, 7]; the slow
     # moment falls on another layer each time. Per-layer medians would say 1 + 1 + 1 = 3
@@ -62,7 +62,7 @@ def test_profile_is_the_median_of_ready_times_not_the_sum_of_layer_medians():
 
 
 def test_slowest_by_iteration_waits_for_whichever_rank_is_late_in_each_iteration():
-    from mgcaffe.comm.timing import slowest_by_iteration  # noqa: PLC0415
+    from mgcaffe.comm.runtime.timing import slowest_by_iteration  # noqa: PLC0415
 
     fast, late = (1.0, [1.0, 1.0]), (1.0, [6.0, 1.0])  # iterations of 3 and of 8
     rank0 = [(100.0, [100.0, 100.0]), fast, late, fast]  # one older sample: not aligned
@@ -78,8 +78,8 @@ def test_slowest_by_iteration_waits_for_whichever_rank_is_late_in_each_iteration
 def test_prediction_is_the_median_of_each_iterations_timeline():
     from types import SimpleNamespace  # noqa: PLC0415
 
-    from mgcaffe.comm.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.distributed import DistributedTraining  # noqa: PLC0415
+    from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
+    from mgcaffe.comm.training.trainer import DistributedTraining  # noqa: PLC0415
 
     # layers a (input side), b; every message takes 1 s; wfbp sends b, then a.
     # Iterations (t_f, [t_b(a), t_b(b)]) and their timelines by hand:

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.cost import cost_for, load_network
-from mgcaffe.comm.planner import SCHEMES, load_plan, make_plan
-from mgcaffe.comm.profile import load_profile
+from mgcaffe.comm.model.cost import cost_for, load_network
+from mgcaffe.comm.model.planner import SCHEMES, load_plan, make_plan
+from mgcaffe.comm.model.profile import load_profile
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mgcaffe.comm.cost import CostModel, cost_for, load_network
-from mgcaffe.comm.planner import (
+from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
+from mgcaffe.comm.model.planner import (
     DEFAULT_BUCKET_BYTES,
     SCHEMES,
     Plan,
@@ -22,7 +22,7 @@ from mgcaffe.comm.planner import (
     make_plans,
     timeline,
 )
-from mgcaffe.comm.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.errors import PlanError
 
 REL = 1e-12

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mgcaffe.comm.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.errors import PlanError
 
 

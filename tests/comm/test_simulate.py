@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from mgcaffe.comm import plots
-from mgcaffe.comm.cost import Network, load_network
-from mgcaffe.comm.planner import SCHEMES
-from mgcaffe.comm.profile import load_profile
-from mgcaffe.comm.simulate import efficiency, simulate_nodes, speedup, weak_scaling
+from mgcaffe.comm.model import plots
+from mgcaffe.comm.model.cost import Network, load_network
+from mgcaffe.comm.model.planner import SCHEMES
+from mgcaffe.comm.model.profile import load_profile
+from mgcaffe.comm.model.simulate import efficiency, simulate_nodes, speedup, weak_scaling
 from mgcaffe.errors import PlanError
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -90,7 +90,7 @@ def test_bad_arguments(googlenet, network):
 
 
 def test_simulate_nodes_bucket(googlenet, network):
-    from mgcaffe.comm.cost import cost_for
+    from mgcaffe.comm.model.cost import cost_for
 
     p = simulate_nodes(googlenet, cost_for(network, 8), 8, ["threshold"], bucket_bytes=2**20)
     assert p.plans["threshold"].bucket_bytes == 2**20

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.planner import SCHEMES
+from mgcaffe.comm.model.planner import SCHEMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

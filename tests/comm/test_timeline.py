@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.timeline_plot import iteration_window, plot_timeline
-from mgcaffe.comm.trace import COMM, COMPUTE, Tracer, merge_traces, save_trace
+from mgcaffe.comm.runtime.timeline_plot import iteration_window, plot_timeline
+from mgcaffe.comm.runtime.trace import COMM, COMPUTE, Tracer, merge_traces, save_trace
 from mgcaffe.commands.timeline import measured_vs_predicted
 from mgcaffe.errors import CommError
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from mgcaffe.comm.timing import NetTimer, OnlineProfile
-from mgcaffe.comm.trace import (
+from mgcaffe.comm.runtime.timing import NetTimer, OnlineProfile
+from mgcaffe.comm.runtime.trace import (
     COMM,
     COMPUTE,
     Tracer,
@@ -131,8 +131,8 @@ def test_online_profile_is_the_median_of_the_iterations_after_the_first():
 
 
 def test_slowest_profile_takes_the_latest_ready_time_of_each_layer():
-    from mgcaffe.comm.profile import LayerProfile, Profile  # noqa: PLC0415
-    from mgcaffe.comm.timing import slowest  # noqa: PLC0415
+    from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: PLC0415
+    from mgcaffe.comm.runtime.timing import slowest  # noqa: PLC0415
 
     def prof(tf, tbs):
         return Profile("m", None, 4, tf, tuple(LayerProfile(f"l{i}", 1, t)

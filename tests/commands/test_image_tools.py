@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mgcaffe.formats.protoio import parse_net_text
 from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.protoio import parse_net_text
 
 
 def read_lmdb(path) -> list[tuple[bytes, caffe_pb2.Datum]]:

@@ -200,7 +200,7 @@ def test_log_directory_that_cannot_be_made_fails_at_start(model, cli, tmp_path, 
 
 
 def test_log_directory_check_accepts_one_to_be_created(tmp_path):
-    from mgcaffe.outputs import check_output_directory
+    from mgcaffe.formats.outputs import check_output_directory
 
     check_output_directory(tmp_path / "new" / "logs", "--log_dir")  # made at the first line
     assert not (tmp_path / "new").exists()  # the check creates nothing

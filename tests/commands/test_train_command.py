@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.backend import gpu_available
+from mgcaffe.formats import protoio
 
 
 def test_train_logs_and_snapshots(model, cli):

@@ -7,11 +7,11 @@ import h5py
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.errors import NetError
+from mgcaffe.formats import protoio
+from mgcaffe.formats.protoio import parse_net_text
 from mgcaffe.layer_types.base import TEST
 from mgcaffe.net import Net
-from mgcaffe.protoio import parse_net_text
 
 NET = """
 name: "two_ip"

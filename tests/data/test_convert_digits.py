@@ -12,9 +12,9 @@ import mgcaffe.layer_types  # noqa: F401 - registers the layers
 from mgcaffe.blob import Blob
 from mgcaffe.data.datum import datum_to_array, parse_datum
 from mgcaffe.data.db import LMDBReader
+from mgcaffe.formats.protoio import read_binaryproto, read_net_param, read_solver_param
 from mgcaffe.layer_types.base import TEST, TRAIN, LayerContext
 from mgcaffe.layer_types.registry import create_layer
-from mgcaffe.protoio import read_binaryproto, read_net_param, read_solver_param
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 

@@ -7,8 +7,8 @@ import pytest
 
 from mgcaffe.data.transformer import DataTransformer
 from mgcaffe.errors import DataError
+from mgcaffe.formats.protoio import write_binaryproto
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.protoio import write_binaryproto
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 IMAGE = (np.arange(3 * 5 * 6) * 7 % 251).astype(np.uint8).reshape(3, 5, 6)

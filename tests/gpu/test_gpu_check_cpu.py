@@ -65,10 +65,10 @@ def test_error_of_a_shape_mismatch_is_infinite():
 
 
 def test_conv_ip_flops_of_the_digits_net():
+    from mgcaffe.formats.protoio import read_net_param
     from mgcaffe.layer_types.base import TRAIN
     from mgcaffe.net import Net
-    from mgcaffe.protoio import read_net_param
-    from mgcaffe.synthetic_data import synthesize_data_layers
+    from mgcaffe.net.synthetic_data import synthesize_data_layers
 
     param, _ = synthesize_data_layers(read_net_param(REPO / "models/digits/train_test.prototxt"),
                                       {"data": (4, 1, 8, 8)}, 4, replace_data=True)

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgcaffe.comm.local import SingleCommunicator
+from mgcaffe.comm.backends.local import SingleCommunicator
 from mgcaffe.errors import CommError
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
-from mgcaffe.comm.nccl import NcclCommunicator  # noqa: E402
+from mgcaffe.comm.backends.nccl import NcclCommunicator  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,8 +115,8 @@ def test_a_stuck_collective_is_aborted_after_the_deadline():
     proc = run_python(f"""
         import os, sys
         import cupy as cp, numpy as np
-        from mgcaffe.comm.local import SingleCommunicator
-        from mgcaffe.comm.nccl import NcclCommunicator
+        from mgcaffe.comm.backends.local import SingleCommunicator
+        from mgcaffe.comm.backends.nccl import NcclCommunicator
         from mgcaffe.errors import CommError
         comm = NcclCommunicator(SingleCommunicator(), timeout=30)
         x = cp.zeros(16, cp.float32)
@@ -144,8 +144,8 @@ def test_two_ranks_under_mpiexec_on_two_gpus():
         pytest.skip("needs two GPUs")
     proc = run_python("""
         import cupy as cp
-        from mgcaffe.comm.mpi import MpiCommunicator
-        from mgcaffe.comm.nccl import NcclCommunicator
+        from mgcaffe.comm.backends.mpi import MpiCommunicator
+        from mgcaffe.comm.backends.nccl import NcclCommunicator
         comm = NcclCommunicator(MpiCommunicator(), timeout=60)
         buf = cp.full(1000, comm.rank + 1, cp.float32)
         comm.allreduce_sum(buf)

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from mgcaffe.backend import gpu_available
-from mgcaffe.comm import nccl
-from mgcaffe.comm.local import LocalWorld, SingleCommunicator
+from mgcaffe.comm.backends import nccl
+from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.errors import CommError
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 

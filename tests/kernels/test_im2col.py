@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from im2col_reference import GEOMETRIES, naive_col2im, naive_im2col
 
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.kernels import col2im, im2col, valid_range
 from mgcaffe.kernels.im2col import col2im_batch_last, im2col_batch_last
-from mgcaffe.kernels.parallel import ChunkRunner
 
 #: Splits every minibatch into one-sample chunks run on three threads.
 THREADED = ChunkRunner(3, chunk_elements=1, serial_below=0)

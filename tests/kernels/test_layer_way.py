@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 
-from mgcaffe.kernels import layer_way, parallel
-from mgcaffe.kernels.layer_way import LayerWay
-from mgcaffe.kernels.parallel import ChunkRunner, for_each_chunk
+from mgcaffe.cpu import layer_way, parallel
+from mgcaffe.cpu.layer_way import LayerWay
+from mgcaffe.cpu.parallel import ChunkRunner, for_each_chunk
 
 
 class FakeBlas:

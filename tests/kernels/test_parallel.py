@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from mgcaffe.kernels import parallel
-from mgcaffe.kernels.parallel import ChunkRunner, for_each_chunk
+from mgcaffe.cpu import parallel
+from mgcaffe.cpu.parallel import ChunkRunner, for_each_chunk
 
 
 def record_chunks(runner, count, **options):
@@ -107,7 +107,7 @@ def test_runner_rejects_bad_sizes():
 
 
 def test_default_threads_are_the_thread_choice(monkeypatch):
-    from mgcaffe import threads
+    from mgcaffe.cpu import threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -7,13 +7,13 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.kernels import batch_norm_loops
-from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
 from mgcaffe.layer_types.batch_norm import BatchNormLayer
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 EPS = float(np.float32(1e-5))
 

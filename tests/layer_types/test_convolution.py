@@ -7,9 +7,9 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def conv_param(body: str, name: str = "conv", n_top: int = 1) -> caffe_pb2.LayerParameter:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conv_layers import threaded_conv
 
-from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import im2col_loops, sample_columns
 from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.testing.gradient_check import check_layer_gradients
 
 pytest.importorskip("numba")
 

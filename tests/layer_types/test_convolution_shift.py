@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conv_layers import threaded_conv
 
-from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import shift_conv
 from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
 # off, dilation, batch 1 and 3.

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from conv_layers import threaded_conv
 
-from mgcaffe.gradient_check import check_layer_gradients
-from mgcaffe.kernels import parallel, sample_gemm
-from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.cpu import parallel
+from mgcaffe.cpu.parallel import ChunkRunner
+from mgcaffe.kernels import sample_gemm
 from mgcaffe.layer_types import convolution
 from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
 CASES = [

@@ -13,9 +13,9 @@ import pytest
 from conv_layers import threaded_conv
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients
 from mgcaffe.kernels import winograd, winograd4_loops, winograd_loops
 from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
 # batch 1 and 3, groups 1 and 2, bias on and off.

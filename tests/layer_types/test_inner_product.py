@@ -10,11 +10,11 @@ import pytest
 from google.protobuf import text_format
 from threadpoolctl import threadpool_limits
 
+from mgcaffe.cpu import parallel
+from mgcaffe.cpu.parallel import ChunkRunner, blas_threads
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
-from mgcaffe.kernels import parallel
-from mgcaffe.kernels.parallel import ChunkRunner, blas_threads
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def ip_param(body: str, name: str = "fc") -> caffe_pb2.LayerParameter:

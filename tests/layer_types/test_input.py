@@ -7,8 +7,8 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import make_layer
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import make_layer
 
 
 def param(type_: str, text: str = "", tops: int = 1) -> caffe_pb2.LayerParameter:

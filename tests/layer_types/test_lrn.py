@@ -10,10 +10,10 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.kernels import lrn_loops
 from mgcaffe.layer_types.lrn import LRN
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])

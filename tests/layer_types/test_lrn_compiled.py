@@ -10,11 +10,11 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.gradient_check import check_layer_gradients
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.kernels import lrn_loops
-from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients
 
 pytest.importorskip("numba", reason="the compiled LRN loops need numba")
 

@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.formats.protoio import write_binaryproto
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.protoio import write_binaryproto
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def lp(text, tops=1):

@@ -10,9 +10,9 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 

@@ -15,8 +15,8 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.kernels import pool_loops
-from mgcaffe.kernels.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 

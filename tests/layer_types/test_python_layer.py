@@ -15,10 +15,10 @@ from google.protobuf import text_format
 
 import mgcaffe
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import SGDSolver
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 USER_MODULE = '''
 import numpy as np

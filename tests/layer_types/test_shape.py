@@ -7,8 +7,8 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.errors import LayerError
-from mgcaffe.gradient_check import check_layer_gradients, make_layer
 from mgcaffe.proto import caffe_pb2
+from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def param(type_: str, text: str = "", tops: int = 1) -> caffe_pb2.LayerParameter:
@@ -107,7 +107,7 @@ def test_split_shares_data_and_sums_diffs(tops):
 @pytest.mark.parametrize("tops", [1, 4])
 def test_split_sums_diffs_in_parts_on_two_threads(tops):
     """The sum split into ranges over two threads (tiny chunks) covers every element once."""
-    from mgcaffe.kernels.parallel import ChunkRunner
+    from mgcaffe.cpu.parallel import ChunkRunner
 
     (x,) = arrays((3, 5, 7))
     layer, bottom, top = make_layer(param("Split", tops=tops), [x], dtype=np.float32)

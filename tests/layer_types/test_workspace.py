@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.kernels.parallel import ChunkRunner
+from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.base import Workspace
 from mgcaffe.layer_types.convolution import Convolution

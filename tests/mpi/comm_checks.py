@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
-from mgcaffe.comm.distributed import world
-from mgcaffe.comm.executor import GradientExecutor
-from mgcaffe.comm.faults import Watchdog, fail_all
-from mgcaffe.comm.testing import FakeNet, plan
-from mgcaffe.comm.trace import Tracer
+from mgcaffe.comm.runtime.executor import GradientExecutor
+from mgcaffe.comm.runtime.trace import Tracer
+from mgcaffe.comm.training.faults import Watchdog, fail_all
+from mgcaffe.comm.training.trainer import world
+from mgcaffe.testing.comm import FakeNet, plan
 
 PLANS = {
     "wfbp": plan(["fc2"], ["fc1"], ["conv2"], ["conv1"]),

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from mgcaffe.comm import distributed
+from mgcaffe.comm.training import trainer as distributed
 from mgcaffe.commands.train import add_arguments, build_solver, run_training
 
 

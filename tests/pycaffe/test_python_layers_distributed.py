@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from mgcaffe.comm.distributed import attach
-from mgcaffe.comm.local import LocalWorld
-from mgcaffe.comm.testing import run_ranks
+from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.training.trainer import attach
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import SGDSolver
+from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

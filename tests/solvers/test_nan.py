@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.errors import SolverError
+from mgcaffe.formats import protoio
 
 FIELDS = """base_lr: 0.1
 lr_policy: "fixed"

@@ -12,8 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.errors import ParseError, SolverError
+from mgcaffe.formats import protoio
 from mgcaffe.solvers import snapshot as snap
 
 SGD = "type: 'SGD'\nbase_lr: 0.1\nlr_policy: 'fixed'\nmax_iter: 5\n"
@@ -182,8 +182,8 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "l
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_under_mpi_only_rank_0_locks_and_a_held_prefix_stops_every_rank(tmp_path):
-    from mgcaffe import snapshot_lock
-    from mgcaffe.comm.testing import run_mpi
+    from mgcaffe.formats import snapshot_lock
+    from mgcaffe.testing.comm import run_mpi
 
     (tmp_path / "net.prototxt").write_text(MPI_NET)
     solver = tmp_path / "solver.prototxt"

@@ -6,8 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mgcaffe import protoio
 from mgcaffe.errors import SolverError
+from mgcaffe.formats import protoio
 
 # multistep keeps current_step in the state; momentum keeps history; Adam needs the iter.
 SGD = """type: "SGD"

@@ -1,0 +1,365 @@
+"""All-reduce cost model: T_ar(M) = a + b*M seconds for an M-byte message among N workers.
+
+A network description gives a and b for each N, either by an all-reduce algorithm's formula
+from the alpha-beta-gamma constants or by measured per-N fits. JSON format (seconds, seconds per
+byte):
+
+    {"alpha": 4.526e-05, "beta": 9.93e-10, "gamma": 2.5e-09, "algorithm": "ring",
+     "fits": {"8": {"a": 0.00083, "b": 3.34e-09}}}
+
+- `alpha`: latency of one message step; `beta`: wire time per byte; `gamma`: reduction
+  arithmetic per byte (default 0); `algorithm` (default "ring") picks the formula below.
+- `fits` (optional): measured (a, b) per number of nodes; they take precedence over the formula
+  for the N they list (`cost_for(..., use_formula=True)` ignores them). alpha and beta may be
+  left out when fits cover every N asked for.
+- `interference` (optional, inside a fit): how much backward slows while an all-reduce is in
+  flight, as measured points `[[bytes, slowdown], ...]`: backward runs at 1/(1 + slowdown) of
+  its speed while a message of that size is being all-reduced (docs/planner.md). Sizes in
+  between are interpolated linearly in log2(bytes), sizes outside take the nearest point.
+- `comm_slowdown` (optional, inside a fit): the other direction, how much an all-reduce slows
+  while backward runs, sigma >= 1: a message progresses at 1/sigma of its speed while backward
+  is still computing, at full speed once backward is done. One number (every size) or points
+  `[[bytes, sigma], ...]`, interpolated like `interference`; absent means 1 (no slowdown).
+- Unknown extra keys (`source`, `units`, `fits_all_sizes`, ... and `rms_s` etc. inside a fit)
+  are ignored.
+
+The standard costs (Thakur, Rabenseifner and Gropp 2005; Chan et al. 2007) for N workers and
+message size M, with log2(N) rounded up for N that is not a power of two:
+
+    ring                        a = 2(N-1) alpha        b = 2(N-1)/N beta + (N-1)/N gamma
+    binary_tree (reduce+bcast)  a = 2 log2(N) alpha     b = log2(N) (2 beta + gamma)
+    recursive_doubling          a = log2(N) alpha       b = log2(N) (beta + gamma)
+    recursive_halving_doubling  a = 2 log2(N) alpha     b = 2(N-1)/N beta + (N-1)/N gamma
+      (Rabenseifner: reduce-scatter by recursive halving, allgather by recursive doubling)
+
+With N = 1 every formula gives a = b = 0 (nothing to exchange).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import PlanError
+from .profile import as_float, as_int, read_json, require_mapping
+
+__all__ = ["ALGORITHMS", "CostModel", "Network", "canonical_algorithm", "cost_for",
+           "fit_linear", "fit_relative", "formula", "load_network"]
+
+ALGORITHMS = ("ring", "binary_tree", "recursive_doubling", "recursive_halving_doubling")
+
+_ALIASES = {
+    "ring": "ring", "ring_allreduce": "ring",
+    "binary_tree": "binary_tree", "tree": "binary_tree", "btree": "binary_tree",
+    "binomial_tree": "binary_tree", "reduce_bcast": "binary_tree",
+    "recursive_doubling": "recursive_doubling", "doubling": "recursive_doubling",
+    "rd": "recursive_doubling",
+    "recursive_halving_doubling": "recursive_halving_doubling",
+    "recursive_halving_and_doubling": "recursive_halving_doubling",
+    "halving_doubling": "recursive_halving_doubling", "rabenseifner": "recursive_halving_doubling",
+    "rhd": "recursive_halving_doubling",
+}
+
+
+def canonical_algorithm(name: str, source: str = "network", field_name: str = "algorithm") -> str:
+    """Map an algorithm name or alias ("tree", "rabenseifner", "recursive-doubling") to one of
+    ALGORITHMS; anything else is a PlanError naming the field."""
+    key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
+    if key not in _ALIASES:
+        raise PlanError(f"{source}: {field_name}: unknown all-reduce algorithm {name!r} "
+                        f"(choose from {', '.join(ALGORITHMS)})")
+    return _ALIASES[key]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """T_ar(M) = a + b*M: `a` start-up seconds, `b` seconds per byte, for one N.
+
+    `nodes` and `origin` (e.g. "fit", "ring formula", "--a/--b") are informational and do not
+    take part in comparisons."""
+
+    a: float
+    b: float
+    nodes: int | None = field(default=None, compare=False)
+    origin: str = field(default="", compare=False)
+    interference: tuple[tuple[int, float], ...] = ()  # (bytes, backward slowdown), sorted
+    comm_slowdown: tuple[tuple[int, float], ...] = ()  # (bytes, sigma >= 1), sorted
+
+    def __post_init__(self):
+        for name in ("a", "b"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise PlanError(f"cost model: {name}: must be a finite number, got {v!r}")
+            if v < 0:
+                raise PlanError(f"cost model: {name}: must be >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        object.__setattr__(self, "interference", _points(self.interference, "interference",
+                                                         "slowdown", 0.0))
+        object.__setattr__(self, "comm_slowdown", _points(self.comm_slowdown, "comm_slowdown",
+                                                          "sigma", 1.0))
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to all-reduce a message of `nbytes` bytes."""
+        return self.a + self.b * nbytes
+
+    @property
+    def interferes(self) -> bool:
+        """Whether communication and backward slow each other (a rho > 0 or a sigma > 1):
+        the planner then uses the extended model (docs/planner.md)."""
+        return (any(rho > 0 for _, rho in self.interference)
+                or any(sigma > 1 for _, sigma in self.comm_slowdown))
+
+    def slowdown(self, nbytes: float) -> float:
+        """rho(M): while an all-reduce of M bytes is in flight backward runs at 1/(1 + rho)
+        of its speed; interpolated linearly in log2(M) between the measured points."""
+        return _interpolate(self.interference, nbytes, 0.0)
+
+    def sigma(self, nbytes: float) -> float:
+        """sigma(M) >= 1: while backward runs an all-reduce of M bytes progresses at 1/sigma
+        of its speed; interpolated linearly in log2(M) between the points (1 without any)."""
+        return _interpolate(self.comm_slowdown, nbytes, 1.0)
+
+    def with_interference(self, points, comm_slowdown=None) -> CostModel:
+        """The same a and b with measured (bytes, slowdown) points; `comm_slowdown` (bytes,
+        sigma) points replace the present ones when given."""
+        sigma = self.comm_slowdown if comm_slowdown is None else tuple(comm_slowdown)
+        return CostModel(self.a, self.b, self.nodes, self.origin, tuple(points), sigma)
+
+    def with_comm_slowdown(self, points) -> CostModel:
+        """The same model with these (bytes, sigma) points."""
+        return self.with_interference(self.interference, points)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"a": self.a, "b": self.b}
+        if self.interference:
+            d["interference"] = [[m, rho] for m, rho in self.interference]
+        if self.comm_slowdown:
+            d["comm_slowdown"] = [[m, sigma] for m, sigma in self.comm_slowdown]
+        if self.nodes is not None:
+            d["nodes"] = self.nodes
+        if self.origin:
+            d["origin"] = self.origin
+        return d
+
+
+def _points(raw, name: str, what: str, least: float) -> tuple[tuple[int, float], ...]:
+    """Validated (bytes, value) points sorted by size; every value >= `least`."""
+    points = []
+    for i, point in enumerate(raw):
+        try:
+            m, v = point
+        except (TypeError, ValueError):
+            raise PlanError(f"cost model: {name}[{i}]: expected [bytes, {what}], "
+                            f"got {point!r}") from None
+        m = as_int(m, "cost model", f"{name}[{i}][0]", minimum=1)
+        points.append((m, as_float(v, "cost model", f"{name}[{i}][1]", minimum=least)))
+    return tuple(sorted(points))
+
+
+def _interpolate(pts, nbytes: float, default: float) -> float:
+    """Linear in log2(bytes) between the points, clamped at both ends."""
+    if not pts:
+        return default
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1]
+    x = math.log2(nbytes)
+    for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
+        if nbytes <= m1:
+            x0, x1 = math.log2(m0), math.log2(m1)
+            return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]  # not reached
+
+
+def _log2_steps(nodes: int) -> int:
+    return math.ceil(math.log2(nodes)) if nodes > 1 else 0
+
+
+def formula(algorithm: str, nodes: int, alpha: float, beta: float,
+            gamma: float = 0.0) -> tuple[float, float]:
+    """(a, b) of an all-reduce among `nodes` workers by the standard alpha-beta-gamma cost of
+    `algorithm` (see the module docstring)."""
+    algorithm = canonical_algorithm(algorithm)
+    n = nodes
+    if algorithm == "ring":
+        return 2 * (n - 1) * alpha, 2 * (n - 1) / n * beta + (n - 1) / n * gamma
+    steps = _log2_steps(n)
+    if algorithm == "binary_tree":
+        return 2 * steps * alpha, steps * (2 * beta + gamma)
+    if algorithm == "recursive_doubling":
+        return steps * alpha, steps * (beta + gamma)
+    # recursive_halving_doubling (Rabenseifner)
+    return 2 * steps * alpha, 2 * (n - 1) / n * beta + (n - 1) / n * gamma
+
+
+@dataclass(frozen=True)
+class Network:
+    """A cluster's all-reduce costs: alpha/beta/gamma and an algorithm, and/or per-N fits."""
+
+    alpha: float | None
+    beta: float | None
+    gamma: float = 0.0
+    algorithm: str = "ring"
+    fits: dict[int, CostModel] = field(default_factory=dict)
+    source: str = field(default="network", compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "network") -> Network:
+        source = str(source)
+        d = require_mapping(d, source)
+        alpha = as_float(d["alpha"], source, "alpha") if d.get("alpha") is not None else None
+        beta = as_float(d["beta"], source, "beta") if d.get("beta") is not None else None
+        gamma = as_float(d["gamma"], source, "gamma") if d.get("gamma") is not None else 0.0
+        algorithm = canonical_algorithm(d.get("algorithm", "ring"), source)
+        fits: dict[int, CostModel] = {}
+        raw_fits = d.get("fits")
+        if raw_fits is not None:
+            raw_fits = require_mapping(raw_fits, source, "fits")
+            for key, fit in raw_fits.items():
+                try:
+                    n = int(key)
+                except ValueError:
+                    raise PlanError(f"{source}: fits: key {key!r} is not a number of nodes") \
+                        from None
+                if n < 1:
+                    raise PlanError(f"{source}: fits: key {key!r}: must be >= 1")
+                fit = require_mapping(fit, source, f"fits.{key}")
+                for name in ("a", "b"):
+                    if name not in fit:
+                        raise PlanError(f"{source}: fits.{key}.{name}: missing")
+                a = as_float(fit["a"], source, f"fits.{key}.a")
+                b = as_float(fit["b"], source, f"fits.{key}.b")
+                points = fit.get("interference") or ()
+                if not isinstance(points, (list, tuple)):
+                    raise PlanError(f"{source}: fits.{key}.interference: must be a list of "
+                                    f"[bytes, slowdown]")
+                sigma = fit.get("comm_slowdown") or ()
+                if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
+                    sigma = [[1, sigma]]  # one number: every size
+                if not isinstance(sigma, (list, tuple)):
+                    raise PlanError(f"{source}: fits.{key}.comm_slowdown: must be a number or "
+                                    f"a list of [bytes, sigma]")
+                try:
+                    fits[n] = CostModel(a, b, nodes=n, origin="fit",
+                                        interference=tuple(points),
+                                        comm_slowdown=tuple(sigma))
+                except PlanError as exc:
+                    raise PlanError(f"{source}: fits.{key}.{str(exc).split(': ', 1)[1]}") \
+                        from None
+        if (alpha is None) != (beta is None):
+            missing = "beta" if beta is None else "alpha"
+            raise PlanError(f"{source}: {missing}: missing (alpha and beta go together)")
+        if alpha is None and not fits:
+            raise PlanError(f"{source}: alpha: missing (give alpha and beta, or fits)")
+        return cls(alpha, beta, gamma, algorithm, fits, source)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {}
+        if self.alpha is not None:
+            d.update(alpha=self.alpha, beta=self.beta, gamma=self.gamma)
+        d["algorithm"] = self.algorithm
+        if self.fits:
+            d["fits"] = {str(n): c.to_dict() for n, c in sorted(self.fits.items())}
+            for fit in d["fits"].values():
+                fit.pop("nodes", None)
+                fit.pop("origin", None)
+        return d
+
+
+def load_network(path: str | Path) -> Network:
+    """Read and validate a network JSON file (errors name the file and the field)."""
+    return Network.from_dict(read_json(path), source=str(path))
+
+
+def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
+             a: float | None = None, b: float | None = None) -> CostModel:
+    """T_ar for `nodes` workers: the measured fit for that N if the network lists one (unless
+    `use_formula`), otherwise the algorithm's formula from alpha, beta and gamma.
+
+    `a` and/or `b` (the command line's --a/--b) override what the network gives; with both,
+    `network` may be None."""
+    source = network.source if network is not None else "cost"
+    nodes = as_int(nodes, source, "nodes", minimum=1)
+    if a is not None:
+        a = as_float(a, "--a", "a")
+    if b is not None:
+        b = as_float(b, "--b", "b")
+    if a is not None and b is not None:
+        return CostModel(a, b, nodes=nodes, origin="--a/--b")
+    if network is None:
+        raise PlanError("cost: need a network description, or both --a and --b")
+    if not use_formula and nodes in network.fits:
+        base = network.fits[nodes]
+        origin = "fit"
+    elif network.alpha is None:
+        listed = ", ".join(str(n) for n in sorted(network.fits))
+        why = "use_formula asked for" if use_formula else f"fits list only N = {listed}"
+        raise PlanError(f"{network.source}: alpha: missing, needed for the formula at "
+                        f"N={nodes} ({why})")
+    else:
+        fa, fb = formula(network.algorithm, nodes, network.alpha, network.beta, network.gamma)
+        base = CostModel(fa, fb)
+        origin = f"{network.algorithm} formula"
+    if a is not None or b is not None:
+        origin += " with --a" if a is not None else " with --b"
+    return CostModel(base.a if a is None else a, base.b if b is None else b, nodes=nodes,
+                     origin=origin, interference=base.interference,
+                     comm_slowdown=base.comm_slowdown)
+
+
+def fit_linear(sizes: Sequence[float], times: Sequence[float],
+               weights: Sequence[float] | None = None) -> tuple[CostModel, float]:
+    """Least-squares fit of times = a + b*sizes (bytes, seconds): returns (CostModel(a, b), rms)
+    with rms the root-mean-square residual in seconds (unweighted).
+
+    `weights` (default all 1) weigh each point's squared residual: `fit_relative` passes
+    1/t^2 so that the relative error is what is minimised. A negative a or b, which noise can
+    produce, is replaced by the constrained optimum (the best fit with that coefficient at 0),
+    as non-negative least squares gives: a cost model never has negative terms. Needs at least
+    two distinct sizes."""
+    xs = [float(x) for x in sizes]
+    ys = [float(y) for y in times]
+    if len(xs) != len(ys):
+        raise PlanError(f"fit_linear: {len(xs)} sizes but {len(ys)} times")
+    n = len(xs)
+    if n == 0:
+        raise PlanError("fit_linear: no points")
+    ws = [1.0] * n if weights is None else [float(w) for w in weights]
+    if len(ws) != n or not all(math.isfinite(w) and w > 0 for w in ws):
+        raise PlanError(f"fit_linear: need {n} positive finite weights")
+    sw = math.fsum(ws)
+    mx = math.fsum(w * x for w, x in zip(ws, xs)) / sw
+    my = math.fsum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = math.fsum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    sxy = math.fsum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
+    if not sxx > 0:
+        raise PlanError("fit_linear: need at least two distinct message sizes")
+    b = sxy / sxx
+    a = my - b * mx
+    if a < 0 or b < 0:
+        candidates = []
+        x2 = math.fsum(w * x * x for w, x in zip(ws, xs))
+        if x2 > 0:  # a = 0
+            bb = max(0.0, math.fsum(w * x * y for w, x, y in zip(ws, xs, ys)) / x2)
+            candidates.append((0.0, bb))
+        candidates.append((max(0.0, my), 0.0))  # b = 0
+        a, b = min(candidates, key=lambda ab: math.fsum(
+            w * (y - ab[0] - ab[1] * x) ** 2 for w, x, y in zip(ws, xs, ys)))
+    rms = math.sqrt(math.fsum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / n)
+    return CostModel(a, b, origin="fit"), rms
+
+
+def fit_relative(sizes: Sequence[float], times: Sequence[float]) -> tuple[CostModel, float]:
+    """The fit of times = a + b*sizes that minimises the squared RELATIVE error (weights
+    1/t^2), so that a microsecond-long small message counts as much as a 100 ms large one;
+    returns (CostModel, worst relative error |fit - t| / t over the points)."""
+    ys = [float(y) for y in times]
+    if any(not y > 0 for y in ys):
+        raise PlanError("fit_relative: every time must be > 0")
+    fit, _ = fit_linear(sizes, ys, [1.0 / (y * y) for y in ys])
+    worst = max(abs(fit.time(x) - y) / y for x, y in zip(sizes, ys))
+    return fit, worst

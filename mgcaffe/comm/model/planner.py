@@ -1,0 +1,750 @@
+"""Merge planner: which consecutive learnable layers share one all-reduce message.
+
+Pure functions of a `Profile` (per-layer sizes and backward times) and a `CostModel`
+(T_ar(M) = a + b*M); `../shared/paper/MODEL.md` states the model. Schemes:
+
+- `wfbp`: every layer its own message (wait-free backpropagation).
+- `synceasgd`: one message of every gradient, after backward ends.
+- `mgwfbp`: the paper's Algorithm 1 (INFOCOM 2019) exactly: walk l = L..2 and make l a
+  merged-gradient layer (sent with l-1) iff ready(l-1) < tau_c(l) + a (Theorem 1), recomputing
+  the communication start times after each merge; O(L^2). Greedy, so not always optimal.
+- `optimal`: the best grouping of consecutive layers under the same model, by the exact dynamic
+  programme of MODEL.md: F(L+1) = 0, F(j) = min_{k>=j} max(F(k+1), ready(j)) + T_ar(bytes j..k),
+  t_iter = F(1); O(L^2) in the worst case.
+- `threshold`: buckets of at least B bytes filled in backward order (PyTorch DDP's 25 MB
+  buckets, Horovod's fusion buffer); the last bucket may be smaller.
+
+Every scheme's groups go through the same `timeline()` (the recurrences of MODEL.md):
+backward of layer l runs [tau_b(l), ready(l)) with tau_b(L) = t_f; messages go one at a time in
+backward order, a group starting at max(end of the previous message, ready of its
+input-most layer) and lasting T_ar(its bytes); t_iter = end of the last message (times from the
+start of the forward pass).
+
+A `Plan` is data: groups (in the order they are communicated, output side first; each group
+a list of layer names in backward order), their sizes, the predicted timeline, the iteration
+time and its non-overlapped communication. It serialises to JSON (`save`, `load_plan`) and
+has a `digest()` that ranks compare before training together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ...errors import PlanError
+from .cost import CostModel
+from .profile import Profile, as_float, as_int, read_json, require, require_mapping
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "PLAN_FORMAT", "SCHEMES", "Plan", "canonical_scheme",
+           "load_plan", "make_plan", "make_plans", "timeline"]
+
+SCHEMES = ("wfbp", "synceasgd", "mgwfbp", "optimal", "threshold")
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # PyTorch DDP's bucket_cap_mb = 25
+PLAN_FORMAT = "mgcaffe-plan/1"
+
+_SCHEME_ALIASES = {
+    "wfbp": "wfbp", "layerwise": "wfbp",
+    "synceasgd": "synceasgd", "sync_easgd": "synceasgd", "single": "synceasgd",
+    "mgwfbp": "mgwfbp", "mg_wfbp": "mgwfbp", "infocom": "mgwfbp", "paper": "mgwfbp",
+    "greedy": "mgwfbp",
+    "optimal": "optimal", "exact": "optimal", "dp": "optimal",
+    "threshold": "threshold", "bucket": "threshold", "buckets": "threshold", "ddp": "threshold",
+}
+
+
+def canonical_scheme(name: str) -> str:
+    """One of SCHEMES for a scheme name or alias (`infocom`/`paper` = mgwfbp, `ddp` =
+    threshold, `exact` = optimal); PlanError otherwise."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in _SCHEME_ALIASES:
+        raise PlanError(f"scheme: unknown scheme {name!r} (choose from {', '.join(SCHEMES)})")
+    return _SCHEME_ALIASES[key]
+
+
+# ----------------------------------------------------------------------------- the Plan
+@dataclass(frozen=True)
+class Plan:
+    """A grouping of the learnable layers into messages, with its predicted timeline.
+
+    layers / layer_bytes / backward_start / backward_end: per layer, input side first (layer
+    1 .. L), as in the profile. groups / group_sizes / comm_start / comm_end: per message, in
+    the order messages are sent (output side first); each group lists layer names in backward
+    order. Times are seconds from the start of the forward pass."""
+
+    scheme: str
+    model: str
+    layers: tuple[str, ...]
+    layer_bytes: tuple[int, ...]
+    groups: tuple[tuple[str, ...], ...]
+    group_sizes: tuple[int, ...]
+    forward_time: float
+    backward_start: tuple[float, ...]
+    backward_end: tuple[float, ...]
+    comm_start: tuple[float, ...]
+    comm_end: tuple[float, ...]
+    iteration_time: float
+    ideal: float
+    a: float
+    b: float
+    nodes: int | None = None
+    bucket_bytes: int | None = field(default=None)
+    interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
+    comm_slowdown: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, sigma)
+    # False only for an `optimal` plan whose search was cut (FRONT_BUDGET): not proven optimal
+    exact: bool = True
+
+    # -- derived
+    @property
+    def non_overlapped_comm(self) -> float:
+        """Communication not hidden behind backward: t_iter - (t_f + t_b), >= 0."""
+        return max(0.0, self.iteration_time - self.ideal)
+
+    @property
+    def num_messages(self) -> int:
+        return len(self.groups)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def group_index(self) -> dict[str, int]:
+        """Layer name -> index (into `groups`) of the message that carries it."""
+        return {name: g for g, group in enumerate(self.groups) for name in group}
+
+    @cached_property
+    def layer_index(self) -> dict[str, int]:
+        """Layer name -> its 1-based learnable-layer index (1 = input side .. L)."""
+        return {name: i + 1 for i, name in enumerate(self.layers)}
+
+    def group_layer_indices(self) -> list[list[int]]:
+        """`groups` as 1-based learnable-layer indices (each group descending)."""
+        return [[self.layer_index[n] for n in group] for group in self.groups]
+
+    @property
+    def merged_layers(self) -> frozenset[str]:
+        """The paper's merged-gradient layers (Algorithm 2): every layer that is not the last
+        of its group in backward order; its gradient only joins the pending message."""
+        return frozenset(n for group in self.groups for n in group[:-1])
+
+    def digest(self) -> str:
+        """sha256 (hex) of the layer list, layer sizes, groups and group sizes: two ranks with
+        equal digests pack and all-reduce the same messages in the same order."""
+        canon = {"layers": list(self.layers), "layer_bytes": list(self.layer_bytes),
+                 "groups": [list(g) for g in self.groups], "group_sizes": list(self.group_sizes)}
+        blob = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    # -- (de)serialisation
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "scheme": self.scheme,
+            "model": self.model,
+            "nodes": self.nodes,
+            "a": self.a,
+            "b": self.b,
+            "bucket_bytes": self.bucket_bytes,
+            "forward_time": self.forward_time,
+            "ideal": self.ideal,
+            "iteration_time": self.iteration_time,
+            "non_overlapped_comm": self.non_overlapped_comm,
+            "layers": [{"name": n, "bytes": nb, "backward_start": s, "backward_end": e}
+                       for n, nb, s, e in zip(self.layers, self.layer_bytes,
+                                              self.backward_start, self.backward_end)],
+            "groups": [list(g) for g in self.groups],
+            "group_sizes": list(self.group_sizes),
+            "comm_start": list(self.comm_start),
+            "comm_end": list(self.comm_end),
+            "digest": self.digest(),
+            **({"interference": [[m, r] for m, r in self.interference]}
+               if self.interference else {}),
+            **({"comm_slowdown": [[m, r] for m, r in self.comm_slowdown]}
+               if self.comm_slowdown else {}),
+            **({} if self.exact else {"exact": False}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "plan") -> Plan:
+        """Validate a plan read from JSON: every layer in exactly one group, groups consecutive
+        in backward order, sizes consistent, digest (if present) matching."""
+        source = str(source)
+        d = require_mapping(d, source)
+        fmt = d.get("format", PLAN_FORMAT)
+        if fmt != PLAN_FORMAT:
+            raise PlanError(f"{source}: format: expected {PLAN_FORMAT!r}, got {fmt!r}")
+        scheme = require(d, "scheme", source)
+        if not isinstance(scheme, str):
+            raise PlanError(f"{source}: scheme: must be a string, got {scheme!r}")
+        model = d.get("model", "")
+        raw_layers = require(d, "layers", source)
+        if not isinstance(raw_layers, list) or not raw_layers:
+            raise PlanError(f"{source}: layers: must be a non-empty list")
+        names, nbytes, bstart, bend = [], [], [], []
+        for i, raw in enumerate(raw_layers):
+            at = f"layers[{i}]"
+            raw = require_mapping(raw, source, at)
+            name = require(raw, "name", source, f"{at}.")
+            if not isinstance(name, str) or not name:
+                raise PlanError(f"{source}: {at}.name: must be a non-empty string")
+            names.append(name)
+            nbytes.append(as_int(require(raw, "bytes", source, f"{at}."), source, f"{at}.bytes"))
+            bstart.append(as_float(require(raw, "backward_start", source, f"{at}."), source,
+                                   f"{at}.backward_start"))
+            bend.append(as_float(require(raw, "backward_end", source, f"{at}."), source,
+                                 f"{at}.backward_end"))
+        raw_groups = require(d, "groups", source)
+        if not isinstance(raw_groups, list) or not all(isinstance(g, list) for g in raw_groups):
+            raise PlanError(f"{source}: groups: must be a list of lists of layer names")
+        groups = tuple(tuple(g) for g in raw_groups)
+        _check_groups(names, groups, source)
+        sizes = require(d, "group_sizes", source)
+        if not isinstance(sizes, list) or len(sizes) != len(groups):
+            raise PlanError(f"{source}: group_sizes: must list one size per group")
+        sizes = [as_int(s, source, f"group_sizes[{g}]") for g, s in enumerate(sizes)]
+        by_name = dict(zip(names, nbytes))
+        for g, group in enumerate(groups):
+            want = sum(by_name[n] for n in group)
+            if sizes[g] != want:
+                raise PlanError(f"{source}: group_sizes[{g}]: {sizes[g]} bytes, but its layers "
+                                f"hold {want}")
+
+        def floats(key):
+            v = require(d, key, source)
+            if not isinstance(v, list) or len(v) != len(groups):
+                raise PlanError(f"{source}: {key}: must list one time per group")
+            return tuple(as_float(x, source, f"{key}[{i}]") for i, x in enumerate(v))
+
+        nodes = d.get("nodes")
+        if nodes is not None:
+            nodes = as_int(nodes, source, "nodes", minimum=1)
+        bucket = d.get("bucket_bytes")
+        if bucket is not None:
+            bucket = as_int(bucket, source, "bucket_bytes")
+        plan = cls(
+            scheme=scheme, model=str(model), layers=tuple(names), layer_bytes=tuple(nbytes),
+            groups=groups, group_sizes=tuple(sizes),
+            forward_time=as_float(require(d, "forward_time", source), source, "forward_time"),
+            backward_start=tuple(bstart), backward_end=tuple(bend),
+            comm_start=floats("comm_start"), comm_end=floats("comm_end"),
+            iteration_time=as_float(require(d, "iteration_time", source), source,
+                                    "iteration_time"),
+            ideal=as_float(require(d, "ideal", source), source, "ideal"),
+            a=as_float(require(d, "a", source), source, "a"),
+            b=as_float(require(d, "b", source), source, "b"),
+            nodes=nodes, bucket_bytes=bucket,
+            interference=_interference_from(d.get("interference"), source),
+            comm_slowdown=_interference_from(d.get("comm_slowdown"), source, "comm_slowdown"),
+            exact=d.get("exact", True) is not False)
+        digest = d.get("digest")
+        if digest is not None and digest != plan.digest():
+            raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
+                            f"sizes ({plan.digest()!r}); was the file edited?")
+        return plan
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _interference_from(raw: Any, source: str, key: str = "interference"
+                       ) -> tuple[tuple[int, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise PlanError(f"{source}: {key}: must be a list of [bytes, value]")
+    try:
+        return getattr(CostModel(0.0, 0.0, **{key: tuple(raw)}), key)
+    except PlanError as exc:
+        raise PlanError(f"{source}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan written by `Plan.save` (or `mgcaffe plan --save-plan`)."""
+    return Plan.from_dict(read_json(path), source=str(path))
+
+
+def _check_groups(names: list[str], groups, source: str) -> None:
+    """`names` input side first. Groups must be non-empty and, concatenated, list every layer
+    once in backward order (so each group is a run of consecutive layers and the runs go
+    output side first)."""
+    names = list(names)
+    known = set(names)
+    flat = []
+    for g, group in enumerate(groups):
+        if not group:
+            raise PlanError(f"{source}: groups[{g}]: empty group")
+        for n in group:
+            if not isinstance(n, str) or n not in known:
+                raise PlanError(f"{source}: groups[{g}]: unknown layer {n!r}")
+            flat.append(n)
+    want = names[::-1]
+    if flat == want:
+        return
+    seen = set()
+    for n in flat:
+        if n in seen:
+            raise PlanError(f"{source}: groups: layer {n!r} appears in more than one place")
+        seen.add(n)
+    missing = [n for n in want if n not in seen]
+    if missing:
+        raise PlanError(f"{source}: groups: layer {missing[0]!r} is in no group "
+                        f"({len(missing)} missing)")
+    for i, (got, exp) in enumerate(zip(flat, want)):
+        if got != exp:
+            raise PlanError(f"{source}: groups: not consecutive layers in backward order: "
+                            f"position {i} holds {got!r}, expected {exp!r}")
+
+
+# ----------------------------------------------------------------------------- timeline
+def _ready_times(profile: Profile) -> list[float]:
+    """ready[l] for l = 1..L (index 0 unused): tau_b(L) = t_f, tau_b(l) = tau_b(l+1) +
+    t_b(l+1), ready(l) = tau_b(l) + t_b(l)."""
+    L = profile.num_layers
+    ready = [0.0] * (L + 1)
+    t = profile.forward_time
+    for l in range(L, 0, -1):
+        t = t + profile.layers[l - 1].backward_time
+        ready[l] = t
+    return ready
+
+
+def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom",
+             nodes: int | None = None, bucket_bytes: int | None = None,
+             exact: bool = True) -> Plan:
+    """The predicted timeline of one iteration when `groups` (lists of layer names, output side
+    first, each in backward order) are all-reduced one after another: the one implementation
+    of MODEL.md's recurrences that every scheme uses."""
+    names = profile.names
+    groups = tuple(tuple(g) for g in groups)
+    _check_groups(names, groups, "groups" if scheme == "custom" else f"plan {scheme}")
+    L = profile.num_layers
+    ready = _ready_times(profile)
+    # tau_b(l) = ready(l+1) (tau_b(L) = t_f), exactly as the recurrence adds them
+    bstart = tuple([ready[l + 1] for l in range(1, L)] + [profile.forward_time])
+    bend = tuple(ready[1:])
+    index = {n: i + 1 for i, n in enumerate(names)}
+    by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
+    interference = getattr(cost, "interference", ())
+    if getattr(cost, "interferes", False):
+        sizes, cstart, cend, slowed = _interfered_timeline(profile, cost, groups, index,
+                                                           by_name)
+        bstart = tuple([slowed[l + 1] for l in range(1, L)] + [profile.forward_time])
+        bend = tuple(slowed[1:])
+    else:
+        sizes, cstart, cend = [], [], []
+        free = 0.0  # F(L+1): the channel is free from the start
+        for group in groups:
+            size = sum(by_name[n] for n in group)
+            start = max(free, ready[index[group[-1]]])
+            free = start + cost.time(size)
+            sizes.append(size)
+            cstart.append(start)
+            cend.append(free)
+    t_iter = cend[-1]
+    return Plan(
+        scheme=scheme, model=profile.model, layers=tuple(names),
+        layer_bytes=tuple(by_name[n] for n in names), groups=groups,
+        group_sizes=tuple(sizes), forward_time=profile.forward_time,
+        backward_start=bstart, backward_end=bend, comm_start=tuple(cstart),
+        comm_end=tuple(cend), iteration_time=t_iter, ideal=ready[1], a=cost.a, b=cost.b,
+        nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
+        bucket_bytes=bucket_bytes, interference=tuple(interference),
+        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact)
+
+
+def _message(ws: float, T: float, slow: float, sigma: float, total: float
+             ) -> tuple[float, float]:
+    """One message of the extended model, started when backward has done `ws` of its `total`
+    seconds of work: it needs T seconds at full speed, progresses at 1/sigma while backward
+    still runs, and backward runs at 1/slow (slow = 1 + rho) while it is in flight. Returns
+    (its duration, backward's work at its end). The timeline and the optimal programme both
+    use this one function, so they agree to the last bit."""
+    if ws >= total:
+        return T, total
+    left = (total - ws) * slow  # seconds until backward ends, with the message in flight
+    if sigma == 1.0 or T * sigma <= left:
+        d = T * sigma
+        return d, min(total, ws + d / slow)
+    return left + (T - left / sigma), total  # backward ends first: the rest at full speed
+
+
+def _interfered_timeline(profile: Profile, cost: CostModel, groups, index, by_name):
+    """The timeline of the extended model (docs/planner.md): backward runs at 1/(1 + rho(M))
+    of its speed while a message of M bytes is in flight, a message at 1/sigma(M) of its speed
+    while backward runs. Messages go one at a time, so the state after each is (F, w): the
+    time the channel is free and the backward work done by then; each message's end follows
+    from `_message`, each layer's ready time from an event walk of backward's speed through
+    the messages' intervals. Returns (sizes, comm starts, comm ends, ready[0..L])."""
+    L = profile.num_layers
+    ready = [0.0] * (L + 1)
+    busy: list[tuple[float, float, float]] = []  # (start, end, speed) of each message so far
+    t, work, nxt = profile.forward_time, 0.0, 0  # backward's clock, work done, next interval
+
+    def advance(target: float) -> float:
+        """Run backward from (t, work) until `target` seconds of work are done."""
+        nonlocal t, work, nxt
+        while work < target:
+            while nxt < len(busy) and busy[nxt][1] <= t:
+                nxt += 1
+            if nxt < len(busy) and busy[nxt][0] <= t:  # inside a message: slowed
+                end, speed = busy[nxt][1], busy[nxt][2]
+                if work + (end - t) * speed >= target:
+                    t += (target - work) / speed
+                    work = target
+                else:
+                    work += (end - t) * speed
+                    t = end
+            else:  # the channel is idle (until the next message, if any)
+                gap = busy[nxt][0] - t if nxt < len(busy) else math.inf
+                if work + gap >= target:
+                    t += target - work
+                    work = target
+                else:
+                    work += gap
+                    t = busy[nxt][0]
+        return t
+
+    done = [0.0] * (L + 2)  # done[l]: work at which layer l's gradient is ready
+    for l in range(L, 0, -1):
+        done[l] = done[l + 1] + profile.layers[l - 1].backward_time
+    total = done[1]
+    sizes, cstart, cend = [], [], []
+    F, w = profile.forward_time, 0.0  # the state before the first message
+    for group in groups:
+        for n in group:
+            ready[index[n]] = advance(done[index[n]])
+        size = sum(by_name[n] for n in group)
+        need = done[index[group[-1]]]
+        s, ws = (F, w) if w >= need else (F + need - w, need)
+        slow = 1.0 + cost.slowdown(size)
+        d, w = _message(ws, cost.time(size), slow, cost.sigma(size), total)
+        F = s + d
+        busy.append((s, F, 1.0 / slow))
+        sizes.append(size)
+        cstart.append(s)
+        cend.append(F)
+    return sizes, cstart, cend, ready
+
+
+# ----------------------------------------------------------------------------- schemes
+def _groups_from_runs(profile: Profile, runs: list[tuple[int, int]]) -> list[list[str]]:
+    """(high, low) 1-based layer runs, output side first -> lists of names in backward order."""
+    names = profile.names
+    return [[names[l - 1] for l in range(hi, lo - 1, -1)] for hi, lo in runs]
+
+
+def _wfbp_runs(L: int) -> list[tuple[int, int]]:
+    return [(l, l) for l in range(L, 0, -1)]
+
+
+def _mgwfbp_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+    """Algorithm 1 of the paper, as MODEL.md states it."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    a = cost.a
+    ready = _ready_times(profile)
+    p = [0] + [layer.params for layer in profile.layers]  # p[l], l = 1..L; merges move p down
+    tc = [0.0] + [cost.time(nb * p[l]) for l in range(1, L + 1)]
+    tau_c = [0.0] * (L + 2)
+
+    def recompute(top: int) -> None:
+        # tau_c(L) = ready(L); tau_c(l) = max(tau_c(l+1) + t_c(l+1), ready(l)). After merging l
+        # into l-1 only t_c(l) and t_c(l-1) changed, so tau_c(l..L) are unchanged and
+        # recomputing from `top` = l-1 down gives exactly the full recomputation's values.
+        if top == L:
+            tau_c[L] = ready[L]
+            top -= 1
+        for m in range(top, 0, -1):
+            tau_c[m] = max(tau_c[m + 1] + tc[m + 1], ready[m])
+
+    recompute(L)
+    merged = [False] * (L + 1)
+    for l in range(L, 1, -1):
+        r = ready[l - 1]
+        # Theorem 1: C.1 r < tau_c(l): merge; C.2 tau_c(l) <= r < tau_c(l) + t_c(l): merge iff
+        # r - tau_c(l) < a; C.3 r >= tau_c(l) + t_c(l): keep. Together (t_c(l) >= a):
+        if r < tau_c[l] + a:
+            merged[l] = True
+            p[l - 1] += p[l]
+            p[l] = 0
+            tc[l] = 0.0
+            tc[l - 1] = cost.time(nb * p[l - 1])
+            recompute(l - 1)
+    runs, hi = [], L
+    for l in range(L, 0, -1):
+        if l == 1 or not merged[l]:
+            runs.append((hi, l))
+            hi = l - 1
+    return runs
+
+
+def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+    """Exact optimum over groupings of consecutive layers (MODEL.md's dynamic programme).
+
+    F(j) = min over k >= j of max(F(k+1), ready(j)) + T_ar(bytes of j..k), F(L+1) = 0. F is
+    non-increasing in its argument, so once F(k+1) <= ready(j) every larger k only adds bytes:
+    the inner loop stops there (exact; O(L^2) in the worst case, far less on real profiles)."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    ready = _ready_times(profile)
+    p = [0] + [layer.params for layer in profile.layers]
+    F = [0.0] * (L + 2)
+    choice = [0] * (L + 2)
+    time = cost.time
+    for j in range(L, 0, -1):
+        rj = ready[j]
+        best, best_k, params = math.inf, j, 0
+        for k in range(j, L + 1):
+            params += p[k]
+            f = F[k + 1]
+            v = (f if f > rj else rj) + time(nb * params)
+            if v < best:
+                best, best_k = v, k
+            if f <= rj:
+                break
+        F[j] = best
+        choice[j] = best_k
+    runs = []
+    j = 1
+    while j <= L:
+        k = choice[j]
+        runs.append((k, j))
+        j = k + 1
+    runs.reverse()
+    return runs
+
+
+def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool = True,
+                             upper: float = math.inf, budget: int | None = None
+                             ) -> tuple[list[tuple[int, int]], bool]:
+    """Exact optimum over groupings of consecutive layers under the extended model.
+
+    Messages go in backward order, so after the groups holding layers L..k+1 the future
+    depends only on the state (F, w): the time F the channel becomes free and the backward
+    work w done by then (backward runs at full speed while the channel is idle). The next
+    group j..k starts at s = F if w >= W(j) (the work after which layer j is ready), else at
+    s = F + W(j) - w, with ws = max(w, W(j)) done; `_message` gives its duration and the work
+    at its end. Dominance (docs/planner.md proves both):
+
+    - `strict` (exact for every sigma >= 1): A dominates B when F_A <= F_B and w_A >= w_B. The
+      start is then no later, the work at the start no smaller, so the duration no longer and
+      the work at the end no smaller: A's next state dominates B's, and A ends no later.
+    - otherwise (exact only when sigma = 1 for every size): also when F_A <= F_B and
+      w_A + F_B - F_A >= w_B (A, had it idled until F_B, would have done w_B). With sigma > 1
+      it fails: a message started earlier overlaps more backward, so it can end later.
+
+    `upper`: the iteration time of a known grouping; a state whose lower bound (`_lower`)
+    exceeds it cannot lead to anything better and is dropped (branch and bound, still exact:
+    the states of an optimal grouping never exceed its time).
+
+    `budget`: about this many state transitions in all. Before expanding front k it is cut
+    to its share of what is left (those of least lower bound are kept, at least one); the
+    result is then no longer proven optimal. Returns (runs, exact): exact is False when
+    a front was cut; runs is [] when every state was dropped (`upper` below what is
+    reachable)."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    p = [0] + [layer.params for layer in profile.layers]
+    W = [0.0] * (L + 2)
+    for l in range(L, 0, -1):
+        W[l] = W[l + 1] + profile.layers[l - 1].backward_time
+    total = W[1]
+    prune = math.isfinite(upper)
+    limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
+    lower = _lower(profile, cost, total)
+    cum = list(itertools.accumulate(p))  # cum[k]: parameters of layers 1..k
+    need = [cost.time(nb * c) for c in cum]  # need[k]: T of layers 1..k in one message
+    exact, spent, per_state = True, 0, float(L)
+    # per message size: its full-speed time, 1 + rho and sigma (sizes repeat across states)
+    terms: dict[int, tuple[float, float, float]] = {}
+    # fronts[k]: states after sending layers L..k+1: (F, w, parent k, parent state, j)
+    fronts: list[list[tuple]] = [[] for _ in range(L + 1)]
+    fronts[L] = [(profile.forward_time, 0.0, None, None, None)]
+    for k in range(L, 0, -1):
+        front = _pareto(fronts[k], strict)
+        if budget is not None:
+            # this front's share of what is left (fronts k..1 try about k(k+1)/2 groups per
+            # state), in states at the transitions per state seen on the previous front
+            cap = max(1, int(2 * (budget - spent) / (k + 1) / max(1.0, per_state)))
+            if len(front) > cap:
+                front = sorted(front, key=lambda st: lower(k, st[0], st[1]))[:cap]
+                exact = False
+        fronts[k] = front
+        before = spent
+        for si, (F, w, *_) in enumerate(front):
+            params = 0
+            for j in range(k, 0, -1):
+                spent += 1
+                params += p[j]
+                size = nb * params
+                term = terms.get(size)
+                if term is None:
+                    term = terms[size] = (cost.time(size), 1.0 + cost.slowdown(size),
+                                          cost.sigma(size))
+                if w >= W[j]:
+                    s, ws = F, w
+                else:
+                    s, ws = F + W[j] - w, W[j]
+                    # every larger group starts no earlier, and layers 1..k then need at
+                    # least need[k] of channel time: none of them can beat the bound
+                    if prune and s + need[k] > limit:
+                        break
+                d, w2 = _message(ws, term[0], term[1], term[2], total)
+                if prune and lower(j - 1, s + d, w2) > limit:
+                    continue
+                fronts[j - 1].append((s + d, w2, k, si, j))
+        if front:
+            per_state = (spent - before) / len(front)
+    if not fronts[0]:
+        return [], exact
+    final = min(fronts[0], key=lambda st: st[0])
+    runs, state = [], final
+    while state[2] is not None:
+        k, si, j = state[2], state[3], state[4]
+        runs.append((k, j))
+        state = fronts[k][si]
+    runs.reverse()
+    return runs, exact
+
+
+def _lower(profile: Profile, cost: CostModel, total: float):
+    """lower(k, F, w): a lower bound on the iteration time from the state (F, w) with layers
+    1..k still to send. Let R = total - w and x the time a message is in flight between F
+    and the end E of backward. Backward runs at most at 1/(1 + rho_min) while one is, so
+    E - F >= R + x q (q = rho_min / (1 + rho_min)), and at least at 1/(1 + rho_max), so
+    x <= R (1 + rho_max); the channel does at most x / sigma_min of full-speed work before
+    E; layers 1..k need at least C = T(their bytes) of it (one message is the cheapest), and
+    the group holding layer 1 starts after E and lasts at least T1 = T(layer 1's bytes). So
+    the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised over x in
+    [0, R (1 + rho_max)]."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    need = [0.0] * (L + 1)
+    params = 0
+    for k in range(1, L + 1):
+        params += profile.layers[k - 1].params
+        need[k] = cost.time(nb * params)
+    first = cost.time(nb * profile.layers[0].params)
+    sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
+    rho_min = min([r for _, r in cost.interference] or [0.0])
+    rho_max = max([r for _, r in cost.interference] or [0.0])
+    q = rho_min / (1.0 + rho_min)
+
+    def lower(k: int, F: float, w: float) -> float:
+        if k == 0:
+            return F
+        rest = total - w
+        if rest <= 0:
+            return F + need[k]
+        c = need[k]
+        if q * sigma_min >= 1.0 or c <= first:  # x = 0 is the least
+            return F + rest + max(first, c)
+        x = min((c - first) * sigma_min, rest * (1.0 + rho_max))
+        return F + rest + x * q + max(first, c - x / sigma_min)
+
+    return lower
+
+
+def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
+    """The states not dominated by another (see _optimal_interfered_runs), sorted by F (ties:
+    most work first). strict: kept when it has done more work than every state kept before
+    it; else when its w - F exceeds every kept one's."""
+    states = sorted(states, key=lambda st: (st[0], -st[1]))
+    kept: list[tuple] = []
+    best = -math.inf
+    for st in states:
+        v = st[1] if strict else st[1] - st[0]
+        if v > best:
+            kept.append(st)
+            best = v
+    return kept
+
+
+FRONT_BUDGET = 1_000_000  # state transitions of `optimal` under the extended model (~1 s)
+
+
+def _optimal_extended_runs(profile: Profile, cost: CostModel
+                           ) -> tuple[list[tuple[int, int]], bool]:
+    """`optimal` under the extended model: (runs, proven optimal). The state programme
+    (strict dominance when some sigma > 1, else the idling one), bounded by the best of a few
+    groupings so that only states that could still beat it are kept; past FRONT_BUDGET
+    transitions fronts are cut (then not proven, and never worse than the best of those
+    groupings)."""
+    L = profile.num_layers
+    strict = any(sigma > 1 for _, sigma in cost.comm_slowdown)
+    candidates = [_wfbp_runs(L), [(L, 1)], _mgwfbp_runs(profile, cost),
+                  _optimal_runs(profile, cost)]
+
+    def time_of(runs):
+        return timeline(profile, cost, _groups_from_runs(profile, runs)).iteration_time
+
+    best = min(candidates, key=time_of)
+    if strict:  # the idling dominance is inexact here but a good bound
+        guess, _ = _optimal_interfered_runs(profile, cost, strict=False, upper=time_of(best),
+                                            budget=FRONT_BUDGET // 4)
+        if guess and time_of(guess) < time_of(best):
+            best = guess
+    runs, exact = _optimal_interfered_runs(profile, cost, strict=strict,
+                                           upper=time_of(best), budget=FRONT_BUDGET)
+    if not runs or time_of(best) < time_of(runs):
+        # only when a capped front lost the bound's states (exactly, best is optimal)
+        runs = best
+    return runs, exact
+
+
+def _threshold_runs(profile: Profile, bucket_bytes: int) -> list[tuple[int, int]]:
+    L = profile.num_layers
+    runs, hi, acc = [], L, 0
+    for l in range(L, 0, -1):
+        acc += profile.layer_bytes(profile.layers[l - 1])
+        if acc >= bucket_bytes or l == 1:
+            runs.append((hi, l))
+            hi, acc = l - 1, 0
+    return runs
+
+
+def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int | None = None,
+              *, nodes: int | None = None) -> Plan:
+    """Plan one scheme (see SCHEMES); `bucket_bytes` is the `threshold` bucket size (default
+    25 MiB) and is ignored by the others. `nodes` (default `cost.nodes`) is recorded only."""
+    scheme = canonical_scheme(scheme)
+    if not isinstance(profile, Profile):
+        raise PlanError(f"make_plan: expected a Profile, got {type(profile).__name__}")
+    L = profile.num_layers
+    bucket, exact = None, True
+    if scheme == "wfbp":
+        runs = _wfbp_runs(L)
+    elif scheme == "synceasgd":
+        runs = [(L, 1)]
+    elif scheme == "mgwfbp":
+        runs = _mgwfbp_runs(profile, cost)
+    elif scheme == "optimal":
+        if not getattr(cost, "interferes", False):
+            runs = _optimal_runs(profile, cost)
+        else:
+            runs, exact = _optimal_extended_runs(profile, cost)
+    else:
+        bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
+            bucket_bytes, "threshold", "bucket_bytes")
+        runs = _threshold_runs(profile, bucket)
+    return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=scheme,
+                    nodes=nodes, bucket_bytes=bucket, exact=exact)
+
+
+def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,
+               bucket_bytes: int | None = None, *, nodes: int | None = None) -> dict[str, Plan]:
+    """make_plan for several schemes: {scheme: Plan}, in the order given."""
+    out: dict[str, Plan] = {}
+    for s in schemes:
+        plan = make_plan(profile, cost, s, bucket_bytes, nodes=nodes)
+        out[plan.scheme] = plan
+    return out

@@ -1,0 +1,115 @@
+"""How much computation slows while an all-reduce is in flight: the cost model's rho(M).
+
+On CPUs the TCP stack, MPI's copies and its progress polling run on the cores that compute
+backward; on GPUs NCCL's kernels take SMs. The planner's extended model (docs/planner.md)
+lets backward run at 1/(1 + rho(M)) of its speed while a message of M bytes is being
+all-reduced. `measure_interference` (a collective) measures rho for a few sizes: the time of
+a fixed unit of BLAS work (the GEMMs backward is made of), alone and while a thread of this
+rank all-reduces M bytes back to back, the way the communication thread does during
+training. Each rank measures its own slowdown; the largest is kept, as a synchronous step
+waits for the slowest rank.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import CommError
+from ..backends.communicator import Communicator
+from ..model.cost import CostModel
+
+__all__ = ["interference_sizes", "measure_interference"]
+
+
+def interference_sizes(total_bytes: int) -> list[int]:
+    """64 KB, 1 MB and the whole gradient (at most 16 MB): where small, medium and merged
+    messages fall; fewer when the gradient is smaller."""
+    largest = max(4, min(int(total_bytes), 16 << 20) // 4 * 4)
+    return sorted({m for m in (64 << 10, 1 << 20) if m < largest} | {largest})
+
+
+class _Work:
+    """A fixed unit of float32 GEMM work, timed by repetition."""
+
+    def __init__(self, n: int = 192):
+        rng = np.random.default_rng(0)
+        self.a = rng.standard_normal((n, n), dtype=np.float32)
+        self.b = rng.standard_normal((n, n), dtype=np.float32)
+        self.c = np.empty((n, n), dtype=np.float32)
+
+    def unit(self) -> None:
+        np.matmul(self.a, self.b, out=self.c)
+
+    def seconds_per_unit(self, duration: float) -> float:
+        self.unit()
+        count, t0 = 0, time.perf_counter()
+        deadline = t0 + duration
+        while True:
+            self.unit()
+            count += 1
+            now = time.perf_counter()
+            if now >= deadline:
+                return (now - t0) / count
+
+
+def measure_interference(comm: Communicator, cost: CostModel, sizes: Sequence[int],
+                         duration: float = 0.06, rounds: int = 3, timeout: float = 60.0
+                         ) -> list[tuple[int, float]]:
+    """[(bytes, rho)] for each size: the slowdown of BLAS work while this rank's thread
+    all-reduces that many bytes back to back, the median of `rounds` interleaved (alone,
+    during) pairs, then the slowest rank's; a collective."""
+    work = _Work()
+    points = []
+    for m in sizes:
+        m = int(m)
+        buf = np.zeros(max(1, m // 4), dtype=np.float32)
+        comm.allreduce_sum(buf)  # warm: connections and buffers of this size
+        calls = int(min(1000, max(2, math.ceil(duration / max(cost.time(m), 1e-6)))))
+        ratios = []
+        for _ in range(rounds):
+            comm.barrier()
+            alone = work.seconds_per_unit(duration / 2)
+            comm.barrier()
+            during = _during(comm, work, buf, calls, timeout)
+            ratios.append(during / alone - 1.0)
+        rho = max(0.0, float(np.median(ratios)))
+        points.append((m, max(comm.allgather(rho))))
+    return points
+
+
+def _during(comm: Communicator, work: _Work, buf: np.ndarray, calls: int,
+            timeout: float) -> float:
+    """Seconds per unit of work while a thread all-reduces `buf` `calls` times."""
+    failure: list[BaseException] = []
+
+    def reduce_back_to_back():
+        try:
+            for _ in range(calls):
+                comm.allreduce_sum(buf)
+        except BaseException as exc:  # handed to the main thread, which raises it
+            failure.append(exc)
+
+    thread = threading.Thread(target=reduce_back_to_back, name="interference-probe",
+                              daemon=True)
+    count, t0 = 0, time.perf_counter()
+    deadline = t0 + timeout
+    thread.start()
+    while thread.is_alive() and time.perf_counter() < deadline:
+        work.unit()
+        count += 1
+    elapsed = time.perf_counter() - t0
+    thread.join(max(0.0, deadline - time.perf_counter()))
+    if thread.is_alive():
+        raise CommError(f"rank {comm.rank}: the interference probe's {calls} all-reduces of "
+                        f"{buf.nbytes} bytes did not finish within {timeout:.0f} s")
+    if failure:
+        raise failure[0]
+    if count == 0:  # the all-reduces ended before one unit: nothing to compare
+        work.unit()
+        return time.perf_counter() - t0
+    return elapsed / count

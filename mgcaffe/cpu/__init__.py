@@ -1,0 +1,3 @@
+"""CPU execution policy: how many threads (threads.py), the chunk runner that spreads memory-bound
+work over them (parallel.py), and the per-layer choice of all threads or one (layer_way.py).
+"""

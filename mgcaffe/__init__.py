@@ -36,11 +36,19 @@ from . import _launch  # noqa: F401 - first: Ctrl-C while the program starts end
 # Effective only when numpy has not loaded yet; a value the user set wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
-import importlib
+# The helpers below are imported under private names: `mgcaffe.<name>` is pycaffe's namespace.
+import importlib as _importlib
+import time as _time
 
+from . import solvers
 from .backend import CPU, Device
+from .backend import gpu_available as _gpu_available
 from .layer_types.base import TEST, TRAIN
+from .layer_types.registry import layer_types as _registered_layer_types
+from .log import configure as _configure_log
+from .net import Net as _Net
 from .proto import caffe_pb2
+from .solvers.params import load_solver_param as _load_solver_param
 
 __version__ = "0.1.0"
 
@@ -109,16 +117,14 @@ def set_random_seed(seed: int) -> None:
 
 def layer_type_list() -> list[str]:
     """Every layer type string this installation can build (read from the registry)."""
-    from .layer_types.registry import layer_types  # noqa: PLC0415
 
-    return layer_types()
+    return _registered_layer_types()
 
 
 def has_nccl() -> bool:
     """True when NCCL can be used here (CuPy with NCCL and a CUDA GPU)."""
-    from .backend import gpu_available  # noqa: PLC0415
 
-    if not gpu_available():
+    if not _gpu_available():
         return False
     try:
         from cupy.cuda import nccl  # noqa: PLC0415 - optional, GPU installs only
@@ -161,9 +167,8 @@ _LOG_LEVELS = ("INFO", "WARNING", "ERROR", "CRITICAL")
 def init_log(level: int = 0, stderr: bool = True) -> None:
     """Log mgcaffe's messages to stderr in glog format from glog level `level` up
     (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL), as pycaffe's caffe.init_log."""
-    from .log import configure  # noqa: PLC0415
 
-    configure(_LOG_LEVELS[min(max(int(level), 0), 3)])
+    _configure_log(_LOG_LEVELS[min(max(int(level), 0), 3)])
 
 
 class Timer:
@@ -175,28 +180,24 @@ class Timer:
         self._elapsed = 0.0
 
     def start(self) -> None:
-        import time  # noqa: PLC0415
 
-        self._start = time.perf_counter()
+        self._start = _time.perf_counter()
 
     def stop(self) -> None:
-        import time  # noqa: PLC0415
 
         if self._start is not None:
-            self._elapsed = time.perf_counter() - self._start
+            self._elapsed = _time.perf_counter() - self._start
             self._start = None
 
     @property
     def ms(self) -> float:
-        import time  # noqa: PLC0415
 
         if self._start is not None:
-            return (time.perf_counter() - self._start) * 1e3
+            return (_time.perf_counter() - self._start) * 1e3
         return self._elapsed * 1e3
 
 
 def _make_net_class():
-    from .net import Net as _Net  # noqa: PLC0415 - see __getattr__
 
     class Net(_Net):
         """pycaffe's Net: `Net(prototxt, mgcaffe.TEST, weights=path)` or the older
@@ -220,11 +221,9 @@ def _python_solver_options(options: dict) -> dict:
 
 
 def _make_solver(name: str):
-    from . import solvers  # noqa: PLC0415 - see __getattr__
-    from .solvers.params import load_solver_param  # noqa: PLC0415
 
     def seeded(source):
-        param, path = load_solver_param(source)
+        param, path = _load_solver_param(source)
         if _random_seed is not None and not param.HasField("random_seed"):
             param.random_seed = _random_seed
         return param, path
@@ -264,7 +263,7 @@ def __getattr__(name: str):
         return value
     if name in _LAZY:
         module_name, attr = _LAZY[name]
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        module = _importlib.import_module(f"{__name__}.{module_name}")
         globals()[name] = value = module if attr is None else getattr(module, attr)
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

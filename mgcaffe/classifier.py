@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
+import mgcaffe
+
 from . import io as caffe_io
 from .layer_types.base import TEST
 
 
 def _pycaffe_net():
-    import mgcaffe  # noqa: PLC0415 - the pycaffe Net (default device) is built lazily
 
     return mgcaffe.Net
 

@@ -17,6 +17,8 @@ import sys
 
 from . import __version__, commands
 from .errors import MgcaffeError
+from .formats.outputs import check_log_directory
+from .log import configure
 
 _SINGLE_DASH_LONG = re.compile(r"^-([a-z][a-z0-9_]+)(=.*)?$")
 _INVALID_CHOICE = re.compile(r"invalid choice: '?([^']*?)'? \(choose from (.*)\)$")
@@ -43,6 +45,8 @@ class _Parser(argparse.ArgumentParser):
 def _command_modules():
     mods = []
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):  # helpers the commands share, not commands
+            continue
         mods.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
     return mods
 
@@ -85,7 +89,6 @@ def _add_log_arguments(parser: argparse.ArgumentParser, level_default, dir_defau
 
 def setup_logging(level: str, log_dir: str | None = None) -> None:
     """glog-like lines, as Caffe prints: `I1129 13:03:19.123456 12345 file.py:12] message`."""
-    from .log import configure  # noqa: PLC0415 - keeps `mgcaffe --help` light
 
     configure(level, log_dir=log_dir)
 
@@ -107,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from .formats.outputs import check_log_directory  # noqa: PLC0415
 
         check_log_directory(args.log_dir, os.environ)  # before a line is logged to it
     except MgcaffeError as exc:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
+import mgcaffe
+
 from . import io as caffe_io
 from .classifier import input_transformer
 from .layer_types.base import TEST
 
 
 def _pycaffe_net():
-    import mgcaffe  # noqa: PLC0415
 
     return mgcaffe.Net
 

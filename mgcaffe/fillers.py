@@ -12,6 +12,7 @@ import numpy as np
 from .backend import to_device
 from .errors import LayerError
 from .proto import caffe_pb2
+from .seeding import stable_hash
 
 _VarianceNorm = caffe_pb2.FillerParameter
 
@@ -86,6 +87,4 @@ def filler_rng(seed: int | None, layer_name: str) -> np.random.Generator:
     """The host generator a layer's fillers draw from: seeded from the net seed and its name."""
     if seed is None:
         return np.random.default_rng()
-    from .layer_types.base import _stable_hash  # noqa: PLC0415 - avoids an import cycle
-
-    return np.random.default_rng((int(seed), _stable_hash(layer_name)))
+    return np.random.default_rng((int(seed), stable_hash(layer_name)))

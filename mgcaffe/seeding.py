@@ -1,4 +1,5 @@
-"""Host random generators derived from the net seed, so data pipelines reproduce run to run."""
+"""Seeds derived from the net seed, the same in every process: layer and filler generators,
+host generators for the data pipeline, and the stream seed every rank shares."""
 
 from __future__ import annotations
 
@@ -28,3 +29,12 @@ def stream_seed(seed: int | None, world_size: int) -> int | None:
     if seed is None and world_size > 1:
         return 0
     return seed
+
+
+def stable_hash(text: str) -> int:
+    """A process-independent hash of `text` (Python's hash() of str is salted per process,
+    and ranks are separate processes): 64-bit FNV-1a."""
+    h = 1469598103934665603
+    for byte in text.encode():
+        h = ((h ^ byte) * 1099511628211) % (2**64)
+    return h

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from mgcaffe.cpu import parallel, threads
+from mgcaffe.cpu import cores, parallel, threads
 from mgcaffe.errors import MgcaffeError
 
 
@@ -39,22 +39,22 @@ def v1_tree(tmp_path, quota, period, path="/docker/abc"):
 
 def test_cgroup_v2_quota_is_read_and_the_smallest_level_wins(tmp_path):
     proc, root = v2_tree(tmp_path, job="300000 100000", job__step="250000 100000")
-    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(2.5)
+    assert cores.cgroup_cpu_limit(proc, root) == pytest.approx(2.5)
     proc, root = v2_tree(tmp_path / "b", job="150000 100000", job__step="max 100000")
-    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(1.5)
+    assert cores.cgroup_cpu_limit(proc, root) == pytest.approx(1.5)
 
 
 def test_cgroup_v2_without_a_quota_and_missing_files(tmp_path):
     proc, root = v2_tree(tmp_path, job__step="max 100000")
-    assert threads.cgroup_cpu_limit(proc, root) is None
-    assert threads.cgroup_cpu_limit(tmp_path / "absent", tmp_path / "nothing") is None
+    assert cores.cgroup_cpu_limit(proc, root) is None
+    assert cores.cgroup_cpu_limit(tmp_path / "absent", tmp_path / "nothing") is None
 
 
 def test_cgroup_v1_cfs_quota(tmp_path):
     proc, root = v1_tree(tmp_path, 200000, 100000)
-    assert threads.cgroup_cpu_limit(proc, root) == pytest.approx(2.0)
+    assert cores.cgroup_cpu_limit(proc, root) == pytest.approx(2.0)
     proc, root = v1_tree(tmp_path / "b", -1, 100000)
-    assert threads.cgroup_cpu_limit(proc, root) is None
+    assert cores.cgroup_cpu_limit(proc, root) is None
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -71,40 +71,43 @@ def test_cgroup_v1_cfs_quota(tmp_path):
     ({}, (1, "one process")),
 ])
 def test_node_local_rank_count_from_launcher_variables(env, expected):
-    assert threads.local_rank_count(env) == expected
+    assert cores.local_rank_count(env) == expected
 
 
-def test_node_local_rank_count_from_the_world_when_no_variable_says(monkeypatch):
-    from mgcaffe.comm.backends import nccl
+def test_node_local_rank_count_from_the_callers_split_when_no_variable_says():
+    calls = []
 
-    class World:
-        size, rank = 4, 1
+    def split():
+        calls.append(1)
+        return 2
 
-    monkeypatch.setattr(nccl, "node_local_rank", lambda comm: (1, 2))
-    assert threads.local_rank_count({}, World()) == (2, "MPI shared-memory split")
+    assert cores.local_rank_count({}, split) == (2, "MPI shared-memory split")
+    # a launcher variable wins, and the collective is then not run at all
+    assert cores.local_rank_count({"MPI_LOCALNRANKS": "3"}, split) == (3, "MPI_LOCALNRANKS")
+    assert calls == [1]
 
 
 def test_cores_are_divided_by_the_ranks_on_the_node(tmp_path):
     none = tmp_path / "none"
     # 16 CPUs, 4 ranks per node: 4 threads each
-    choice = threads.choose(environ={"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, affinity=16,
+    choice = cores.choose(environ={"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, affinity=16,
                             proc_cgroup=none, cgroup_root=none)
     assert (choice.threads, choice.reason, choice.usable_cores) == (4, "cores / ranks", 16)
     # more ranks than cores: never below one
-    choice = threads.choose(environ={"MPI_LOCALNRANKS": "3"}, affinity=2,
+    choice = cores.choose(environ={"MPI_LOCALNRANKS": "3"}, affinity=2,
                             proc_cgroup=none, cgroup_root=none)
     assert choice.threads == 1
 
 
 def test_a_cgroup_quota_caps_the_affinity(tmp_path):
     proc, root = v2_tree(tmp_path, job__step="250000 100000")  # 2.5 CPUs -> 2 usable
-    choice = threads.choose(environ={}, affinity=32, proc_cgroup=proc, cgroup_root=root)
+    choice = cores.choose(environ={}, affinity=32, proc_cgroup=proc, cgroup_root=root)
     assert (choice.usable_cores, choice.threads) == (2, 2)
-    choice = threads.choose(environ={"MPI_LOCALNRANKS": "2"}, affinity=32, proc_cgroup=proc,
+    choice = cores.choose(environ={"MPI_LOCALNRANKS": "2"}, affinity=32, proc_cgroup=proc,
                             cgroup_root=root)
     assert choice.threads == 1
     proc, root = v2_tree(tmp_path / "b", job__step="50000 100000")  # half a CPU: still one
-    assert threads.choose(environ={}, affinity=8, proc_cgroup=proc,
+    assert cores.choose(environ={}, affinity=8, proc_cgroup=proc,
                           cgroup_root=root).threads == 1
 
 
@@ -116,7 +119,7 @@ def test_a_cgroup_quota_caps_the_affinity(tmp_path):
     ({"OMP_NUM_THREADS": "junk"}, None, (4, "cores / ranks")),
 ])
 def test_the_users_setting_wins(tmp_path, env, flag, expected):
-    choice = threads.choose(flag, environ=env, affinity=8, proc_cgroup=tmp_path / "x",
+    choice = cores.choose(flag, environ=env, affinity=8, proc_cgroup=tmp_path / "x",
                             cgroup_root=tmp_path / "x")
     if expected[1] == "cores / ranks":
         expected = (8, expected[1])
@@ -125,12 +128,12 @@ def test_the_users_setting_wins(tmp_path, env, flag, expected):
 
 def test_a_bad_flag_is_one_clear_error(tmp_path):
     with pytest.raises(MgcaffeError, match="--threads: expected a count >= 1, found 0"):
-        threads.choose(0, environ={})
+        cores.choose(0, environ={})
 
 
 def test_the_default_chunk_runner_follows_the_choice(monkeypatch):
     monkeypatch.setattr(parallel, "_default_runner", None)
-    for name in threads.USER_VARIABLES + threads.LOCAL_SIZE_VARIABLES:
+    for name in cores.USER_VARIABLES + cores.LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert parallel.default_runner().threads == 3
@@ -143,7 +146,7 @@ def test_the_default_chunk_runner_follows_the_choice(monkeypatch):
 def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, caplog):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     monkeypatch.setattr(parallel, "_default_runner", None)
-    for name in threads.USER_VARIABLES + threads.LOCAL_SIZE_VARIABLES:
+    for name in cores.USER_VARIABLES + cores.LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MPI_LOCALNRANKS", "64")
     before = threadpoolctl.threadpool_info()
@@ -185,12 +188,12 @@ def test_adaptive_blas_only_when_asked(tmp_path):
     run must repeat (and resume) bit for bit."""
     where = {"environ": {}, "affinity": 4, "proc_cgroup": tmp_path / "x",
              "cgroup_root": tmp_path / "x"}
-    default = threads.choose(None, **where)
-    adaptive = threads.choose("adaptive", **where)
+    default = cores.choose(None, **where)
+    adaptive = cores.choose("adaptive", **where)
     assert not default.adaptive and default.threads == 4
     assert adaptive.adaptive and adaptive.threads == 4 and adaptive.reason == "cores / ranks"
     # a count the user fixed is used as given, never switched
-    assert not threads.choose("adaptive", **{**where, "environ": {"OMP_NUM_THREADS": "2"}}).adaptive
+    assert not cores.choose("adaptive", **{**where, "environ": {"OMP_NUM_THREADS": "2"}}).adaptive
 
 
 def test_the_threads_flag_takes_a_count_or_adaptive():

@@ -14,6 +14,12 @@ import logging
 import re
 from pathlib import Path
 
+from ..comm.training.benchmark import DEFAULT_SIZES, measure_allreduce
+from ..comm.training.interference import (
+    interference_sizes,
+    measure_interference,
+)
+from ..comm.training.trainer import world
 from ..errors import CommError
 
 NAME = "bench-comm"
@@ -57,8 +63,6 @@ def fit_warning(a: float, rms: float) -> str | None:
 
 
 def run(args) -> int:
-    from ..comm.training.benchmark import DEFAULT_SIZES, measure_allreduce  # noqa: PLC0415
-    from ..comm.training.trainer import world  # noqa: PLC0415 - MPI only when the command runs
 
     comm, _, _ = world(log_level=getattr(args, "log_level", "INFO"))
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
@@ -69,10 +73,6 @@ def run(args) -> int:
     result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
     points = None
     if args.interference and comm.size > 1:
-        from ..comm.training.interference import (  # noqa: PLC0415
-            interference_sizes,
-            measure_interference,
-        )
 
         points = measure_interference(comm, result.fit, interference_sizes(max(sizes)))
     if comm.rank == 0:

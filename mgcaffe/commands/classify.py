@@ -18,7 +18,11 @@ import os
 
 import numpy as np
 
+import mgcaffe
+
 from ..errors import MgcaffeError
+from ..formats.protoio import read_binaryproto
+from ..io import load_image
 
 NAME = "classify"
 HELP = "score images with a trained net (Caffe's classify.py); save the scores as .npy"
@@ -61,14 +65,12 @@ def _load_mean(path: str):
         raise MgcaffeError(f"{path}: mean file not found")
     if path.endswith(".npy"):
         return np.load(path)
-    from ..formats.protoio import read_binaryproto  # noqa: PLC0415
 
     mean = read_binaryproto(path)
     return mean.reshape(mean.shape[-3:])
 
 
 def _load_inputs(path: str, ext: str):
-    from ..io import load_image  # noqa: PLC0415
 
     if path.endswith(".npy"):
         return list(np.load(path))
@@ -83,7 +85,6 @@ def _load_inputs(path: str, ext: str):
 
 
 def run(args) -> int:
-    import mgcaffe  # noqa: PLC0415 - the pycaffe API, loaded when the command runs
 
     if args.gpu:
         mgcaffe.set_mode_gpu()

@@ -16,7 +16,10 @@ import logging
 
 import numpy as np
 
+from ..data.datum import datum_to_array, parse_datum
+from ..data.db import iter_records
 from ..errors import DataError
+from ..formats.protoio import array_to_blobproto, write_message
 
 NAME = "compute_image_mean"
 HELP = "compute the mean image of a Datum LMDB (Caffe's compute_image_mean)"
@@ -33,8 +36,6 @@ def add_arguments(parser) -> None:
 
 def image_mean(path) -> np.ndarray:
     """The float32 CHW mean of every Datum in the LMDB at `path`."""
-    from ..data.datum import datum_to_array, parse_datum  # noqa: PLC0415
-    from ..data.db import iter_records  # noqa: PLC0415
 
     total, count = None, 0
     for key, value in iter_records(path):
@@ -58,7 +59,6 @@ def image_mean(path) -> np.ndarray:
 
 def mean_blobproto(mean: np.ndarray):
     """A BlobProto of a CHW mean with num=1 and the legacy channels/height/width fields."""
-    from ..formats.protoio import array_to_blobproto  # noqa: PLC0415
 
     blob = array_to_blobproto(mean.astype(np.float32))
     blob.ClearField("shape")
@@ -67,7 +67,6 @@ def mean_blobproto(mean: np.ndarray):
 
 
 def run(args) -> int:
-    from ..formats.protoio import write_message  # noqa: PLC0415
 
     if args.backend.lower() != "lmdb":
         raise DataError(f"-backend {args.backend}: only lmdb is supported")

@@ -17,8 +17,12 @@ import os
 
 import numpy as np
 
-from ..cli_flags import add_bool_flag
+from ..data.convert import write_records
+from ..data.datum import array_to_datum, encoded_datum
+from ..data.image import decode_image, encode_image
 from ..errors import DataError
+from ..layer_types.image_data import read_image_list
+from ._flags import add_bool_flag
 
 NAME = "convert_imageset"
 HELP = "convert a list of images to an LMDB of Datum records (Caffe's convert_imageset)"
@@ -52,8 +56,6 @@ def _extension(path: str) -> str:
 def make_datum(path: str, label: int, args, what: str):
     """(Datum, decoded CHW shape) for one image; an encoded Datum keeps the file's own bytes
     when nothing would change them (Caffe's ReadImageToDatum rule)."""
-    from ..data.datum import array_to_datum, encoded_datum  # noqa: PLC0415
-    from ..data.image import decode_image, encode_image  # noqa: PLC0415
 
     color = not args.gray
     image = decode_image(path, color=color, new_height=args.resize_height,
@@ -74,8 +76,6 @@ def make_datum(path: str, label: int, args, what: str):
 
 def convert(args) -> tuple[int, int]:
     """Write the database `args` describe; returns (records written, images skipped)."""
-    from ..data.convert import write_records  # noqa: PLC0415
-    from ..layer_types.image_data import read_image_list  # noqa: PLC0415
 
     if args.backend.lower() != "lmdb":
         raise DataError(f"-backend {args.backend}: only lmdb is supported")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 
+from ..draw import draw_net_to_file
 from ..errors import MgcaffeError
+from ..formats.protoio import read_net_param
 from ..proto import caffe_pb2
 
 NAME = "draw_net"
@@ -35,8 +37,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..draw import draw_net_to_file  # noqa: PLC0415 - command modules load lazily
-    from ..formats.protoio import read_net_param  # noqa: PLC0415
 
     net = read_net_param(args.input_net_proto_file)
     try:

@@ -16,8 +16,14 @@ import logging
 
 import numpy as np
 
-from ..cli_flags import split_list
+from ..backend import CPU, to_host
+from ..data.convert import LMDBWriter
 from ..errors import DataError, NetError
+from ..layer_types.base import TEST
+from ..net import Net
+from ..proto import caffe_pb2
+from ..solvers.base import select_device
+from ._flags import device_from_flag, split_list
 
 NAME = "extract_features"
 HELP = "write the values of net blobs to Datum LMDBs (Caffe's extract_features)"
@@ -51,7 +57,6 @@ def legacy_dims(shape: tuple[int, ...], blob: str) -> tuple[int, int, int, int]:
 
 def feature_datum(values: np.ndarray, dims: tuple[int, int, int, int]):
     """The Datum Caffe writes for one item: float_data and the legacy C/H/W, no label."""
-    from ..formats.protoio import caffe_pb2  # noqa: PLC0415
 
     datum = caffe_pb2.Datum(channels=dims[1], height=dims[2], width=dims[3])
     datum.float_data.extend(np.asarray(values, dtype=np.float32).ravel().tolist())
@@ -59,10 +64,6 @@ def feature_datum(values: np.ndarray, dims: tuple[int, int, int, int]):
 
 
 def _device(mode: str, device_id: int):
-    from ..backend import CPU  # noqa: PLC0415
-    from ..proto import caffe_pb2  # noqa: PLC0415
-    from ..solvers.base import select_device  # noqa: PLC0415
-    from .train import device_from_flag  # noqa: PLC0415
 
     if mode.upper() == "GPU":
         device = select_device(caffe_pb2.SolverParameter(), device_from_flag(str(device_id)),
@@ -76,10 +77,6 @@ def _device(mode: str, device_id: int):
 
 
 def run(args) -> int:
-    from ..backend import to_host  # noqa: PLC0415
-    from ..data.convert import LMDBWriter  # noqa: PLC0415
-    from ..layer_types.base import TEST  # noqa: PLC0415
-    from ..net import Net  # noqa: PLC0415
 
     blobs, dbs = split_list(args.blobs), split_list(args.dbs)
     if len(blobs) != len(dbs):

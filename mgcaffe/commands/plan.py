@@ -16,98 +16,20 @@ import argparse
 import json
 import sys
 
-from ..comm.model.cost import CostModel, Network, cost_for, load_network
-from ..comm.model.planner import SCHEMES, Plan, canonical_scheme, make_plans
-from ..comm.model.profile import Profile, load_profile
+from ..comm.model.cost import CostModel, Network, cost_for
+from ..comm.model.planner import Plan, make_plans
+from ..comm.model.profile import Profile
 from ..errors import PlanError
+from ._plan_inputs import (
+    add_input_arguments,
+    describe_cost,
+    describe_profile,
+    fmt_bytes,
+    load_inputs,
+)
 
 NAME = "plan"
 HELP = "plan gradient-merging (MG-WFBP) for a profile and network; compare every scheme"
-
-
-# ----------------------------------------------------------------------------- shared options
-def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) -> None:
-    """--profile, --network, --nodes, --scheme, --a/--b, --bucket-mb, --use-formula, --json
-    (shared with `mgcaffe simulate`)."""
-    parser.add_argument("--profile", required=True, metavar="PROFILE.json",
-                        help="per-layer profile (params, backward_time; see docs/planner.md)")
-    parser.add_argument("--network", metavar="NETWORK.json",
-                        help="all-reduce costs: alpha/beta/gamma + algorithm, and/or per-N fits")
-    if many_nodes:
-        parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32, 64],
-                            metavar="N", help="numbers of nodes (default: 4 8 16 32 64)")
-    else:
-        parser.add_argument("--nodes", type=int, metavar="N",
-                            help="number of nodes (required unless both --a and --b are given)")
-    parser.add_argument("--scheme", nargs="+", default=list(SCHEMES), metavar="SCHEME",
-                        help=f"schemes to compare (default: all of {', '.join(SCHEMES)})")
-    parser.add_argument("--a", type=float, default=None, metavar="SECONDS",
-                        help="all-reduce start-up a, overriding the network's")
-    parser.add_argument("--b", type=float, default=None, metavar="SECONDS_PER_BYTE",
-                        help="all-reduce per-byte cost b, overriding the network's")
-    parser.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
-                        help="bucket size of the `threshold` scheme in MiB (default 25, as "
-                             "PyTorch DDP)")
-    parser.add_argument("--use-formula", action="store_true",
-                        help="use the algorithm's formula even for N the network has fits for")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def load_inputs(args) -> tuple[Profile, Network | None, list[str], int]:
-    """(profile, network or None, schemes, bucket bytes) from the shared options."""
-    profile = load_profile(args.profile)
-    if not profile.forward_time + profile.backward_time > 0:
-        # Speed-up and efficiency are ratios to the compute time: a zero one divides by 0.
-        raise PlanError(f"{args.profile}: forward_time and every backward_time are 0; a "
-                        "profile needs measured compute times (mgcaffe time --profile-out)")
-    network = load_network(args.network) if args.network else None
-    if network is None and (args.a is None or args.b is None):
-        raise PlanError("--network: missing (or give both --a and --b)")
-    schemes = list(dict.fromkeys(canonical_scheme(s) for s in args.scheme))
-    if args.bucket_mb is None or not args.bucket_mb >= 0:
-        raise PlanError(f"--bucket-mb: must be >= 0, got {args.bucket_mb}")
-    return profile, network, schemes, int(round(args.bucket_mb * 2**20))
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def describe_profile(profile: Profile) -> str:
-    size = fmt_bytes(profile.total_params * profile.dtype_bytes)
-    return (f"{profile.model}: {profile.num_layers} learnable layers, "
-            f"{profile.total_params} parameters ({size}), "
-            f"t_f = {profile.forward_time * 1e3:.2f} ms, "
-            f"t_b = {profile.backward_time * 1e3:.2f} ms")
-
-
-def describe_cost(cost: CostModel, network: Network | None) -> str:
-    where = f"; {network.source}" if network is not None else ""
-    nodes = f"N = {cost.nodes}: " if cost.nodes is not None else ""
-    interference = describe_interference(cost)
-    return (f"{nodes}a = {cost.a * 1e6:.2f} us, b = {cost.b * 1e9:.4f} ns/B "
-            f"({cost.origin or 'given'}{where}){'; ' if interference else ''}{interference}")
-
-
-def describe_interference(cost: CostModel) -> str:
-    """The extended model's terms, '' without any: rho (backward slowed during an
-    all-reduce) and sigma (an all-reduce slowed while backward runs)."""
-    def points(pts, fmt):
-        if len(pts) == 1:  # one point: every size
-            return f"every size {fmt(pts[0][1])}"
-        return ", ".join(f"{fmt_bytes(m)} {fmt(v)}" for m, v in pts)
-
-    parts = []
-    if cost.interference:
-        parts.append("backward slowed during an all-reduce: "
-                     + points(cost.interference, lambda rho: f"+{rho * 100:.0f}%"))
-    if cost.comm_slowdown:
-        parts.append("all-reduces slowed while backward runs: "
-                     + points(cost.comm_slowdown, lambda sigma: f"x{sigma:.2f}"))
-    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- output

@@ -17,9 +17,10 @@ import argparse
 import json
 import sys
 
+from ..comm.model import plots
 from ..comm.model.simulate import Scaling, weak_scaling
 from ..errors import PlanError
-from .plan import (
+from ._plan_inputs import (
     add_input_arguments,
     describe_cost,
     describe_interference,
@@ -129,7 +130,6 @@ def run(args) -> int:
         print()
         print(format_table(scaling))
     if args.plot or args.gantt:
-        from ..comm.model import plots  # noqa: PLC0415 - matplotlib only when drawing
 
         if args.plot:
             plots.scaling_plot(scaling, args.plot)

@@ -19,11 +19,12 @@ from ..cpu import threads
 from ..errors import NetError
 from ..formats.protoio import require_layers
 from ..layer_types.base import TEST
+from ..net import Net
 from ..net.weights import report_initialised
 from ..proto import caffe_pb2
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
-from .train import add_device_argument, add_state_arguments, device_from_flag, stages
+from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "test"
 HELP = "score a model's TEST phase with trained weights (Caffe's `caffe test`)"
@@ -43,7 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..net import Net  # noqa: PLC0415 - pulls in every layer
 
     if not args.model:
         raise NetError("need a model definition to score: --model NET.prototxt")

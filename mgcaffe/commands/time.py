@@ -20,8 +20,16 @@ from pathlib import Path
 from ..backend import CPU
 from ..cpu import parallel, threads
 from ..errors import NetError
+from ..formats.outputs import check_output_path
+from ..formats.protoio import atomic_write_bytes, read_net_param, require_layers
 from ..layer_types.base import TEST, TRAIN
-from .train import add_device_argument, device_from_flag, stages
+from ..net import Net, profiling
+from ..net.synthetic_data import (
+    fill_labels,
+    parse_shape_override,
+    synthesize_data_layers,
+)
+from ._flags import add_device_argument, device_from_flag, stages
 
 NAME = "time"
 HELP = "benchmark a model's forward and backward passes, layer by layer (Caffe's `caffe time`)"
@@ -61,13 +69,6 @@ def add_arguments(parser) -> None:
 
 def build_net(args):
     """The Net to time, with synthetic data layers when asked for."""
-    from ..formats.protoio import read_net_param  # noqa: PLC0415
-    from ..net import Net  # noqa: PLC0415 - loads every layer
-    from ..net.synthetic_data import (  # noqa: PLC0415
-        fill_labels,
-        parse_shape_override,
-        synthesize_data_layers,
-    )
 
     param = read_net_param(args.model)
     shapes = dict(parse_shape_override(text) for text in args.synthetic_shape)
@@ -85,9 +86,6 @@ def build_net(args):
 
 
 def run(args) -> int:
-    from ..formats.outputs import check_output_path  # noqa: PLC0415
-    from ..formats.protoio import require_layers  # noqa: PLC0415
-    from ..net.profiling import profile_net  # noqa: PLC0415
 
     if args.iterations < 1:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
@@ -112,7 +110,7 @@ def run(args) -> int:
         log.info("Settling the adaptive thread choices: %d more warm-up passes", warmup)
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
-    result = profile_net(
+    result = profiling.profile_net(
         net, args.iterations, model=args.model_name or net.name or Path(args.model).stem,
         warmup=warmup,
         on_iteration=lambda j, s: log.info("Iteration: %d forward-backward time: %g ms.",
@@ -127,7 +125,6 @@ def run(args) -> int:
     log.info("Total Time: %g ms.", result["total_time"] * 1e3)
     log.info("*** Benchmark ends ***")
     if args.profile_out:
-        from ..formats.protoio import atomic_write_bytes  # noqa: PLC0415
 
         text = json.dumps(result["profile"], indent=1) + "\n"
         atomic_write_bytes(args.profile_out, text.encode())

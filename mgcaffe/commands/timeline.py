@@ -12,6 +12,10 @@ from __future__ import annotations
 import logging
 import statistics
 
+from ..comm.runtime.timeline_plot import plot_timeline
+from ..comm.runtime.trace import iteration_times, load_trace
+from ..errors import CommError
+
 NAME = "timeline"
 HELP = "draw a --timeline trace: a compute and a communication row per rank"
 
@@ -28,7 +32,6 @@ def add_arguments(parser) -> None:
 
 def measured_vs_predicted(doc: dict) -> list[str]:
     """One line per rank: the median traced iteration beside the plan's prediction."""
-    from ..comm.runtime.trace import iteration_times  # noqa: PLC0415
 
     predicted = doc.get("metadata", {}).get("predicted_iteration_s")
     ranks = sorted({e["pid"] for e in doc["traceEvents"] if e.get("cat") == "iteration"})
@@ -45,9 +48,6 @@ def measured_vs_predicted(doc: dict) -> list[str]:
 
 
 def run(args) -> int:
-    from ..comm.runtime.timeline_plot import plot_timeline  # noqa: PLC0415 - matplotlib is slow
-    from ..comm.runtime.trace import load_trace  # noqa: PLC0415
-    from ..errors import CommError  # noqa: PLC0415
 
     if args.count < 1:
         raise CommError("--count must be >= 1")

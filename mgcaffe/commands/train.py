@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..backend import Device
+from ..comm.backends.nccl import node_local_rank
 from ..comm.training import trainer as distributed
 from ..cpu import threads
 from ..errors import CommError, MgcaffeError, SolverError
+from ..formats.outputs import check_output_path
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
+from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "train"
 HELP = "train or finetune a model with a solver (Caffe's `caffe train`)"
@@ -54,47 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_state_arguments(parser)
     threads.add_argument(parser)
     distributed.add_arguments(parser)
-
-
-def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    """--gpu ID[,ID...]|all (shared with `mgcaffe test`)."""
-    parser.add_argument("--gpu", metavar="ID|all",
-                        help="run on this GPU (or the first of a list; `all`: every GPU); "
-                             "overrides the solver's solver_mode")
-
-
-def add_state_arguments(parser: argparse.ArgumentParser) -> None:
-    """--level and --stage (Caffe's NetState flags)."""
-    parser.add_argument("--level", type=int, default=0, help="the nets' NetState level")
-    parser.add_argument("--stage", action="append", default=[], metavar="STAGE",
-                        help="a NetState stage (repeat or comma-separate for several)")
-
-
-NO_GPU = "no GPU is usable (CuPy missing or no CUDA device); leave out --gpu to use the CPU"
-
-
-def device_from_flag(flag: str | None) -> Device | None:
-    """The Device `--gpu` asks for: None when absent (the solver file decides). Shared by
-    train, test and time, so that each says the same when there is no GPU."""
-    if flag is None or flag == "":
-        return None
-    if flag != "all":
-        try:
-            ids = [int(s) for s in flag.split(",") if s.strip()]
-        except ValueError:
-            raise SolverError(f"--gpu: expected a device id, a comma-separated list or "
-                              f"`all`, found {flag!r}") from None
-        if not ids or min(ids) < 0:
-            raise SolverError(f"--gpu: expected device ids >= 0, found {flag!r}")
-    from ..backend import gpu_available  # noqa: PLC0415
-
-    if not gpu_available():
-        raise SolverError(f"--gpu {flag}: {NO_GPU}")
-    ids = [0] if flag == "all" else ids
-    if len(ids) > 1 or flag == "all":
-        log.warning("--gpu %s: one process uses one GPU (%d); for several, train under "
-                    "mpiexec (one rank per GPU)", flag, ids[0])
-    return Device("gpu", ids[0])
 
 
 def build_solver(args, **solver_options) -> Solver:
@@ -135,11 +96,6 @@ def build_solver(args, **solver_options) -> Solver:
     return solver
 
 
-def stages(args) -> list[str]:
-    """--stage values, comma-separated lists split."""
-    return [s for value in args.stage for s in value.split(",") if s]
-
-
 def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int:
     """Resume (--snapshot) and solve, with the signal flags acting at iteration ends.
 
@@ -172,7 +128,6 @@ def _sigterm_effect(args) -> str:
 
 def check_output_paths(args) -> None:
     """The files flags ask for (written at the end) must be writable now."""
-    from ..formats.outputs import check_output_path  # noqa: PLC0415
 
     for flag in ("timeline", "save_plan"):
         check_output_path(getattr(args, flag, None), "--" + flag.replace("_", "-"), CommError)
@@ -201,7 +156,10 @@ def run(args) -> int:
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
                                          startup_timeout=getattr(args, "comm_timeout", None),
                                          keep_deferred=True)
-    threads.configure(getattr(args, "threads", None), comm)  # before any net is built
+    # before any net is built; the ranks on this node, where no launcher variable says, by
+    # a shared-memory split of the world (a collective: every rank passes it)
+    threads.configure(getattr(args, "threads", None),
+                      (lambda: node_local_rank(comm)[1]) if size > 1 else None)
     with handler, distributed.failing_together(comm):
         if rank == 0:  # the rank that writes them; before hours of training, not after
             check_output_paths(args)

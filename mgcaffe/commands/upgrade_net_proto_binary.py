@@ -3,13 +3,12 @@ current format, weights kept (Caffe's tool; the same upgrades as on load)."""
 
 from __future__ import annotations
 
-import logging
+from ..formats.protoio import read_message, write_message
+from ..proto import caffe_pb2
+from ._upgrade import finish, upgrade_and_log
 
 NAME = "upgrade_net_proto_binary"
 HELP = "upgrade a binary net / .caffemodel to the current format (Caffe's tool)"
-
-log = logging.getLogger("mgcaffe.commands.upgrade")
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("input", metavar="IN", help="the binary NetParameter to read")
@@ -17,10 +16,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..formats.protoio import read_message, write_message  # noqa: PLC0415
-    from ..proto import caffe_pb2  # noqa: PLC0415
-    from .upgrade_net_proto_text import finish, upgrade_and_log  # noqa: PLC0415
-
     net = read_message(args.input, caffe_pb2.NetParameter())
     problems = upgrade_and_log(net, args.input)
     write_message(net, args.output)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import logging
 
+from ..formats.protoio import read_prototxt, write_prototxt
+from ..formats.upgrade import upgrade_solver
+from ..proto import caffe_pb2
+
 NAME = "upgrade_solver_proto_text"
 HELP = "upgrade a solver prototxt to the current format (Caffe's tool)"
 
@@ -17,9 +21,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..formats.protoio import read_prototxt, write_prototxt  # noqa: PLC0415
-    from ..formats.upgrade import upgrade_solver  # noqa: PLC0415
-    from ..proto import caffe_pb2  # noqa: PLC0415
 
     solver = read_prototxt(args.input, caffe_pb2.SolverParameter())
     if not solver.HasField("solver_type"):

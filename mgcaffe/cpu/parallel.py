@@ -59,6 +59,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from . import cores
 
 #: Elements per chunk: the operands of a few passes fit in a 1-2 MB L2 cache (measured:
 #: 32K-128K-element blocks are 2x faster than whole-array passes; 256K is past the cache).
@@ -289,11 +292,9 @@ def serial_chunks():
 
 
 def default_threads() -> int:
-    """Threads for the default runner: what `mgcaffe.cpu.threads.choose()` says for this process
-    (the user's variables, else usable cores / ranks on this node by the launcher's count)."""
-    from . import threads  # noqa: PLC0415 - threads imports this module in `apply`
-
-    return threads.choose().threads
+    """Threads for the default runner: what `cores.choose()` says for this process (the
+    user's variables, else usable cores / ranks on this node by the launcher's count)."""
+    return cores.choose().threads
 
 
 def set_default_threads(threads: int, adaptive_blas: bool = False) -> ChunkRunner:
@@ -363,17 +364,13 @@ _blas_libraries: list | None = None
 
 def blas_controllers() -> list:
     """threadpoolctl's controllers of the BLAS libraries loaded when first asked (numpy's
-    among them: numpy loads it on import; [] without threadpoolctl). One list for every
+    among them: numpy loads it on import). One list for every
     caller, so the counts `sample_gemm.one_blas_thread` and `layer_way` set are the ones
     `blas_threads` reads, whatever library (scipy's, say) loads later."""
     global _blas_libraries
     if _blas_libraries is None:
-        try:
-            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
-            _blas_libraries = list(ThreadpoolController().select(user_api="blas")
-                                   .lib_controllers)
-        except ImportError:  # pragma: no cover - a dependency
-            _blas_libraries = []
+        _blas_libraries = list(ThreadpoolController().select(user_api="blas")
+                               .lib_controllers)
     return _blas_libraries
 
 

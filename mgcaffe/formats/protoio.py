@@ -7,13 +7,15 @@ through `atomic_write_bytes`, so a crash never leaves a half-written snapshot be
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf import message as pb_message
@@ -416,3 +418,14 @@ def filter_net(netparam: caffe_pb2.NetParameter, phase: int, level: int = 0,
     filtered.layer.extend(kept)
     filtered.state.CopyFrom(state)
     return filtered
+
+
+def hdf5_bytes(write: Callable[[Any], None]) -> bytes:
+    """The bytes of an HDF5 file that `write(h5py.File)` fills (then written atomically with
+    `atomic_write_bytes`, as the other formats are)."""
+    import h5py  # noqa: PLC0415 - optional at run time: only HDF5 files need it (~14 MB)
+
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        write(f)
+    return buffer.getvalue()

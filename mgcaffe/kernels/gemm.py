@@ -19,6 +19,7 @@ import ctypes
 import threading
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _lock = threading.Lock()
@@ -32,10 +33,6 @@ def _load() -> dict:
         if _functions is not None:
             return _functions
         _functions = {}
-        try:
-            from threadpoolctl import threadpool_info  # noqa: PLC0415
-        except ImportError:  # pragma: no cover - a dependency
-            return _functions
         for info in threadpool_info():
             if info.get("internal_api") != "openblas" or not info.get("filepath"):
                 continue

@@ -23,6 +23,7 @@ import numpy as np
 from ..blob import Blob
 from ..errors import LayerError
 from ..proto import caffe_pb2
+from ..seeding import stable_hash
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -190,7 +191,7 @@ class Layer:
         if self._rng is None:
             seed = None
             if self.ctx.seed is not None:
-                seed = (int(self.ctx.seed) * 1000003 + _stable_hash(self.name)) % (2**63)
+                seed = (int(self.ctx.seed) * 1000003 + stable_hash(self.name)) % (2**63)
             self._rng = self.xp.random.default_rng(seed)
         return self._rng
 
@@ -218,11 +219,3 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
-
-
-def _stable_hash(text: str) -> int:
-    """A process-independent hash (Python's hash() of str is salted per process)."""
-    h = 1469598103934665603
-    for byte in text.encode():
-        h = ((h ^ byte) * 1099511628211) % (2**64)
-    return h

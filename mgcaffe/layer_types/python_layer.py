@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib
 import logging
 
+from .. import caffe_alias
 from ..blob import Blob
 from ..errors import LayerError
 from .base import Layer
@@ -55,7 +56,6 @@ def _import_user_module(name: str, where: str):
     except ModuleNotFoundError as exc:
         if exc.name != "caffe":
             raise
-        from .. import caffe_alias  # noqa: PLC0415 - only for pycaffe-style modules
 
         other = caffe_alias.real_caffe()
         if caffe_alias.installed() or other is not None:

@@ -34,10 +34,12 @@ from . import debug as net_debug
 from .builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .norm_chain import find_chains
 from .weights import (
+    HDF5,
     copy_trained_layers,
     copy_trained_layers_hdf5,
     net_to_proto,
     share_trained_layers,
+    write_weights,
 )
 
 __all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
@@ -587,9 +589,7 @@ class Net:
 
     def save_hdf5(self, path, write_diff: bool = False) -> None:
         """Write the weights in Caffe's HDF5 layout (.caffemodel.h5), atomically."""
-        from ..solvers import snapshot  # noqa: PLC0415 - the one weights writer for HDF5
-
-        snapshot.write_weights(self, str(path), snapshot.HDF5, write_diff)
+        write_weights(self, str(path), HDF5, write_diff)
 
     def load_hdf5(self, path) -> None:
         """Load weights from Caffe's HDF5 layout, matching layers by name."""

@@ -17,8 +17,10 @@ from ..backend import to_host
 from ..errors import NetError
 from ..formats.protoio import (
     array_to_blobproto,
+    atomic_write_bytes,
     blobproto_shape,
     blobproto_to_array,
+    hdf5_bytes,
     read_caffemodel,
     read_net_param,
 )
@@ -206,3 +208,31 @@ def share_trained_layers(net, other) -> None:
                 raise NetError(f"share_weights: layer {name!r} blob {j}: shape {mine.shape} "
                                f"here, {theirs.shape} in net {other.name!r}")
             mine.share_data(theirs)
+
+
+# -- writing ------------------------------------------------------------------------------
+BINARYPROTO = caffe_pb2.SolverParameter.BINARYPROTO
+HDF5 = caffe_pb2.SolverParameter.HDF5
+
+
+def write_weights(net, path: str, fmt: int = BINARYPROTO, write_diff: bool = False) -> None:
+    """Write the net's learned parameters to `path` atomically (binary proto or HDF5)."""
+    atomic_write_bytes(path, weights_bytes(net, fmt, write_diff))
+
+
+def weights_bytes(net, fmt: int = BINARYPROTO, write_diff: bool = False) -> bytes:
+    """The bytes of a .caffemodel (binary NetParameter) or .caffemodel.h5 of the net."""
+    if fmt == HDF5:
+        return hdf5_bytes(lambda f: _write_weights_hdf5(f, net, write_diff))
+    return net_to_proto(net, write_diff=write_diff).SerializeToString()
+
+
+def _write_weights_hdf5(f, net, write_diff: bool) -> None:
+    # Caffe's layout: data/<layer>/<i> (and diff/<layer>/<i>), one group per layer.
+    groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
+    for name in net.layer_names:
+        blobs = net.params.get(name, [])
+        for g, attr in zip(groups, ("data", "diff")):
+            layer_group = g.create_group(name)
+            for i, blob in enumerate(blobs):
+                layer_group.create_dataset(str(i), data=to_host(getattr(blob, attr)))

@@ -8,6 +8,7 @@ Options: device, rank, world_size, gradient_sync, iteration_hooks, action_functi
 
 from __future__ import annotations
 
+from ..errors import SolverError
 from .actions import SignalHandler, SolverAction
 from .base import Solver
 from .params import load_solver_param
@@ -32,7 +33,6 @@ def get_solver(source, **options) -> Solver:
     param, path = load_solver_param(source)
     cls = SOLVER_CLASSES.get(param.type)
     if cls is None:
-        from ..errors import SolverError  # noqa: PLC0415
 
         raise SolverError(f"{path or '<solver>'}: type: expected one of "
                           f"{', '.join(SOLVER_CLASSES)}, found {param.type!r}")

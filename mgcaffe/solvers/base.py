@@ -34,6 +34,10 @@ from google.protobuf import text_format
 
 from ..backend import CPU, Device, gpu_available, to_host
 from ..errors import SolverError
+from ..formats.protoio import read_net_param, require_layers
+from ..formats.snapshot_lock import acquire
+from ..net import Net
+from ..net.weights import report_initialised, weights_bytes
 from ..proto import caffe_pb2
 from . import data_position, progress
 from . import snapshot as snap
@@ -134,14 +138,12 @@ class Solver:
 
     # -- nets -----------------------------------------------------------------------------
     def _read_net(self, field: str, value):
-        from ..formats.protoio import read_net_param  # noqa: PLC0415 - heavy, lazy
 
         if isinstance(value, caffe_pb2.NetParameter):
             return read_net_param(value)
         return read_net_param(resolve_net_path(value, self.solver_path, field))
 
     def _make_net(self, net_param, state: caffe_pb2.NetState):
-        from ..net import Net  # noqa: PLC0415 - the solver imports the net, not vice versa
 
         net_param.state.CopyFrom(state)
         return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage),
@@ -167,7 +169,6 @@ class Solver:
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
         net = self._make_net(net_param, state)
-        from ..formats.protoio import require_layers  # noqa: PLC0415
 
         require_layers(net, f"{self.source}: the training net", "train")
         return net
@@ -198,7 +199,6 @@ class Solver:
 
     def load_weights(self, paths: str) -> None:
         """Finetune from comma-separated weight files (.caffemodel or .caffemodel.h5)."""
-        from ..net.weights import report_initialised  # noqa: PLC0415
 
         loaded: set[str] = set()
         for path in [s for s in paths.split(",") if s]:
@@ -222,7 +222,6 @@ class Solver:
                               "writable")
         # Only the rank that writes snapshots locks the prefix; under the lock, what an
         # interrupted earlier run left (a half-committed pair, temporaries) is tidied.
-        from ..formats.snapshot_lock import acquire  # noqa: PLC0415
 
         self._snapshot_lock = acquire(p.snapshot_prefix, f"{self.source}: snapshot_prefix")
         snap.recover_snapshots(p.snapshot_prefix)
@@ -495,8 +494,8 @@ class Solver:
                                      current_step=self.current_step, history=self.history,
                                      data_position=data_position.encode(ranks))
         # Both files or neither (see snapshot.write_pair), under Caffe's names.
-        snap.write_pair(model, lambda: snap.weights_bytes(self.net, p.snapshot_format,
-                                                          p.snapshot_diff),
+        snap.write_pair(model, lambda: weights_bytes(self.net, p.snapshot_format,
+                                                     p.snapshot_diff),
                         state_path, lambda: snap.state_bytes(state, p.snapshot_format))
         self.last_snapshot = (model, state_path)
         return self.last_snapshot

@@ -11,6 +11,7 @@ import logging
 import os
 
 from ..errors import SolverError
+from ..formats.protoio import read_solver_param
 from ..formats.upgrade import upgrade_solver
 from ..proto import caffe_pb2
 from .lr_policy import check_lr_policy
@@ -33,7 +34,6 @@ def load_solver_param(source) -> tuple[caffe_pb2.SolverParameter, str | None]:
     path = os.fspath(source)
     if not os.path.isfile(path):
         raise SolverError(f"{path}: solver file not found")
-    from ..formats.protoio import read_solver_param  # noqa: PLC0415 - protoio pulls in text_format
 
     param = read_solver_param(path)
     _default_snapshot_prefix(param, path)

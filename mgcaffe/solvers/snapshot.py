@@ -16,17 +16,20 @@ is restored, and removes the temporaries of an earlier run.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
+import signal
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..backend import to_host
 from ..errors import ParseError, SolverError
+from ..formats import protoio, snapshot_lock
+from ..net.weights import copy_trained_layers
 from ..proto import caffe_pb2
 
 BINARYPROTO = caffe_pb2.SolverParameter.BINARYPROTO
@@ -56,59 +59,29 @@ def snapshot_filename(prefix: str, iteration: int, extension: str) -> str:
     return f"{prefix}_iter_{int(iteration)}{extension}"
 
 
-def _protoio():
-    from ..formats import protoio  # noqa: PLC0415 - protoio pulls in text_format; load when used
-
-    return protoio
-
-
-# -- weights ------------------------------------------------------------------------------
-def write_weights(net, path: str, fmt: int = BINARYPROTO, write_diff: bool = False) -> None:
-    """Write the net's learned parameters to `path` atomically (binary proto or HDF5)."""
-    _protoio().atomic_write_bytes(path, weights_bytes(net, fmt, write_diff))
-
-
-def weights_bytes(net, fmt: int = BINARYPROTO, write_diff: bool = False) -> bytes:
-    """The bytes of a .caffemodel (binary NetParameter) or .caffemodel.h5 of the net."""
-    if fmt == HDF5:
-        return _hdf5_bytes(lambda f: _write_weights_hdf5(f, net, write_diff))
-    return net.to_proto(write_diff=write_diff).SerializeToString()
-
-
-def _write_weights_hdf5(f, net, write_diff: bool) -> None:
-    groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
-    for name in net.layer_names:
-        blobs = net.params.get(name, [])
-        for g, attr in zip(groups, ("data", "diff")):
-            layer_group = g.create_group(name)
-            for i, blob in enumerate(blobs):
-                layer_group.create_dataset(str(i), data=to_host(getattr(blob, attr)))
-
-
+# -- weights (written by net/weights.py, which Net.save and Net.save_hdf5 use too) -------
 def load_weights(net, path: str) -> set[str]:
     """Copy trained layers from a .caffemodel or a .caffemodel.h5 file; returns the names
     of the net's layers that got weights."""
     _require_file(path, "weights file")
-    from ..net.weights import copy_trained_layers  # noqa: PLC0415 - what Net.copy_from runs
-
     return copy_trained_layers(net, path)
 
 
 # -- solver state -------------------------------------------------------------------------
 def write_state(path: str, state: SolverStateData, fmt: int = BINARYPROTO) -> None:
     """Write a solver state atomically, as a SolverState proto or in Caffe's HDF5 layout."""
-    _protoio().atomic_write_bytes(path, state_bytes(state, fmt))
+    protoio.atomic_write_bytes(path, state_bytes(state, fmt))
 
 
 def state_bytes(state: SolverStateData, fmt: int = BINARYPROTO) -> bytes:
     """The bytes of a .solverstate (SolverState proto) or .solverstate.h5."""
     if fmt == HDF5:
-        return _hdf5_bytes(lambda f: _write_state_hdf5(f, state))
+        return protoio.hdf5_bytes(lambda f: _write_state_hdf5(f, state))
     msg = caffe_pb2.SolverState(iter=state.iter, learned_net=state.learned_net,
                                 current_step=state.current_step)
     if state.data_position:
         msg.mgcaffe_data_position = state.data_position
-    to_blobproto = _protoio().array_to_blobproto
+    to_blobproto = protoio.array_to_blobproto
     for arr in state.history:
         msg.history.append(to_blobproto(to_host(arr)))
     return msg.SerializeToString()
@@ -131,13 +104,13 @@ def read_state(path: str) -> SolverStateData:
     if path.endswith(".h5"):
         return _read_state_hdf5(path)
     msg = caffe_pb2.SolverState()
-    data = _protoio().read_regular_file(path, _protoio().MAX_BINARY_BYTES, ParseError,
+    data = protoio.read_regular_file(path, protoio.MAX_BINARY_BYTES, ParseError,
                                         "binary SolverState")
     try:
         msg.ParseFromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types for bad input
         raise ParseError(f"{path}: not a SolverState binary proto ({exc})") from None
-    to_array = _protoio().blobproto_to_array
+    to_array = protoio.blobproto_to_array
     return _checked(path, SolverStateData(
         iter=msg.iter, learned_net=msg.learned_net, current_step=msg.current_step,
         history=[np.asarray(to_array(b)) for b in msg.history],
@@ -200,15 +173,6 @@ def resolve_learned_net(learned_net: str, state_path: str) -> str:
                       "the state file)")
 
 
-def _hdf5_bytes(write) -> bytes:
-    import h5py  # noqa: PLC0415 - only HDF5 snapshots need it
-
-    buffer = io.BytesIO()
-    with h5py.File(buffer, "w") as f:
-        write(f)
-    return buffer.getvalue()
-
-
 # -- whole pairs ----------------------------------------------------------------------------
 def pending_marker(prefix_iter: str) -> str:
     """The marker of the pair `<prefix>_iter_N` while it is being committed."""
@@ -230,7 +194,6 @@ def write_pair(model_path: str, model_data, state_path: str, state_data) -> None
     Each data argument is bytes or a function returning them, called when that file is
     written (so the two never need to be in memory at once).
     """
-    protoio = _protoio()
     directory = os.path.dirname(model_path) or "."
     marker = pending_marker(pair_stem(state_path))
     temps: list[str] = []
@@ -273,7 +236,7 @@ def _write_temporary(path: str, data, fault: str = "") -> str:
     except OSError as exc:
         raise SolverError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
-        os.fchmod(fd, 0o666 & ~_protoio()._current_umask())  # noqa: SLF001
+        os.fchmod(fd, 0o666 & ~protoio._current_umask())  # noqa: SLF001
         with os.fdopen(fd, "wb") as handle:
             if fault and os.environ.get(FAULT_ENV) == fault:
                 handle.write(data[: len(data) // 2])
@@ -292,7 +255,6 @@ def _write_temporary(path: str, data, fault: str = "") -> str:
 
 def _fault(point: str) -> None:
     if os.environ.get(FAULT_ENV) == point:
-        import signal  # noqa: PLC0415 - test-only path
 
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -347,7 +309,6 @@ def recover_pair(state_path: str, writer: bool = True, deadline_s: float = 120.0
     if not os.path.exists(marker):
         return
     if not writer:
-        import time  # noqa: PLC0415
 
         end = time.monotonic() + deadline_s
         while os.path.exists(marker):
@@ -356,7 +317,6 @@ def recover_pair(state_path: str, writer: bool = True, deadline_s: float = 120.0
                                   f"{marker} was not finished by rank 0 in {deadline_s:g} s")
             time.sleep(0.05)
         return
-    from ..formats import snapshot_lock  # noqa: PLC0415
 
     prefix = stem.rsplit("_iter_", 1)[0]
     if snapshot_lock.held_here(prefix):
@@ -383,7 +343,7 @@ def _finish_pending(directory: str, name: str) -> str:
         if os.path.exists(tmp):
             os.replace(tmp, final)
     finals = [os.path.join(directory, final) for _, final in pairs]
-    _protoio()._fsync_directory(directory)  # noqa: SLF001
+    protoio._fsync_directory(directory)  # noqa: SLF001
     _unlink(marker)
     missing = [f for f in finals if not os.path.exists(f)]
     if not missing:

@@ -1,4 +1,4 @@
-"""gflags spellings of boolean flags (mgcaffe.cli_flags) after mgcaffe.cli's `-flag` rewrite."""
+"""gflags spellings of boolean flags (commands._flags) after mgcaffe.cli's `-flag` rewrite."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from mgcaffe.cli import normalize_argv
-from mgcaffe.cli_flags import add_bool_flag, split_list
+from mgcaffe.commands._flags import add_bool_flag, split_list
 
 
 def _parse(*argv):

@@ -108,8 +108,7 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "l
 
 def _weights(model, tmp_path, rename, hdf5=False):
     """A .caffemodel[.h5] of the two-layer net with its layers renamed by `rename`."""
-    from mgcaffe.net import Net
-    from mgcaffe.solvers import snapshot
+    from mgcaffe.net import Net, weights
 
     text = TWO_IP
     for old, new in rename.items():
@@ -117,8 +116,8 @@ def _weights(model, tmp_path, rename, hdf5=False):
     net_file = tmp_path / f"src_{len(rename)}.prototxt"
     net_file.write_text(text)
     path = tmp_path / f"w_{'_'.join(rename.values()) or 'same'}.caffemodel{'.h5' * hdf5}"
-    snapshot.write_weights(Net(str(net_file), 0), str(path),
-                           snapshot.HDF5 if hdf5 else snapshot.BINARYPROTO)
+    weights.write_weights(Net(str(net_file), 0), str(path),
+                          weights.HDF5 if hdf5 else weights.BINARYPROTO)
     return path
 
 

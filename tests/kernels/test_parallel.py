@@ -107,12 +107,12 @@ def test_runner_rejects_bad_sizes():
 
 
 def test_default_threads_are_the_thread_choice(monkeypatch):
-    from mgcaffe.cpu import threads
+    from mgcaffe.cpu import cores
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    assert parallel.default_threads() == 3 == threads.choose().threads
+    assert parallel.default_threads() == 3 == cores.choose().threads
 
 
 class FakeClock:

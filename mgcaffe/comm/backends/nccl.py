@@ -49,6 +49,7 @@ import numpy as np
 from ...backend import _import_cupy
 from ...errors import CommError, MgcaffeError
 from .communicator import Communicator
+from .mpi import MpiCommunicator, _import_mpi
 
 __all__ = ["NcclCommunicator", "node_local_rank", "poll_until_done", "select_gpu"]
 
@@ -70,7 +71,6 @@ def node_local_rank(host: Communicator) -> tuple[int, int]:
     """
     mpi_comm = _mpi_comm_of(host)
     if mpi_comm is not None:
-        from .mpi import _import_mpi  # noqa: PLC0415 - MPI is initialised already
 
         MPI = _import_mpi()
         local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=host.rank)
@@ -85,7 +85,6 @@ def node_local_rank(host: Communicator) -> tuple[int, int]:
 
 def _mpi_comm_of(host: Communicator) -> Any:
     """The mpi4py communicator behind an MpiCommunicator (None for other hosts)."""
-    from .mpi import MpiCommunicator  # noqa: PLC0415 - mpi.py imports mpi4py lazily itself
 
     if not isinstance(host, MpiCommunicator):
         return None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PlanError
+from ...formats.jsonio import read_json as read
 
 __all__ = ["LayerProfile", "Profile", "load_profile", "read_json"]
 
@@ -34,7 +35,6 @@ __all__ = ["LayerProfile", "Profile", "load_profile", "read_json"]
 # ----------------------------------------------------------------------------- validation
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; any failure is a one-line PlanError naming the file."""
-    from ...formats.jsonio import read_json as read  # noqa: PLC0415 - the one shared JSON loader
 
     return read(path, PlanError)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CommError
+from ...formats.jsonio import read_json
 
 __all__ = ["COMM", "COMPUTE", "Tracer", "iteration_times", "load_trace", "merge_traces",
            "save_trace"]
@@ -110,7 +111,6 @@ def save_trace(doc: dict, path: str | Path) -> None:
 
 def load_trace(path: str | Path) -> dict:
     """Read a trace written by `save_trace` (or any trace-event JSON: a list or a document)."""
-    from ...formats.jsonio import read_json  # noqa: PLC0415 - the one shared JSON loader
 
     doc = read_json(path, CommError, "JSON trace")
     if isinstance(doc, list):

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..backends.communicator import Communicator
+from .faults import ABORT_TIMEOUT
 
 __all__ = ["Liveness", "PeerState", "describe_rank_map", "rank_map", "start_liveness"]
 
@@ -250,7 +251,6 @@ class Liveness:
         self._on_dead(self.dead)
 
     def _abort(self, message: str) -> None:
-        from .faults import ABORT_TIMEOUT  # noqa: PLC0415 - faults imports this module
 
         log.error("%s", message)
         self.comm.abort(ABORT_TIMEOUT)

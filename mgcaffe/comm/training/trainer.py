@@ -42,14 +42,19 @@ from typing import Any
 import numpy as np
 
 from ... import _launch
-from ...backend import Device, to_host
+from ...backend import Device, _import_cupy, to_host
 from ...errors import CommError, MgcaffeError
 from ...log import configure
 from ..backends.communicator import Communicator
+from ..backends.emulate import EmulatedCommunicator
 from ..backends.launcher import check_world, launcher_size
 from ..backends.local import SingleCommunicator
 from ..backends.mpi import MpiCommunicator, launched_by_mpi
+from ..backends.nccl import NcclCommunicator, _import_nccl, node_local_rank, select_gpu
 from ..backends.startup_deadline import DEFAULT_STARTUP_TIMEOUT, StartupDeadline
+from ..model.cost import CostModel, cost_for, load_network
+from ..model.planner import Plan, load_plan, make_plan, timeline
+from ..model.profile import load_profile
 from ..runtime.executor import GradientExecutor
 from ..runtime.timing import (
     NetTimer,
@@ -60,7 +65,10 @@ from ..runtime.timing import (
 )
 from ..runtime.trace import COMPUTE, Tracer, merge_traces, save_trace
 from .agreement import agree_on_settings, settings_of
+from .benchmark import measure_allreduce
 from .faults import ABORT_EXCEPTION, Watchdog, check_in_sync, fail_all
+from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
+from .interference import interference_sizes, measure_interference
 from .liveness import describe_rank_map, rank_map, start_liveness
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
 from .startup import (
@@ -123,8 +131,6 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
 def rank_device(comm: Communicator, gpu_flag: str | None = None) -> Device:
     """The GPU of this rank when several ranks train on GPUs: the i-th of the node's GPUs for
     the node's i-th rank. `gpu_flag` is `--gpu`: a list of ids ("0,1,2,3") or "all"."""
-    from ...backend import _import_cupy  # noqa: PLC0415 - GPU installs only
-    from ..backends.nccl import node_local_rank, select_gpu  # noqa: PLC0415
 
     ids = None
     if gpu_flag not in (None, "", "all"):
@@ -290,7 +296,6 @@ class DistributedTraining:
         """The gradient all-reduce's communicator: NCCL, MPI, or MPI under emulation."""
         o = self.options
         if self._use_nccl():
-            from ..backends.nccl import NcclCommunicator  # noqa: PLC0415 - GPU installs only
 
             nccl = NcclCommunicator(self.base_comm, timeout=o.timeout)
             device = self.solver.device
@@ -303,8 +308,6 @@ class DistributedTraining:
             return nccl
         if o.emulate_network is None:
             return self.base_comm
-        from ..backends.emulate import EmulatedCommunicator  # noqa: PLC0415
-        from ..model.cost import cost_for, load_network  # noqa: PLC0415
 
         cost = cost_for(load_network(o.emulate_network), o.emulate_nodes)
         emulated = EmulatedCommunicator(self.base_comm, cost, o.emulate_nodes)
@@ -324,7 +327,6 @@ class DistributedTraining:
             raise CommError(f"rank {self.rank}: --comm-backend nccl needs the solver on a GPU "
                             f"(--gpu)")
         try:
-            from ..backends.nccl import _import_nccl  # noqa: PLC0415 - its loader names the remedy
 
             _import_nccl(self.rank)
             problem = None
@@ -343,7 +345,6 @@ class DistributedTraining:
 
     def _cost_model(self):
         """T_ar for this run: --network, else the emulated network, else measured."""
-        from ..model.cost import CostModel, cost_for, load_network  # noqa: PLC0415
 
         o = self.options
         nodes = o.emulate_nodes or self.size
@@ -357,7 +358,6 @@ class DistributedTraining:
         elif o.plan:
             return None  # the plan carries its own a and b
         else:
-            from .benchmark import measure_allreduce  # noqa: PLC0415
 
             sizes = benchmark_sizes(4 * sum(self.counts))
             with self._guard("all-reduce benchmark"):
@@ -378,7 +378,6 @@ class DistributedTraining:
     def _with_interference(self, cost):
         """`cost` with the measured slowdown of computation while an all-reduce is in flight
         (the planner's extended model; see mgcaffe.comm.training.interference)."""
-        from .interference import interference_sizes, measure_interference  # noqa: PLC0415
 
         points = []
         for m in interference_sizes(4 * sum(self.counts)):
@@ -395,14 +394,12 @@ class DistributedTraining:
         """The plan to start with: final (--plan, --profile) or provisional (profiling)."""
         o = self.options
         if o.plan:
-            from ..model.planner import load_plan  # noqa: PLC0415
 
             plan = load_plan(o.plan)
             check_plan_sizes(plan, self.names, self.counts, self.net.dtype.itemsize, o.plan)
             self._adopt(plan, f"read from {o.plan}")
             return plan
         if o.profile:
-            from ..model.profile import load_profile  # noqa: PLC0415
 
             plan = self._make_and_share(lambda: load_profile(o.profile), f"from {o.profile}")
             return plan
@@ -416,7 +413,6 @@ class DistributedTraining:
 
     def _make_and_share(self, get_profile, where: str):
         """Rank 0 plans from get_profile(); every rank receives the plan (a collective)."""
-        from ..model.planner import Plan, make_plan  # noqa: PLC0415
 
         o = self.options
         payload = None
@@ -586,7 +582,6 @@ class DistributedTraining:
         profile: where communication and backward end close together (where merging pays),
         each iteration ends with whichever is later that time, and the median of those
         maxima exceeds the maximum of the medians."""
-        from ..model.planner import timeline  # noqa: PLC0415
 
         return statistics.median(
             timeline(as_profile(s, self.net.name, self.names, self.counts), self.cost,
@@ -643,7 +638,6 @@ class DistributedTraining:
     def _add_overlapped(self) -> None:
         """One overlapped iteration of the re-plan window: each layer's backward time and
         what was in flight meanwhile (the first such iteration warms and is not counted)."""
-        from .insitu import layer_overlaps  # noqa: PLC0415
 
         state, intervals = self._in_situ, self.executor.intervals or []
         self.executor.intervals = []
@@ -667,7 +661,6 @@ class DistributedTraining:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
         slowest rank's (a collective: every rank adopts the same points), and use it in the
         cost model for the re-plan, its prediction and the rest of the run."""
-        from .insitu import InSitu, estimate, estimate_comm, last_arrivals  # noqa: PLC0415
 
         state, self._in_situ = self._in_situ, None
         self.executor.intervals = None

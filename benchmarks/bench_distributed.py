@@ -9,10 +9,11 @@ One `mpiexec -n RANKS` run trains the model on synthetic data with `--emulate-ne
 N-node cluster (real threads, queues and MPI calls underneath). The run profiles its first
 `--profile-iters` iterations and then re-plans once as the trainer does after warm-up (its
 own online profile, slowest rank, 4 x `--profile-iters` more iterations), plans every
-scheme from that second profile (wfbp, synceasgd, mgwfbp with the paper's Algorithm 1, mgwfbp
-optimal), then runs the schemes in turn, `--rounds` times `--iters` iterations each, so that
-a drifting machine load hits every scheme alike. Measured: the median, over a scheme's
-iterations (the first after each switch not counted), of forward start to reduced gradients,
+scheme from that second profile (wfbp, synceasgd, mgwfbp-paper: the paper's Algorithm 1,
+mgwfbp: the exact optimum), then runs the schemes in turn, `--rounds` times `--iters`
+iterations each, so that a drifting machine load hits every scheme alike. Measured: the
+median, over a scheme's iterations (the first after each switch not counted), of forward
+start to reduced gradients,
 which is what the planner predicts (the update is outside both). The ideal t_f + t_b is also
 measured on one process alone with the same per-rank batch.
 
@@ -24,7 +25,7 @@ alternating with per-layer overlapped ones, mgcaffe.comm.training.insitu) and ev
 predicted with that; "predicted" is the extended model (docs/planner.md): backward slowed
 by rho while a message is in flight, messages slowed by sigma while backward runs, both
 measured in situ; beside it "meas/rho" (the same with sigma = 1, the model before sigma) and
-"meas/paper", the ratios to those models on the same groups; "optimal (no interf.)" is the
+"meas/paper", the ratios to those models on the same groups; "mgwfbp (no interf.)" is the
 optimum of the paper's model, for comparison.
 
 Targets (issue 5): measured within 10% of predicted for every scheme; MG-WFBP's measured
@@ -53,14 +54,14 @@ sys.path.insert(0, str(REPO))
 MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
           "resnet50": REPO / "models" / "resnet50" / "train_val.prototxt",
           "cifar10_quick": REPO / "models" / "cifar10_quick" / "cifar10_quick_train_test.prototxt"}
-SCHEMES = {  # label: planner scheme (--comm mgwfbp --merge paper|optimal for the last two)
+SCHEMES = {  # label: planner scheme (its --comm value)
     "wfbp": "wfbp",
     "synceasgd": "synceasgd",
-    "mgwfbp (paper)": "mgwfbp",
-    "mgwfbp (optimal)": "optimal",
-    "optimal (no interf.)": "optimal",  # planned with the paper's model (no interference)
+    "mgwfbp-paper": "mgwfbp-paper",
+    "mgwfbp": "mgwfbp",
+    "mgwfbp (no interf.)": "mgwfbp",  # planned with the paper's model (no interference)
 }
-PAPER_MODEL = {"optimal (no interf.)"}
+PAPER_MODEL = {"mgwfbp (no interf.)"}
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -111,9 +112,9 @@ def _worker(a, comm, rank, size) -> int:
                 times.append(time.perf_counter() - t0)
         print("RESULT " + json.dumps({"ideal": statistics.median(times)}), flush=True)
         return 0
-    # mgwfbp optimal at start-up: the re-plan window's overlapped iterations then also run
-    # its merged groups (the message sizes the merging schemes send), beside WFBP's
-    args = SimpleNamespace(comm="mgwfbp", merge="optimal", bucket_mb=None, profile=None,
+    # mgwfbp at start-up: the re-plan window's overlapped iterations then also run its
+    # merged groups (the message sizes the merging schemes send), beside WFBP's
+    args = SimpleNamespace(comm="mgwfbp", merge=None, bucket_mb=None, profile=None,
                            network=None, plan=None, save_plan=None,
                            profile_iters=a.profile_iters, timeline=a.timeline,
                            emulate_network=a.network or None, emulate_nodes=a.nodes or None,
@@ -406,7 +407,7 @@ def main() -> int:
               f"{r['comm_thread_cpu'] * 1e3:8.1f}ms")
     for label, r in results.items():
         if r.get("exact") is False:
-            print(f"{label}: the optimal search was cut: not proven optimal")
+            print(f"{label}: the search for the optimum was cut: not proven optimal")
     fastest_pred = min(results, key=lambda k: results[k]["predicted"])
     fastest_meas = min(results, key=lambda k: results[k]["measured"])
     gap = results[fastest_pred]["measured"] / results[fastest_meas]["measured"] - 1
@@ -416,7 +417,7 @@ def main() -> int:
           f"{' (tied with ' + ', '.join(tied) + ')' if tied else ''}; measured fastest: "
           f"{fastest_meas} (the predicted one measured {gap * 100:+.1f}% slower)")
     print()
-    for mg in ("mgwfbp (paper)", "mgwfbp (optimal)"):
+    for mg in ("mgwfbp-paper", "mgwfbp"):
         for base in ("wfbp", "synceasgd"):
             if mg in results and base in results:
                 meas = results[base]["measured"] / results[mg]["measured"]

@@ -47,8 +47,8 @@ def run(cmd: list[str], log_path: Path | None = None) -> None:
 
 
 SUMMARY = re.compile(r"measured ([0-9.]+) ms \(median of (\d+)\), predicted ([0-9.]+) ms by "
-                     r"plan (\w+)")
-PLAN = re.compile(r"plan (\w+) \(\w+\): (\d+) all-reduce\(s\) for (\d+) learnable layers")
+                     r"plan ([\w-]+)")
+PLAN = re.compile(r"plan ([\w-]+) \(\w+\): (\d+) all-reduce\(s\) for (\d+) learnable layers")
 REPLAN = re.compile(r"Re-planned at iteration (\d+): predicted iteration ([0-9.]+) ms \(the "
                     r"start-up profile predicted ([0-9.]+) ms\)")
 GROUP = re.compile(r"^\s+group \d+: ([0-9.]+) MB\s+(.*)$", re.M)

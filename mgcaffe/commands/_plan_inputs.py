@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..comm.model.cost import CostModel, Network, load_network
-from ..comm.model.planner import SCHEMES, canonical_scheme
+from ..comm.model.planner import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..comm.model.profile import Profile, load_profile
 from ..errors import PlanError
 
@@ -25,14 +25,15 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
         parser.add_argument("--nodes", type=int, metavar="N",
                             help="number of nodes (required unless both --a and --b are given)")
     parser.add_argument("--scheme", nargs="+", default=list(SCHEMES), metavar="SCHEME",
-                        help=f"schemes to compare (default: all of {', '.join(SCHEMES)})")
+                        help=f"schemes to compare, named as `mgcaffe train --comm` names them "
+                             f"(default: all of {', '.join(SCHEMES)})")
     parser.add_argument("--a", type=float, default=None, metavar="SECONDS",
                         help="all-reduce start-up a, overriding the network's")
     parser.add_argument("--b", type=float, default=None, metavar="SECONDS_PER_BYTE",
                         help="all-reduce per-byte cost b, overriding the network's")
     parser.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
                         help="bucket size of the `threshold` scheme in MiB (default 25, as "
-                             "PyTorch DDP)")
+                             "PyTorch DDP's 25 MB)")
     parser.add_argument("--use-formula", action="store_true",
                         help="use the algorithm's formula even for N the network has fits for")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -52,6 +53,24 @@ def load_inputs(args) -> tuple[Profile, Network | None, list[str], int]:
     if args.bucket_mb is None or not args.bucket_mb >= 0:
         raise PlanError(f"--bucket-mb: must be >= 0, got {args.bucket_mb}")
     return profile, network, schemes, int(round(args.bucket_mb * 2**20))
+
+
+def train_flags(scheme: str, bucket_bytes: int | None = None) -> str:
+    """The `mgcaffe train` flags that train `scheme` (the bucket size where it takes one)."""
+    flags = f"--comm={scheme}"
+    if scheme_named(scheme).bucket and bucket_bytes is not None:
+        flags += f" --bucket-mb {bucket_bytes / 2**20:g}"
+    return flags
+
+
+def train_table(schemes, bucket_bytes: int | None = None) -> str:
+    """One line per scheme: its name, the flags that train it, what it sends."""
+    width = max(len(s) for s in schemes)
+    flags = {s: train_flags(s, bucket_bytes) for s in schemes}
+    fwidth = max(len(f) for f in flags.values())
+    return "\n".join(
+        f"  {s:<{width}}  {flags[s]:<{fwidth}}  {scheme_named(s).summary}"
+        + (" (the default)" if s == DEFAULT_SCHEME else "") for s in schemes)
 
 
 def fmt_bytes(n: float) -> str:

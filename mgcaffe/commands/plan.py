@@ -1,13 +1,15 @@
 """`mgcaffe plan`: the message groups and predicted iteration time of every merge scheme.
 
     mgcaffe plan --profile models/paper/googlenet-k80.json \\
-                 --network models/paper/network-10gbe.json --nodes 8 [--scheme mgwfbp optimal]
+                 --network models/paper/network-10gbe.json --nodes 8 [--scheme mgwfbp wfbp]
                  [--json] [--a A --b B] [--bucket-mb 25] [--use-formula] [--save-plan plan.json]
 
-The table compares the schemes (and how far each is above the exact optimum); the groups of
-each merging scheme follow. `--json` prints {"model", "nodes", "a", "b", "ideal", "schemes":
-{scheme: {"groups", "group_sizes", "iteration_time", "non_overlapped_comm", ...}}}.
-`--save-plan` writes the plan of the single scheme asked for (or `optimal`) for the trainer.
+The table compares every registered scheme, each row named as `mgcaffe train --comm` names it
+and ending with the flags that train it (how far each is above the fastest row, too); the
+groups of each merging scheme follow. `--json` prints {"model", "nodes", "a", "b", "ideal",
+"schemes": {scheme: {"groups", "group_sizes", "iteration_time", "non_overlapped_comm",
+"train_flags", ...}}}. `--save-plan` writes the plan of the single scheme asked for (or of
+the default, mgwfbp) for `mgcaffe train --plan`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import sys
 
 from ..comm.model.cost import CostModel, Network, cost_for
-from ..comm.model.planner import Plan, make_plans
+from ..comm.model.planner import DEFAULT_SCHEME, Plan, make_plans
 from ..comm.model.profile import Profile
 from ..errors import PlanError
 from ._plan_inputs import (
@@ -26,6 +28,7 @@ from ._plan_inputs import (
     describe_profile,
     fmt_bytes,
     load_inputs,
+    train_flags,
 )
 
 NAME = "plan"
@@ -34,10 +37,10 @@ HELP = "plan gradient-merging (MG-WFBP) for a profile and network; compare every
 
 # ----------------------------------------------------------------------------- output
 def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> dict:
-    best = plans["optimal"].iteration_time if "optimal" in plans else None
+    best = min(p.iteration_time for p in plans.values())
     out = {"model": profile.model, "nodes": cost.nodes, "a": cost.a, "b": cost.b,
            "cost_origin": cost.origin, "ideal": next(iter(plans.values())).ideal,
-           "schemes": {}}
+           "default": DEFAULT_SCHEME, "schemes": {}}
     if cost.interference:
         out["interference"] = [[m, rho] for m, rho in cost.interference]
     if cost.comm_slowdown:
@@ -47,12 +50,11 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
              "messages": p.num_messages, "iteration_time": p.iteration_time,
              "non_overlapped_comm": p.non_overlapped_comm,
              "comm_start": list(p.comm_start), "comm_end": list(p.comm_end),
-             "digest": p.digest()}
+             "digest": p.digest(), "above_best": p.iteration_time / best - 1,
+             "train_flags": train_flags(s, p.bucket_bytes)}
         if cost.nodes is not None:
             d["speedup"] = cost.nodes * p.ideal / p.iteration_time
             d["efficiency"] = p.ideal / p.iteration_time
-        if best is not None:
-            d["above_optimal"] = p.iteration_time / best - 1
         if p.bucket_bytes is not None:
             d["bucket_bytes"] = p.bucket_bytes
         if not p.exact:
@@ -66,26 +68,30 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
     first = next(iter(plans.values()))
     lines = [describe_profile(profile), describe_cost(cost, network),
              f"ideal t_f + t_b = {first.ideal * 1e3:.2f} ms", ""]
-    best = plans["optimal"].iteration_time if "optimal" in plans else None
-    head = f"{'scheme':<10} {'messages':>8} {'t_iter (ms)':>12} {'not hidden (ms)':>16}"
+    best = min(p.iteration_time for p in plans.values())
+    width = max(len("scheme"), *(len(s) for s in plans))
+    head = (f"{'scheme':<{width}} {'messages':>8} {'t_iter (ms)':>12} {'not hidden (ms)':>16}"
+            f" {'vs best':>8}")
     if cost.nodes is not None:
         head += f" {'speed-up':>9} {'efficiency':>10}"
-    if best is not None:
-        head += f" {'vs optimal':>11}"
-    lines += [head, "-" * len(head)]
+    head += "  train with"
+    rows = []
     for s, p in plans.items():
-        row = (f"{s:<10} {p.num_messages:>8} {p.iteration_time * 1e3:>12.3f} "
-               f"{p.non_overlapped_comm * 1e3:>16.3f}")
+        row = (f"{s:<{width}} {p.num_messages:>8} {p.iteration_time * 1e3:>12.3f} "
+               f"{p.non_overlapped_comm * 1e3:>16.3f} "
+               f"{100 * (p.iteration_time / best - 1):>+7.2f}%")
         if cost.nodes is not None:
             row += (f" {cost.nodes * p.ideal / p.iteration_time:>9.2f} "
                     f"{100 * p.ideal / p.iteration_time:>9.1f}%")
-        if best is not None:
-            row += f" {100 * (p.iteration_time / best - 1):>+10.2f}%"
-        lines.append(row)
+        row += f"  {train_flags(s, p.bucket_bytes)}"
+        if s == DEFAULT_SCHEME:
+            row += " (the default)"
+        rows.append(row)
+    lines += [head, "-" * max(len(r) for r in [head, *rows]), *rows]
     for s, p in plans.items():
         if not p.exact:
             lines.append(f"{s}: the search was cut (too many states): not proven optimal, "
-                         f"never slower than wfbp, synceasgd or mgwfbp")
+                         f"never slower than wfbp, synceasgd or mgwfbp-paper")
     for s, p in plans.items():
         lines.append("")
         extra = f", buckets of >= {fmt_bytes(p.bucket_bytes)}" if p.bucket_bytes else ""
@@ -107,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser, many_nodes=False)
     parser.add_argument("--save-plan", metavar="PLAN.json",
                         help="write the plan of the one scheme given by --scheme (default: "
-                             "optimal) as JSON, for training")
+                             f"{DEFAULT_SCHEME}) as JSON, for `mgcaffe train --plan`")
 
 
 def run(args) -> int:
@@ -123,10 +129,11 @@ def run(args) -> int:
     if args.save_plan:
         if len(plans) == 1:
             chosen = next(iter(plans.values()))
-        elif "optimal" in plans:
-            chosen = plans["optimal"]
+        elif DEFAULT_SCHEME in plans:
+            chosen = plans[DEFAULT_SCHEME]
         else:
-            raise PlanError("--save-plan: give one --scheme to save (or include optimal)")
+            raise PlanError(f"--save-plan: give one --scheme to save (or include "
+                            f"{DEFAULT_SCHEME})")
         try:
             chosen.save(args.save_plan)
         except OSError as exc:
@@ -138,5 +145,6 @@ def run(args) -> int:
         print(format_plans(profile, cost, network, plans))
         if args.save_plan:
             print(f"\nsaved the {chosen.scheme} plan to {args.save_plan} "
-                  f"(digest {chosen.digest()[:16]})")
+                  f"(digest {chosen.digest()[:16]}); train it with `mgcaffe train ... "
+                  f"--plan {args.save_plan}` on {chosen.nodes or 'N'} ranks")
     return 0

@@ -4,11 +4,12 @@
                      --network models/paper/network-10gbe.json --nodes 4 8 16 32 64 \\
                      [--json | --markdown] [--plot scaling.png] [--gantt 64 gantt.png]
 
-For each N: every scheme's speed-up over one node (N (t_f + t_b) / t_iter) and scaling
-efficiency, the speed-ups of MG-WFBP (Algorithm 1) and of the optimal grouping over WFBP and
-SyncEASGD, and how far Algorithm 1 is above the optimum. `--plot` draws the scaling curves
-(the paper's Figure 9), `--gantt N FILE` the timelines of one iteration at N nodes (its
-Figures 2-4). `--markdown` prints the table as docs/reproducing-the-paper.md shows it.
+For each N: every registered scheme's speed-up over one node (N (t_f + t_b) / t_iter) and
+scaling efficiency, then how many times each merging scheme is faster than each of the two
+extremes (wfbp, synceasgd). A scheme's column is named as `--comm` names it; the lines under
+the table give the flags that train each one. `--plot` draws the scaling curves (the paper's
+Figure 9), `--gantt N FILE` the timelines of one iteration at N nodes (its Figures 2-4).
+`--markdown` prints the table as docs/reproducing-the-paper.md shows it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import sys
 
 from ..comm.model import plots
-from ..comm.model.simulate import Scaling, weak_scaling
+from ..comm.model.simulate import Scaling, ratio_pairs, weak_scaling
 from ..errors import PlanError
 from ._plan_inputs import (
     add_input_arguments,
@@ -26,65 +27,71 @@ from ._plan_inputs import (
     describe_interference,
     describe_profile,
     load_inputs,
+    train_table,
 )
 
 NAME = "simulate"
 HELP = "predict weak-scaling speed-up and efficiency of every merge scheme for several N"
 
-_SHORT = {"wfbp": "WFBP", "synceasgd": "SyncEASGD", "mgwfbp": "MG-WFBP", "optimal": "optimal",
-          "threshold": "buckets"}
-
-
-def _ratio_columns(scaling: Scaling) -> list[tuple[str, str, str]]:
-    cols = []
-    for f, s in (("mgwfbp", "wfbp"), ("mgwfbp", "synceasgd"), ("optimal", "wfbp"),
-                 ("optimal", "synceasgd")):
-        if f in scaling.schemes and s in scaling.schemes:
-            cols.append((f, s, f"{_SHORT[f]}/{_SHORT[s]}"))
-    return cols
-
 
 def table_rows(scaling: Scaling) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the scaling table: N, a, b, speed-up (efficiency) per scheme, the
-    speed-up ratios, and Algorithm 1's excess over the optimum."""
-    head = ["N", "a (ms)", "b (ns/B)"]
-    for s in scaling.schemes:
-        label = _SHORT[s]
-        if s == "threshold" and scaling.bucket_bytes is not None:
-            label = f"buckets {scaling.bucket_bytes / 2**20:g} MiB"
-        head.append(label)
-    ratio_cols = _ratio_columns(scaling)
-    head += [label for _, _, label in ratio_cols]
-    excess = "mgwfbp" in scaling.schemes and "optimal" in scaling.schemes
-    if excess:
-        head.append("Alg. 1 above optimal")
+    """Header and rows of the scaling table: N, a, b, and the speed-up (efficiency) of each
+    scheme."""
+    head = ["N", "a (ms)", "b (ns/B)", *scaling.schemes]
     rows = []
     for p in scaling.points:
         row = [str(p.nodes), f"{p.cost.a * 1e3:.3f}", f"{p.cost.b * 1e9:.3f}"]
         for s in scaling.schemes:
             sp = p.schemes[s]
             row.append(f"{sp.speedup:.2f} ({100 * sp.efficiency:.1f}%)")
-        row += [f"{p.ratio(f, s):.3f}" for f, s, _ in ratio_cols]
-        if excess:
-            row.append(f"{100 * p.above_optimal('mgwfbp'):.2f}%")
         rows.append(row)
     return head, rows
 
 
-def format_table(scaling: Scaling) -> str:
-    head, rows = table_rows(scaling)
+def ratio_rows(scaling: Scaling) -> tuple[str, list[str], list[list[str]]]:
+    """Caption, header and rows of the comparison table: per N, how many times each merging
+    scheme is faster than each of the two extremes (the registry's baselines)."""
+    pairs = ratio_pairs(scaling.schemes)
+    slower = list(dict.fromkeys(s for _, s in pairs))
+    faster = list(dict.fromkeys(f for f, _ in pairs))
+    caption = f"how many times faster than {' / '.join(slower)}"
+    rows = [[str(p.nodes), *(" / ".join(f"{p.ratio(f, s):.3f}" for s in slower)
+                             for f in faster)] for p in scaling.points]
+    return caption, ["N", *faster], rows
+
+
+def _text(head: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
-    out = [line, "-" * len(line)]
-    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+    top = line(head)
+    return [top, "-" * len(top), *map(line, rows)]
+
+
+def _markdown(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|",
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def format_table(scaling: Scaling) -> str:
+    """The scaling table, then (when a merging scheme and a baseline are both there) the
+    comparison table."""
+    out = _text(*table_rows(scaling))
+    caption, head, rows = ratio_rows(scaling)
+    if len(head) > 1:
+        out += ["", f"{caption}:", *_text(head, rows)]
     return "\n".join(out)
 
 
 def format_markdown(scaling: Scaling) -> str:
-    """The table in Markdown: speed-up over one node (scaling efficiency) per scheme."""
-    head, rows = table_rows(scaling)
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    """Both tables in Markdown: speed-up over one node (scaling efficiency) per scheme, and
+    how many times each merging scheme is faster than wfbp and synceasgd."""
+    out = _markdown(*table_rows(scaling))
+    caption, head, rows = ratio_rows(scaling)
+    if len(head) > 1:
+        out += ["", f"{caption[0].upper()}{caption[1:]}:", "", *_markdown(head, rows)]
     return "\n".join(out)
 
 
@@ -119,8 +126,8 @@ def run(args) -> int:
         print(format_markdown(scaling))
     else:
         print(describe_profile(profile))
-        print(f"network: {scaling.network}; speed-up over one node (scaling efficiency); "
-              f"X/Y = how many times X is faster than Y")
+        print(f"network: {scaling.network}; speed-up over one node (scaling efficiency) of "
+              f"each --comm scheme")
         for point in scaling.points:
             terms = describe_interference(point.cost)
             if terms:
@@ -129,18 +136,22 @@ def run(args) -> int:
                 print(f"N = {point.nodes}: optimal's search was cut: not proven optimal")
         print()
         print(format_table(scaling))
-    if args.plot or args.gantt:
-
-        if args.plot:
-            plots.scaling_plot(scaling, args.plot)
-        if args.gantt:
-            if gantt_nodes in nodes:
-                point = scaling.point(gantt_nodes)
-            else:
-                point = weak_scaling(profile, network, [gantt_nodes], schemes,
-                                     use_formula=args.use_formula, a=args.a, b=args.b,
-                                     bucket_bytes=bucket).points[0]
-            plots.gantt_chart(point.plans, args.gantt[1])
-            if not (args.json or args.markdown):
-                print(f"\ngantt: {describe_cost(point.cost, network)}")
+        print()
+        print("Each scheme trains with:")
+        print(train_table(scaling.schemes, scaling.bucket_bytes))
+    wrote = []
+    if args.plot:
+        wrote.append(f"wrote the scaling plot to {plots.scaling_plot(scaling, args.plot)}")
+    if args.gantt:
+        if gantt_nodes in nodes:
+            point = scaling.point(gantt_nodes)
+        else:
+            point = weak_scaling(profile, network, [gantt_nodes], schemes,
+                                 use_formula=args.use_formula, a=args.a, b=args.b,
+                                 bucket_bytes=bucket).points[0]
+        path = plots.gantt_chart(point.plans, args.gantt[1])
+        wrote.append(f"wrote the timelines at N = {gantt_nodes} to {path} "
+                     f"({describe_cost(point.cost, network)})")
+    for line in wrote:  # on stderr with --json/--markdown, whose output is the data alone
+        print(line, file=sys.stderr if args.json or args.markdown else sys.stdout)
     return 0

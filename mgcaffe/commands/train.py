@@ -20,6 +20,7 @@ import logging
 
 from ..comm.backends.nccl import node_local_rank
 from ..comm.training import trainer as distributed
+from ..comm.training.options import check_for_world, options_from
 from ..cpu import threads
 from ..errors import CommError, MgcaffeError, SolverError
 from ..formats.outputs import check_output_path
@@ -144,6 +145,18 @@ def check_plan_will_be_made(training, solver) -> None:
                         "comm_param.profile_iters (>= 2), or give --profile")
 
 
+def check_comm_settings(args, solver, rank: int, size: int) -> None:
+    """The distributed flags and the solver's comm_param, checked on every run (one process
+    too: a typo in comm_param must not pass because no launcher was used); rank 0 logs what
+    deserves a warning (deprecated spellings, a plan made for another number of nodes)."""
+    param = solver.param
+    options = options_from(args, param.comm_param if param.HasField("comm_param") else None,
+                           getattr(solver, "solver_path", None))
+    for line in check_for_world(options, size):
+        if rank == 0:
+            log.warning("%s", line)
+
+
 def run(args) -> int:
     try:
         handler = SignalHandler(args.sigint_effect, args.sighup_effect, _sigterm_effect(args))
@@ -168,6 +181,7 @@ def run(args) -> int:
             if size > 1 and args.gpu is not None else {}
         solver = build_solver(args, rank=rank, world_size=size, **own_gpu)
         try:
+            check_comm_settings(args, solver, rank, size)
             if not distributed.wanted(args, comm):
                 return run_training(solver, args, handler=handler)
             with distributed.attach(solver, args, comm) as training:

@@ -91,7 +91,11 @@ def test_settings_hold_what_must_agree():
     assert s["parameter shapes"] == [["fc1", [[5, 6], [5]]], ["fc2", [[3, 5], [3]]]]
     assert s["solver base_lr"] == 0.1  # the float32 of the prototxt, shown as written
     assert s["solver max_iter"] == 100 and s["solver type"] == "SGD"
-    assert s["comm comm"] == "mgwfbp" and s["comm plan given"] is False
+    # each distributed setting named as the user sets it: by its flag, once
+    assert s["--comm"] == "mgwfbp" and s["whether --plan is given"] is False
+    other = dict(s, **{"--comm": "wfbp"})
+    assert describe_difference([s, other]) == ('ranks disagree on --comm (rank 0: "mgwfbp"; '
+                                               'rank 1: "wfbp")')
     assert s["batch size of layer 'data'"] == 4
     other = settings_of(make_solver(0, 1, batch=3), options_from(flags()))
     assert describe_difference([s, other]) == ("ranks disagree on batch size of layer 'data' "

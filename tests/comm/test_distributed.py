@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 
 from mgcaffe.comm.backends.local import LocalWorld
+from mgcaffe.comm.model.cost import CostModel
+from mgcaffe.comm.model.planner import make_plan
+from mgcaffe.comm.model.profile import LayerProfile, Profile
+from mgcaffe.comm.training.options import check_for_world
 from mgcaffe.comm.training.trainer import (
     Options,
     agree_on_layers_and_plan,
@@ -92,29 +96,45 @@ def weights(solver):
 def test_flags_override_the_solver_comm_param():
     cp = caffe_pb2.CommParameter(comm="wfbp", merge="paper", bucket_mb=4, profile_iters=9,
                                  timeout=30, network="net.json")
-    o = options_from(flags(comm="threshold", comm_timeout=5.0), cp)
-    assert (o.comm, o.merge, o.bucket_mb, o.profile_iters, o.timeout, o.network) == \
-        ("threshold", "paper", 4.0, 9, 5.0, "net.json")
+    o = options_from(flags(comm="threshold", comm_timeout=5.0), cp, "s.prototxt")
+    assert (o.comm, o.bucket_mb, o.profile_iters, o.timeout, o.network) == \
+        ("threshold", 4.0, 9, 5.0, "net.json")
     assert o.scheme == "threshold"
+    assert o.origin["comm"] == "--comm" and o.origin["bucket_mb"] == "s.prototxt: " \
+        "comm_param.bucket_mb"
+    # the file's old merge meant nothing beside another scheme: said, not an error
+    assert o.notes == ["s.prototxt: comm_param.merge 'paper' is ignored with --comm "
+                       "'threshold' (and deprecated: the scheme is comm alone); remove it"]
 
 
-def test_defaults_and_merge_to_scheme():
+def test_defaults_and_the_old_merge_spelling():
     o = options_from(flags())
-    assert (o.comm, o.merge, o.scheme, o.timeout, o.profile_iters) == \
-        ("mgwfbp", "optimal", "optimal", 120.0, 5)
-    assert options_from(flags(merge="paper")).scheme == "mgwfbp"
-    assert options_from(flags(comm="wfbp", merge="paper")).scheme == "wfbp"
+    assert (o.comm, o.scheme, o.timeout, o.profile_iters, o.notes) == \
+        ("mgwfbp", "mgwfbp", 120.0, 5, [])
+    o = options_from(flags(merge="paper"))
+    assert o.comm == o.scheme == "mgwfbp-paper"
+    assert o.notes == ["--merge paper is deprecated: use --comm=mgwfbp-paper"]
+    o = options_from(flags(comm="mgwfbp", merge="optimal"))
+    assert o.comm == "mgwfbp" and o.notes == ["--merge optimal is deprecated: use "
+                                              "--comm=mgwfbp (the default)"]
+    o = options_from(flags(), caffe_pb2.CommParameter(merge="paper"), "s.prototxt")
+    assert o.comm == "mgwfbp-paper" and o.notes == [
+        's.prototxt: comm_param.merge paper is deprecated: write comm: "mgwfbp-paper" instead']
+    with pytest.raises(CommError, match="--merge paper goes with --comm=mgwfbp only, but "
+                                        "--comm is 'wfbp'; leave --merge out"):
+        options_from(flags(comm="wfbp", merge="paper"))
     defaults = caffe_pb2.CommParameter()  # the proto's defaults agree with Options'
     assert options_from(flags(), defaults) == Options()
 
 
 @pytest.mark.parametrize("given, message", [
-    (dict(comm="ring"), "--comm: expected one of wfbp, synceasgd, mgwfbp, threshold"),
+    (dict(comm="ring"), "--comm: expected one of wfbp, synceasgd, mgwfbp, mgwfbp-paper, "
+                        "threshold, got 'ring'"),
     (dict(merge="greedy"), "--merge: expected one of optimal, paper"),
     (dict(bucket_mb=0.0), "--bucket-mb: must be > 0"),
     (dict(emulate_nodes=8), "--emulate-network and --emulate-nodes go together"),
     (dict(comm_timeout=-1.0), "--comm-timeout: must be > 0"),
-    (dict(profile_iters=1), "profile_iters: must be >= 2"),
+    (dict(profile_iters=1), "--profile-iters: must be >= 2"),
     (dict(comm_backend="ucx"), "--comm-backend: expected one of auto, mpi, nccl"),
     (dict(comm_backend="nccl", emulate_network="n.json", emulate_nodes=8),
      "--emulate-network works with the MPI backend only"),
@@ -122,6 +142,57 @@ def test_defaults_and_merge_to_scheme():
 def test_invalid_options(given, message):
     with pytest.raises(CommError, match=message):
         options_from(flags(**given))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("comm", "mgwbfp", "s.prototxt: comm_param.comm: expected one of wfbp, synceasgd, "
+                       "mgwfbp, mgwfbp-paper, threshold, got 'mgwbfp'; did you mean 'mgwfbp'?"),
+    ("merge", "greedy", "s.prototxt: comm_param.merge: expected one of optimal, paper, got "
+                        "'greedy'"),
+    ("bucket_mb", -1.0, "s.prototxt: comm_param.bucket_mb: must be > 0 MiB, got -1"),
+    ("profile_iters", 1, "s.prototxt: comm_param.profile_iters: must be >= 2"),
+    ("timeout", 0.0, "s.prototxt: comm_param.timeout: must be > 0 seconds, got 0"),
+])
+def test_comm_param_errors_name_the_solver_field(field, value, message):
+    """A bad value in the solver file is blamed on the solver field, not on a flag nobody
+    gave; the flag, when given, is named instead."""
+    cp = caffe_pb2.CommParameter(**{field: value})
+    with pytest.raises(CommError) as info:
+        options_from(flags(), cp, "s.prototxt")
+    assert str(info.value).startswith(message)
+    assert "--" not in str(info.value).split(":")[1]
+
+
+def test_a_saved_plan_decides_the_scheme_and_contradictions_are_refused(tmp_path):
+    profile = Profile("tiny", 1, 4, 0.01, (LayerProfile("fc1", 35, 0.004),
+                                           LayerProfile("fc2", 24, 0.001)))
+    path = tmp_path / "p8.json"
+    make_plan(profile, CostModel(1e-3, 1e-9, nodes=8), "wfbp", nodes=8).save(path)
+    # --comm left out: the plan's scheme is what trains
+    assert options_from(flags(plan=str(path))).scheme == "wfbp"
+    assert options_from(flags(plan=str(path), comm="wfbp")).scheme == "wfbp"
+    with pytest.raises(CommError, match=rf"--plan {path}: holds a wfbp plan, but --comm is "
+                                        r"mgwfbp: the plan's groups would train, not mgwfbp's; "
+                                        r"leave --comm out to train the plan, or leave --plan "
+                                        r"out to plan mgwfbp"):
+        options_from(flags(plan=str(path), comm="mgwfbp"))
+    # a plan made for 8 nodes on 2 ranks: said once, with the remedy
+    o = options_from(flags(plan=str(path)))
+    assert check_for_world(o, 8) == []
+    [note] = check_for_world(o, 2)
+    assert note.startswith(f"--plan {path} was made for 8 nodes, this run has 2: ")
+    assert "mgcaffe plan ... --nodes 2" in note
+    o = options_from(flags(plan=str(path), emulate_network="n.json", emulate_nodes=8))
+    assert check_for_world(o, 2) == []  # emulating the 8 it was made for
+
+
+def test_one_process_save_plan_needs_a_network_to_plan_for():
+    with pytest.raises(CommError, match=r"--save-plan p.json: one process has no all-reduce "
+                                        r"to plan for \(the plan would say a = b = 0\)"):
+        check_for_world(options_from(flags(save_plan="p.json")), 1)
+    assert check_for_world(options_from(flags(save_plan="p.json")), 2) == []
+    emulated = flags(save_plan="p.json", emulate_network="n.json", emulate_nodes=8)
+    assert check_for_world(options_from(emulated), 1) == []
 
 
 def test_benchmark_sizes_cover_the_gradient():
@@ -181,7 +252,7 @@ def test_ranks_start_and_stay_identical(comm):
     assert handles[0].plan is not None and handles[0].plan.digest() == handles[1].plan.digest()
     assert [list(g) for g in handles[0].plan.groups] == [g.names for g in
                                                          handles[0].executor.groups]
-    assert handles[0].plan.scheme == {"mgwfbp": "optimal"}.get(comm, comm)
+    assert handles[0].plan.scheme == comm  # the --comm value, also in the plan
     assert len(handles[0].grad_times) == 6 - 3  # timed after the plan was in place
     assert "predicted" in handles[0].summary()
     assert solvers[0].gradient_sync is None  # close() unhooked it
@@ -293,7 +364,7 @@ def test_plan_from_a_profile_is_saved_and_followed(tmp_path):
     solvers, handles, errors = train(2, args, iters=3)
     assert errors == [None, None]
     saved = json.loads((tmp_path / "plan.json").read_text())
-    assert saved["scheme"] == "optimal" and saved["a"] == 0.002
+    assert saved["scheme"] == "mgwfbp" and saved["a"] == 0.002
     assert [g.names for g in handles[1].executor.groups] == saved["groups"]
     assert handles[0].profiler is None  # no profiling with a profile given
     # the saved plan is reusable: both ranks read it, nothing is planned

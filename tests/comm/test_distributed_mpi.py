@@ -26,8 +26,8 @@ MODES = {  # name: flags
     # conv1's backward waits 0.1 s first: room for the first all-reduce to start (check_trace)
     "wfbp": ["--comm", "wfbp", "--slow-first-layer", "0.1"],
     "synceasgd": ["--comm", "synceasgd"],
-    "mgwfbp-optimal": ["--comm", "mgwfbp", "--merge", "optimal"],
-    "mgwfbp-paper": ["--comm", "mgwfbp", "--merge", "paper"],
+    "mgwfbp": ["--comm", "mgwfbp"],
+    "mgwfbp-paper": ["--comm", "mgwfbp-paper"],
     "threshold": ["--comm", "threshold", "--bucket-mb", "0.05"],
 }
 
@@ -147,7 +147,7 @@ def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
     assert "measured in situ on the slowest of 2 rank(s)" in log
 
 
-@pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp-optimal")])
+@pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp")])
 def test_every_mode_matches_one_process_with_the_combined_batch(digits, reference, n, mode):
     root, solver = digits
     out = root / f"w_{mode}_{n}"
@@ -165,9 +165,9 @@ def test_every_mode_matches_one_process_with_the_combined_batch(digits, referenc
     for got, want in zip(ranks[0], reference):
         scale = float(np.abs(want).max())
         assert float(np.abs(got - want).max()) <= 1e-5 * scale
-    check_trace(load_trace(trace), n, mode.split("-")[0])
+    check_trace(load_trace(trace), n, mode)
     assert "measured" in log and "predicted" in log  # measured vs predicted is logged
-    assert re.search(r"plan \w+ \([0-9a-f]{12}\)", log)
+    assert re.search(r"plan [\w-]+ \([0-9a-f]{12}\)", log)
     if n == 4:
         assert log.count("Testing net (#0)") == 3  # iterations 0, 3, 6
 
@@ -218,15 +218,15 @@ def test_mgcaffe_train_under_mpiexec(digits):
     root, solver = digits
     path = solver(8, 6, extra='comm_param { comm: "wfbp" profile_iters: 2 }\n')
     plan = root / "cli_plan.json"
-    status, log, _ = run_mpi(2, ["-m", "mgcaffe", "train", "--solver", path, "--merge",
-                                 "paper", "--comm", "mgwfbp", "--save-plan", plan], timeout=120)
+    status, log, _ = run_mpi(2, ["-m", "mgcaffe", "train", "--solver", path, "--comm",
+                                 "mgwfbp-paper", "--save-plan", plan], timeout=120)
     assert status == 0, log
-    assert "comm=mgwfbp merge=paper" in log  # the flag beat comm_param's wfbp
-    assert json.loads(plan.read_text())["scheme"] == "mgwfbp"
+    assert "comm=mgwfbp-paper" in log  # the flag beat comm_param's wfbp
+    assert json.loads(plan.read_text())["scheme"] == "mgwfbp-paper"
     assert "measured" in log and "predicted" in log and "Optimization Done." in log
 
 
-@pytest.mark.parametrize("mode", ["wfbp", "mgwfbp-optimal"])
+@pytest.mark.parametrize("mode", ["wfbp", "mgwfbp"])
 def test_in_place_reduction_is_bit_identical_to_packing(digits, mode):
     """The flat gradient buffer reduced in place (the default) and every group packed into
     the executor's buffer (--pack-gradients) train to bit-identical weights."""

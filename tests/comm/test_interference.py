@@ -59,7 +59,7 @@ def test_hand_computed_two_layer_timeline():
     assert wfbp.backward_end == (4.5, 2.0) and wfbp.ideal == 4.0  # ideal: undisturbed
     sync = make_plan(profile, cost, "synceasgd")
     assert sync.iteration_time == 5.0
-    opt = make_plan(profile, cost, "optimal")
+    opt = make_plan(profile, cost, "mgwfbp")
     assert opt.iteration_time == 5.0 and opt.groups == (("l2", "l1"),)
     # without interference both take 5 s and the paper's model cannot tell them apart
     plain = CostModel(1.0, 0.0)
@@ -83,7 +83,7 @@ def test_state_dp_without_interference_matches_the_paper_dp(make_random_profile)
         cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8))
         runs, _ = planner._optimal_interfered_runs(profile, cost, strict=False)
         t = timeline(profile, cost, planner._groups_from_runs(profile, runs)).iteration_time
-        assert t == pytest.approx(make_plan(profile, cost, "optimal").iteration_time,
+        assert t == pytest.approx(make_plan(profile, cost, "mgwfbp").iteration_time,
                                   rel=1e-12)
 
 
@@ -96,7 +96,7 @@ def test_interference_travels_through_network_json_and_plans(tmp_path):
     with pytest.raises(PlanError, match=r"fits.2.interference\[0\]\[1\]"):
         Network.from_dict({"fits": {"2": {"a": 1, "b": 1, "interference": [[4, "x"]]}}})
     profile = toy([1000, 2000, 3000], [1e-3, 2e-3, 3e-3], forward=1e-3)
-    plan = make_plan(profile, cost, "optimal")
+    plan = make_plan(profile, cost, "mgwfbp")
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.from_dict(json.loads(path.read_text()))
@@ -137,7 +137,7 @@ def test_hand_computed_timeline_with_comm_slowed_during_backward():
     assert wfbp.comm_start == (2.0, 5.0) and wfbp.comm_end == (4.0, 6.0)
     assert wfbp.backward_end == (5.0, 2.0)
     assert make_plan(profile, cost, "synceasgd").iteration_time == 5.0
-    assert make_plan(profile, cost, "optimal").groups == (("l2", "l1"),)
+    assert make_plan(profile, cost, "mgwfbp").groups == (("l2", "l1"),)
 
 
 def test_backward_ends_inside_a_slowed_message():
@@ -179,7 +179,7 @@ def test_optimal_equals_brute_force_under_rho_and_sigma(L, make_random_profile):
         cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8),
                          interference=rho, comm_slowdown=sigma)
         best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
-        opt = make_plan(profile, cost, "optimal")
+        opt = make_plan(profile, cost, "mgwfbp")
         assert opt.exact
         assert opt.iteration_time == pytest.approx(best, rel=1e-12)
         for s in SCHEMES:
@@ -197,7 +197,7 @@ def test_optimal_exact_with_integer_times_and_ties():
                          interference=((4, rng.choice((0.0, 1.0, 3.0))),),
                          comm_slowdown=((4, rng.choice((1.0, 2.0, 4.0))),))
         best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
-        assert make_plan(profile, cost, "optimal").iteration_time == best
+        assert make_plan(profile, cost, "mgwfbp").iteration_time == best
 
 
 def test_the_idling_dominance_is_wrong_under_sigma():
@@ -218,14 +218,14 @@ def test_a_cut_search_says_it_is_not_proven(make_random_profile, monkeypatch):
     rng = random.Random(2)
     profile = make_random_profile(rng, 40)
     cost = CostModel(2.7e-4, 3.4e-9, interference=((4, 1.0),), comm_slowdown=((4, 1.3),))
-    full = make_plan(profile, cost, "optimal")
+    full = make_plan(profile, cost, "mgwfbp")
     monkeypatch.setattr(planner, "FRONT_BUDGET", 10)  # one state per front
-    cut = make_plan(profile, cost, "optimal")
+    cut = make_plan(profile, cost, "mgwfbp")
     assert full.exact and not cut.exact
     assert Plan.from_dict(cut.to_dict()).exact is False
     assert "exact" not in full.to_dict()
     # never worse than the schemes it is bounded by
-    for s in ("wfbp", "synceasgd", "mgwfbp"):
+    for s in ("wfbp", "synceasgd", "mgwfbp-paper"):
         assert cut.iteration_time <= make_plan(profile, cost, s).iteration_time * (1 + 1e-12)
     assert cut.iteration_time >= full.iteration_time * (1 - 1e-12)
 
@@ -246,7 +246,7 @@ def test_comm_slowdown_in_network_json_and_plans(tmp_path):
     with pytest.raises(PlanError, match=r"fits.2.comm_slowdown: must be a number or a list"):
         Network.from_dict({"fits": {"2": {"a": 1, "b": 1, "comm_slowdown": "x"}}})
     profile = toy([1000, 2000, 3000], [1e-3, 2e-3, 3e-3], forward=1e-3)
-    plan = make_plan(profile, cost, "optimal")
+    plan = make_plan(profile, cost, "mgwfbp")
     again = Plan.from_dict(json.loads(plan.to_json()))
     assert again.comm_slowdown == cost.comm_slowdown
 
@@ -281,5 +281,5 @@ def test_the_bound_stays_below_every_continuation():
                                         cost.sigma(size), total)
                 F, k = s + d, j - 1
             assert F == pytest.approx(end, rel=1e-12)  # the states replay the timeline
-        assert make_plan(profile, cost, "optimal").iteration_time == pytest.approx(best,
+        assert make_plan(profile, cost, "mgwfbp").iteration_time == pytest.approx(best,
                                                                                    rel=1e-12)

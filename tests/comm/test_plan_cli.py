@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -31,10 +32,13 @@ def test_table(capsys, inputs):
     assert rc == 0, err
     assert "googlenet: 64 learnable layers" in out
     assert "N = 64: a = 5702.76 us" in out
+    # one row per registered scheme, named as --comm names it, ending with its flags
     for s in SCHEMES:
-        assert f"\n{s} " in out
-    assert "+10.81%" in out  # Algorithm 1 above the optimum
-    assert "optimal: 5 messages" in out
+        assert re.search(rf"^{re.escape(s)} .* --comm={re.escape(s)}\b", out, re.M), s
+    assert re.search(r"^mgwfbp .* \+0\.00% .* --comm=mgwfbp \(the default\)$", out, re.M)
+    assert re.search(r"^mgwfbp-paper .* \+10\.81% ", out, re.M)  # Algorithm 1 above the best
+    assert re.search(r"^threshold .* --comm=threshold --bucket-mb 25$", out, re.M)
+    assert "mgwfbp: 5 messages" in out
     assert "wfbp: each of the 64 layers is its own message" in out
 
 
@@ -54,7 +58,9 @@ def test_json_shape(capsys, inputs, paper_dir):
         assert got["iteration_time"] == plan.iteration_time
         assert got["non_overlapped_comm"] == plan.non_overlapped_comm
         assert got["digest"] == plan.digest()
-    assert d["schemes"]["optimal"]["above_optimal"] == 0
+    assert d["schemes"]["mgwfbp"]["above_best"] == 0 and d["default"] == "mgwfbp"
+    assert d["schemes"]["threshold"]["train_flags"] == "--comm=threshold --bucket-mb 25"
+    assert d["schemes"]["mgwfbp-paper"]["train_flags"] == "--comm=mgwfbp-paper"
 
 
 def test_scheme_subset_and_save(capsys, inputs, tmp_path):
@@ -62,13 +68,14 @@ def test_scheme_subset_and_save(capsys, inputs, tmp_path):
     rc, out, _ = run(capsys, "plan", *inputs, "--nodes", "16", "--scheme", "infocom",
                      "--save-plan", str(path))
     assert rc == 0
-    assert "mgwfbp" in out and "optimal " not in out
+    assert "\nmgwfbp-paper " in out and "\nmgwfbp " not in out
     plan = load_plan(path)
-    assert plan.scheme == "mgwfbp" and plan.nodes == 16
+    assert plan.scheme == "mgwfbp-paper" and plan.nodes == 16
     assert plan.digest()[:16] in out
-    # several schemes: the optimal plan is saved
+    assert f"train it with `mgcaffe train ... --plan {path}` on 16 ranks" in out
+    # several schemes: the default's plan is saved
     rc, _, _ = run(capsys, "plan", *inputs, "--nodes", "16", "--save-plan", str(path))
-    assert rc == 0 and load_plan(path).scheme == "optimal"
+    assert rc == 0 and load_plan(path).scheme == "mgwfbp"
 
 
 def test_a_b_override(capsys, paper_dir):
@@ -78,13 +85,13 @@ def test_a_b_override(capsys, paper_dir):
     d = json.loads(out)
     assert (d["a"], d["b"], d["nodes"]) == (0.0, 1e-9, None)
     s = d["schemes"]
-    assert s["wfbp"]["iteration_time"] == pytest.approx(s["optimal"]["iteration_time"])
+    assert s["wfbp"]["iteration_time"] == pytest.approx(s["mgwfbp"]["iteration_time"])
     rc, out, _ = run(capsys, "plan", "--profile", str(paper_dir / "resnet50-k80.json"),
                      "--network", str(paper_dir / "network-10gbe.json"), "--nodes", "8",
                      "--a", "0.5", "--json")
     d = json.loads(out)
     assert d["a"] == 0.5 and d["b"] == pytest.approx(3.337284927836494e-09)
-    assert d["schemes"]["optimal"]["messages"] == 1
+    assert d["schemes"]["mgwfbp"]["messages"] == 1
 
 
 def test_use_formula_and_bucket(capsys, paper_dir):

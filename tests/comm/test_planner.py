@@ -14,6 +14,8 @@ import pytest
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
 from mgcaffe.comm.model.planner import (
     DEFAULT_BUCKET_BYTES,
+    DEFAULT_SCHEME,
+    REGISTRY,
     SCHEMES,
     Plan,
     canonical_scheme,
@@ -93,7 +95,7 @@ def test_optimal_equals_brute_force(L, make_random_profile):
         profile = make_random_profile(rng, L, zero_params=True)
         cost = random_cost(rng)
         best = min(timeline(profile, cost, g).iteration_time for g in all_groupings(profile))
-        opt = make_plan(profile, cost, "optimal")
+        opt = make_plan(profile, cost, "mgwfbp")
         check_plan(opt, profile, cost)
         assert opt.iteration_time == pytest.approx(best, rel=REL)
         for s in SCHEMES:
@@ -109,7 +111,7 @@ def test_optimal_brute_force_integer_times():
                       forward=rng.randint(0, 3))
         cost = CostModel(rng.randint(0, 4), 0.25 * rng.randint(0, 2))
         best = min(timeline(profile, cost, g).iteration_time for g in all_groupings(profile))
-        assert make_plan(profile, cost, "optimal").iteration_time == best
+        assert make_plan(profile, cost, "mgwfbp").iteration_time == best
 
 
 # ----------------------------------------------------------------------------- Algorithm 1
@@ -121,11 +123,11 @@ def test_algorithm1_by_hand_not_optimal():
     13..21. The optimum sends {3} 4..9 and {2,1} 11..20; WFBP ends at 22, SyncEASGD at 21."""
     profile = toy([4, 1, 1], [4, 3, 4])
     cost = CostModel(4.0, 0.25)
-    greedy = make_plan(profile, cost, "mgwfbp")
+    greedy = make_plan(profile, cost, "mgwfbp-paper")
     assert greedy.groups == (("l3", "l2"), ("l1",))
     assert greedy.comm_start == (7.0, 13.0) and greedy.comm_end == (13.0, 21.0)
     assert greedy.iteration_time == 21.0
-    opt = make_plan(profile, cost, "optimal")
+    opt = make_plan(profile, cost, "mgwfbp")
     assert opt.groups == (("l3",), ("l2", "l1"))
     assert (opt.comm_start, opt.comm_end, opt.iteration_time) == ((4.0, 11.0), (9.0, 20.0), 20.0)
     assert make_plan(profile, cost, "wfbp").iteration_time == 22.0
@@ -138,7 +140,7 @@ def test_algorithm1_c1_chain():
     """Short backward, large start-up: C.1/C.2 merge everything into one message."""
     profile = toy([1, 1, 1], [0.5, 0.5, 0.5])
     cost = CostModel(1.0, 0.0)
-    plan = make_plan(profile, cost, "mgwfbp")
+    plan = make_plan(profile, cost, "mgwfbp-paper")
     assert plan.groups == (("l3", "l2", "l1"),)
     assert plan.iteration_time == 2.5
     assert make_plan(profile, cost, "wfbp").iteration_time == 3.5
@@ -147,9 +149,9 @@ def test_algorithm1_c1_chain():
 def test_algorithm1_strict_inequality_at_the_boundary():
     """r == tau_c(l) + a is C.2's boundary: not merged (merge iff r < tau_c(l) + a)."""
     profile = toy([1, 1], [1.0, 1.0])  # ready(2) = 1, ready(1) = 2
-    plan = make_plan(profile, CostModel(1.0, 0.0), "mgwfbp")  # tau_c(2) = 1, 1 + a = 2 = r
+    plan = make_plan(profile, CostModel(1.0, 0.0), "mgwfbp-paper")  # tau_c(2) = 1, 1 + a = 2 = r
     assert plan.groups == (("l2",), ("l1",))
-    plan = make_plan(profile, CostModel(1.0 + 1e-9, 0.0), "mgwfbp")
+    plan = make_plan(profile, CostModel(1.0 + 1e-9, 0.0), "mgwfbp-paper")
     assert plan.groups == (("l2", "l1"),)
 
 
@@ -164,11 +166,11 @@ def test_algorithm1_never_worse_than_wfbp_or_synceasgd(make_random_profile):
         profile = make_random_profile(rng, rng.randint(2, 60))
         cost = random_cost(rng)
         plans = make_plans(profile, cost)
-        g = plans["mgwfbp"].iteration_time
+        g = plans["mgwfbp-paper"].iteration_time
         assert g <= plans["wfbp"].iteration_time * (1 + REL)
         assert g <= plans["synceasgd"].iteration_time * (1 + REL)
-        assert plans["optimal"].iteration_time <= g * (1 + REL)
-        worse += g > plans["optimal"].iteration_time * (1 + 1e-9)
+        assert plans["mgwfbp"].iteration_time <= g * (1 + REL)
+        worse += g > plans["mgwfbp"].iteration_time * (1 + 1e-9)
     # MODEL.md: strictly worse on about a quarter of random profiles (depends on the mix)
     assert 0.05 * n < worse < 0.5 * n
 
@@ -177,8 +179,8 @@ def test_greedy_above_optimal_on_googlenet_64(paper_dir):
     """MODEL.md: about 11% above the optimum on GoogleNet, 64 nodes, the authors' constants."""
     profile = load_profile(paper_dir / "googlenet-k80.json")
     cost = cost_for(load_network(paper_dir / "network-10gbe-paper-constants.json"), 64)
-    g = make_plan(profile, cost, "mgwfbp").iteration_time
-    o = make_plan(profile, cost, "optimal").iteration_time
+    g = make_plan(profile, cost, "mgwfbp-paper").iteration_time
+    o = make_plan(profile, cost, "mgwfbp").iteration_time
     assert g / o - 1 == pytest.approx(0.108, abs=0.001)
 
 
@@ -200,9 +202,9 @@ def test_wfbp_is_optimal_when_a_is_zero(make_random_profile):
         profile = make_random_profile(rng, rng.randint(1, 60))
         cost = CostModel(0.0, 10 ** rng.uniform(-10, -8))
         plans = make_plans(profile, cost)
-        assert plans["wfbp"].iteration_time == pytest.approx(plans["optimal"].iteration_time,
+        assert plans["wfbp"].iteration_time == pytest.approx(plans["mgwfbp"].iteration_time,
                                                             rel=REL)
-        assert plans["mgwfbp"].iteration_time == pytest.approx(plans["optimal"].iteration_time,
+        assert plans["mgwfbp-paper"].iteration_time == pytest.approx(plans["mgwfbp"].iteration_time,
                                                               rel=REL)
 
 
@@ -212,7 +214,7 @@ def test_everything_merges_when_a_is_huge(make_random_profile):
         profile = make_random_profile(rng, rng.randint(1, 60))
         cost = CostModel(1e3, 1e-9)  # a start-up far beyond the whole backward pass
         sync = make_plan(profile, cost, "synceasgd")
-        for s in ("mgwfbp", "optimal"):
+        for s in ("mgwfbp-paper", "mgwfbp"):
             plan = make_plan(profile, cost, s)
             assert plan.num_messages == 1
             assert plan.groups == sync.groups
@@ -257,10 +259,21 @@ def test_one_layer():
 
 # ----------------------------------------------------------------------------- the API
 def test_schemes_and_aliases():
-    assert SCHEMES == ("wfbp", "synceasgd", "mgwfbp", "optimal", "threshold")
-    assert canonical_scheme("infocom") == "mgwfbp"
+    # one name per scheme: the --comm value; the old names are aliases
+    assert SCHEMES == ("wfbp", "synceasgd", "mgwfbp", "mgwfbp-paper", "threshold")
+    assert DEFAULT_SCHEME == "mgwfbp"
+    assert canonical_scheme("infocom") == "mgwfbp-paper"
+    assert canonical_scheme("paper") == "mgwfbp-paper"
     assert canonical_scheme("MG-WFBP") == "mgwfbp"
+    assert canonical_scheme("optimal") == "mgwfbp"
     assert canonical_scheme("ddp") == "threshold"
+    assert [s.name for s in REGISTRY] == list(SCHEMES)
+    assert [s.name for s in REGISTRY if s.baseline] == ["wfbp", "synceasgd"]
+    assert all(s.summary for s in REGISTRY)
+    profile, cost = toy([4, 1, 1], [4, 3, 4]), CostModel(4.0, 0.25)
+    for s in SCHEMES:  # a plan is named as it was asked for, whatever the spelling
+        assert make_plan(profile, cost, s).scheme == s
+    assert make_plan(profile, cost, "optimal").scheme == "mgwfbp"
     with pytest.raises(PlanError, match="unknown scheme 'fastest'"):
         make_plan(toy([1], [1]), CostModel(0, 0), "fastest")
 
@@ -285,9 +298,9 @@ def test_timeline_rejects_bad_groups():
 def test_plan_is_frozen_and_records_nodes(paper_dir):
     profile = load_profile(paper_dir / "googlenet-k80.json")
     cost = cost_for(load_network(paper_dir / "network-10gbe.json"), 8)
-    plan = make_plan(profile, cost, "optimal")
+    plan = make_plan(profile, cost, "mgwfbp")
     assert plan.nodes == 8
-    assert make_plan(profile, cost, "optimal", nodes=16).nodes == 16
+    assert make_plan(profile, cost, "mgwfbp", nodes=16).nodes == 16
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.iteration_time = 0.0  # type: ignore[misc]
 
@@ -304,9 +317,9 @@ def test_plan_round_trip_and_digest(tmp_path, paper_dir):
         plan.save(path)
         assert load_plan(path) == plan
     # stable across versions and machines: ranks compare these
-    assert plans["optimal"].digest() == \
-        "2f7088d0024e846a73713ad370e9ebcb744cc0b8085732472fe4485c499ea106"
     assert plans["mgwfbp"].digest() == \
+        "2f7088d0024e846a73713ad370e9ebcb744cc0b8085732472fe4485c499ea106"
+    assert plans["mgwfbp-paper"].digest() == \
         "600fbbd999d7ae27f872606835942cd33ada985ededacd91fd84f4f4946d74df"
     assert len({p.digest() for p in plans.values()}) == len(plans)
     # the digest ignores timing (a, b), only what is packed and in which order
@@ -314,10 +327,29 @@ def test_plan_round_trip_and_digest(tmp_path, paper_dir):
     assert other.digest() == plans["wfbp"].digest()
 
 
+def test_plans_written_under_the_old_names_load_under_the_new(tmp_path):
+    """Format 1 called Algorithm 1 `mgwfbp` and the optimum `optimal`; the groups (and so the
+    digest) are untouched, the scheme is read under its new name."""
+    profile, cost = toy([4, 1, 1], [4, 3, 4]), CostModel(4.0, 0.25)
+    for old, new in (("mgwfbp", "mgwfbp-paper"), ("optimal", "mgwfbp"), ("wfbp", "wfbp")):
+        d = make_plan(profile, cost, new).to_dict()
+        assert d["format"] == "mgcaffe-plan/2" and d["scheme"] == new
+        d.update(format="mgcaffe-plan/1", scheme=old)
+        path = tmp_path / f"{old}.json"
+        path.write_text(json.dumps(d))
+        plan = load_plan(path)
+        assert plan.scheme == new and plan.digest() == d["digest"]
+    # today's format keeps the name it holds
+    d = make_plan(profile, cost, "mgwfbp").to_dict()
+    assert Plan.from_dict(d).scheme == "mgwfbp"
+    with pytest.raises(PlanError, match="format: expected 'mgcaffe-plan/2', got 'x'"):
+        Plan.from_dict(dict(d, format="x"))
+
+
 def test_plan_from_dict_rejects_edits(paper_dir, tmp_path):
     profile = load_profile(paper_dir / "googlenet-k80.json")
     cost = cost_for(load_network(paper_dir / "network-10gbe.json"), 64)
-    d = make_plan(profile, cost, "optimal").to_dict()
+    d = make_plan(profile, cost, "mgwfbp").to_dict()
 
     def bad(mutate, match):
         dd = json.loads(json.dumps(d))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -22,9 +23,20 @@ def test_table(capsys, inputs):
     assert main(["simulate", *inputs, "--nodes", "4", "8", "64"]) == 0
     out = capsys.readouterr().out
     assert "resnet50: 107 learnable layers" in out
-    assert "MG-WFBP/SyncEASGD" in out
     lines = [line.split() for line in out.splitlines()]
-    assert [row[0] for row in lines if row and row[0].isdigit()] == ["4", "8", "64"]
+    # one column per registered scheme, named as --comm names it
+    head = next(row for row in lines if row[:1] == ["N"])
+    assert head[-len(SCHEMES):] == list(SCHEMES)
+    rows = [row for row in lines if row and row[0].isdigit()]
+    assert [row[0] for row in rows] == ["4", "8", "64"] * 2
+    # then how many times each merging scheme is faster than the two extremes, per N
+    at = lines.index(["how", "many", "times", "faster", "than", "wfbp", "/", "synceasgd:"])
+    assert lines[at + 1] == ["N", "mgwfbp", "mgwfbp-paper", "threshold"]
+    assert len(rows[3]) == 1 + 3 * 3 and rows[3][2::3] == ["/"] * 3
+    # and the flags that train each one
+    for s in SCHEMES:
+        assert re.search(rf"^  {re.escape(s)} +--comm={re.escape(s)}\b", out, re.M), s
+    assert "--comm=threshold --bucket-mb 25 " in out
 
 
 def test_json(capsys, inputs):
@@ -34,25 +46,35 @@ def test_json(capsys, inputs):
     assert d["schemes"] == list(SCHEMES)
     p64 = d["points"][-1]
     assert p64["nodes"] == 64
-    assert p64["schemes"]["optimal"]["speedup"] == pytest.approx(51.894445086557944, rel=1e-9)
-    assert p64["ratios"]["optimal_over_synceasgd"] == pytest.approx(1.47580753598188, rel=1e-9)
-    assert p64["above_optimal"]["mgwfbp"] == pytest.approx(0.4758075359818801, rel=1e-9)
+    assert p64["schemes"]["mgwfbp"]["speedup"] == pytest.approx(51.894445086557944, rel=1e-9)
+    assert p64["ratios"]["mgwfbp_over_synceasgd"] == pytest.approx(1.47580753598188, rel=1e-9)
+    assert p64["above_best"]["mgwfbp-paper"] == pytest.approx(0.4758075359818801, rel=1e-9)
 
 
 def test_markdown(capsys, inputs):
     assert main(["simulate", *inputs, "--nodes", "8", "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| N | a (ms) | b (ns/B) | WFBP |")
+    assert out[0] == "| N | a (ms) | b (ns/B) | " + " | ".join(SCHEMES) + " |"
     assert out[1].startswith("|---:|")
     assert out[2].startswith("| 8 | 0.830 | 3.337 | 5.39 (67.4%) |")
+    assert out[3:6] == ["", "How many times faster than wfbp / synceasgd:", ""]
+    assert out[6] == "| N | mgwfbp | mgwfbp-paper | threshold |"
+    assert out[8].startswith("| 8 | 1.")
 
 
 def test_plots(capsys, inputs, tmp_path):
     plot, gantt = tmp_path / "s.png", tmp_path / "g.png"
     assert main(["simulate", *inputs, "--nodes", "4", "8", "--plot", str(plot),
                  "--gantt", "16", str(gantt)]) == 0
-    assert "gantt: N = 16: a = 2360.82 us" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # it says what it wrote, and where
+    assert f"wrote the scaling plot to {plot}\n" in out
+    assert f"wrote the timelines at N = 16 to {gantt} (N = 16: a = 2360.82 us" in out
     assert plot.read_bytes()[:8] == PNG and gantt.read_bytes()[:8] == PNG
+    # with --json the output stays JSON; the note goes to stderr
+    assert main(["simulate", *inputs, "--nodes", "4", "--json", "--plot", str(plot)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["nodes"] == [4] and f"wrote the scaling plot to {plot}" in err
 
 
 @pytest.mark.parametrize("argv, expect", [

@@ -97,9 +97,11 @@ def test_bench_comm_fit_warning():
     assert "rms residual (30.000 us) is larger than its intercept a (1.000 us)" in text
 
 
-def test_comm_param_typo_suggests(model, cli):
-    code, err = cli("train", "--solver", model.solver('comm_param { comm: "mgwbfp" }\n'),
-                    "--save-plan", model.dir / "plan.json")  # one rank with the trainer
+def test_comm_param_typo_suggests_and_names_the_solver_field(model, cli):
+    # one process, no distributed flag: the typo is still caught, and blamed on the field
+    solver = model.solver('comm_param { comm: "mgwbfp" }\n')
+    code, err = cli("train", "--solver", solver)
     assert code == 1
-    assert "--comm: expected one of wfbp, synceasgd, mgwfbp, threshold, got 'mgwbfp'; did " \
-           "you mean 'mgwfbp'?" in err
+    assert err.splitlines()[-1] == (
+        f"mgcaffe train: error: {solver}: comm_param.comm: expected one of wfbp, synceasgd, "
+        f"mgwfbp, mgwfbp-paper, threshold, got 'mgwbfp'; did you mean 'mgwfbp'?")

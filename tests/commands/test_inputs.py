@@ -3,7 +3,13 @@ dimensions, weights that miss the net's layers. Each gives one line and a non-ze
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+# one process plans for an emulated cluster: without one there is no all-reduce to plan for
+EMULATED = ("--emulate-network", Path(__file__).resolve().parents[2] / "models" / "paper"
+            / "network-10gbe.json", "--emulate-nodes", 8)
 
 
 def _line(err: str) -> str:
@@ -30,10 +36,21 @@ def test_output_path_that_is_a_directory(model, cli, tmp_path):
 def test_save_plan_that_no_run_can_make_is_an_error(model, cli, tmp_path):
     # max_iter 3 < profile_iters 5: the profile (hence the plan) is never complete.
     rc, err = cli("train", "--solver", model.solver(), "--iterations", 3, "--save-plan",
-                  tmp_path / "plan.json")
+                  tmp_path / "plan.json", *EMULATED)
     assert rc == 1
     assert "the plan is made after profiling 5 iterations, but this run trains 3" in _line(err)
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_one_process_save_plan_without_a_network_is_an_error(model, cli, tmp_path):
+    """One process has no all-reduce: the plan would say a = b = 0 and mislead any cluster
+    it were used on."""
+    plan = tmp_path / "plan.json"
+    rc, err = cli("train", "--solver", model.solver(), "--save-plan", plan)
+    assert rc == 1 and "Iteration" not in err
+    assert (f"--save-plan {plan}: one process has no all-reduce to plan for (the plan would "
+            "say a = b = 0); train under mpiexec -n N, add --emulate-network") in _line(err)
+    assert not plan.exists()
 
 
 @pytest.mark.parametrize("text", ["", 'name: "empty"\n',
@@ -175,7 +192,7 @@ def test_save_plan_of_a_run_that_ends_before_profiling_warns(model, cli, tmp_pat
     assert cli("train", "--solver", model.solver())[0] == 0
     plan = tmp_path / "plan.json"
     rc, err = cli("train", "--solver", model.solver(), "--iterations", 12, "--snapshot",
-                  model.dir / "snap_iter_10.solverstate", "--save-plan", plan)
+                  model.dir / "snap_iter_10.solverstate", "--save-plan", plan, *EMULATED)
     assert rc == 0, err
     assert (f"--save-plan {plan}: no plan was made (training ended at iteration 12, before "
             "profiling finished); nothing written") in err

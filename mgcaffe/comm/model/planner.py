@@ -1,20 +1,28 @@
 """Merge planner: which consecutive learnable layers share one all-reduce message.
 
 Pure functions of a `Profile` (per-layer sizes and backward times) and a `CostModel`
-(T_ar(M) = a + b*M); `../shared/paper/MODEL.md` states the model. Schemes:
+(T_ar(M) = a + b*M); docs/planner.md states the model. A scheme's name is exactly its
+`mgcaffe train --comm` value, and the same name is used in logs, `plan`/`simulate` rows, plans
+on disk and pictures. The schemes (`REGISTRY`, the one list every command renders; `SCHEMES`
+holds their names):
 
 - `wfbp`: every layer its own message (wait-free backpropagation).
 - `synceasgd`: one message of every gradient, after backward ends.
-- `mgwfbp`: the paper's Algorithm 1 (INFOCOM 2019) exactly: walk l = L..2 and make l a
-  merged-gradient layer (sent with l-1) iff ready(l-1) < tau_c(l) + a (Theorem 1), recomputing
-  the communication start times after each merge; O(L^2). Greedy, so not always optimal.
-- `optimal`: the best grouping of consecutive layers under the same model, by the exact dynamic
-  programme of MODEL.md: F(L+1) = 0, F(j) = min_{k>=j} max(F(k+1), ready(j)) + T_ar(bytes j..k),
-  t_iter = F(1); O(L^2) in the worst case.
+- `mgwfbp` (the default): the best grouping of consecutive layers under the paper's cost
+  model, by the exact dynamic programme: F(L+1) = 0, F(j) = min_{k>=j} max(F(k+1), ready(j))
+  + T_ar(bytes j..k), t_iter = F(1); O(L^2) in the worst case.
+- `mgwfbp-paper`: the paper's Algorithm 1 (INFOCOM 2019) exactly: walk l = L..2 and make l a
+  merged-gradient layer (sent with l-1) iff ready(l-1) < tau_c(l) + a (Theorem 1),
+  recomputing the communication start times after each merge; O(L^2). Greedy, so not always
+  optimal.
 - `threshold`: buckets of at least B bytes filled in backward order (PyTorch DDP's 25 MB
   buckets, Horovod's fusion buffer); the last bucket may be smaller.
 
-Every scheme's groups go through the same `timeline()` (the recurrences of MODEL.md):
+A new scheme is one more `Scheme` entry in `REGISTRY` (its name, a one-line summary and the
+function that groups the layers): `plan`, `simulate`, the pictures, `--comm` and the demo
+render whatever that list holds.
+
+Every scheme's groups go through the same `timeline()` (the recurrences of the model):
 backward of layer l runs [tau_b(l), ready(l)) with tau_b(L) = t_f; messages go one at a time in
 backward order, a group starting at max(end of the previous message, ready of its
 input-most layer) and lasting T_ar(its bytes); t_iter = end of the last message (times from the
@@ -23,7 +31,9 @@ start of the forward pass).
 A `Plan` is data: groups (in the order they are communicated, output side first; each group
 a list of layer names in backward order), their sizes, the predicted timeline, the iteration
 time and its non-overlapped communication. It serialises to JSON (`save`, `load_plan`) and
-has a `digest()` that ranks compare before training together.
+has a `digest()` that ranks compare before training together. Plans written before the
+schemes were renamed (format `mgcaffe-plan/1`, where `mgwfbp` meant Algorithm 1 and
+`optimal` the optimum) load under the new names.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import hashlib
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -41,30 +52,15 @@ from ...errors import PlanError
 from .cost import CostModel
 from .profile import Profile, as_float, as_int, read_json, require, require_mapping
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "PLAN_FORMAT", "SCHEMES", "Plan", "canonical_scheme",
-           "load_plan", "make_plan", "make_plans", "timeline"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "PLAN_FORMAT", "REGISTRY", "SCHEMES",
+           "Plan", "Scheme", "canonical_scheme", "load_plan", "make_plan", "make_plans",
+           "scheme_named", "timeline"]
 
-SCHEMES = ("wfbp", "synceasgd", "mgwfbp", "optimal", "threshold")
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # PyTorch DDP's bucket_cap_mb = 25
-PLAN_FORMAT = "mgcaffe-plan/1"
-
-_SCHEME_ALIASES = {
-    "wfbp": "wfbp", "layerwise": "wfbp",
-    "synceasgd": "synceasgd", "sync_easgd": "synceasgd", "single": "synceasgd",
-    "mgwfbp": "mgwfbp", "mg_wfbp": "mgwfbp", "infocom": "mgwfbp", "paper": "mgwfbp",
-    "greedy": "mgwfbp",
-    "optimal": "optimal", "exact": "optimal", "dp": "optimal",
-    "threshold": "threshold", "bucket": "threshold", "buckets": "threshold", "ddp": "threshold",
-}
-
-
-def canonical_scheme(name: str) -> str:
-    """One of SCHEMES for a scheme name or alias (`infocom`/`paper` = mgwfbp, `ddp` =
-    threshold, `exact` = optimal); PlanError otherwise."""
-    key = str(name).strip().lower().replace("-", "_")
-    if key not in _SCHEME_ALIASES:
-        raise PlanError(f"scheme: unknown scheme {name!r} (choose from {', '.join(SCHEMES)})")
-    return _SCHEME_ALIASES[key]
+PLAN_FORMAT = "mgcaffe-plan/2"
+# format 1 named Algorithm 1 `mgwfbp` and the optimum `optimal`
+_FORMAT_1 = "mgcaffe-plan/1"
+_FORMAT_1_NAMES = {"mgwfbp": "mgwfbp-paper", "optimal": "mgwfbp"}
 
 
 # ----------------------------------------------------------------------------- the Plan
@@ -96,7 +92,7 @@ class Plan:
     bucket_bytes: int | None = field(default=None)
     interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
     comm_slowdown: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, sigma)
-    # False only for an `optimal` plan whose search was cut (FRONT_BUDGET): not proven optimal
+    # False only for an `mgwfbp` plan whose search was cut (FRONT_BUDGET): not proven optimal
     exact: bool = True
 
     # -- derived
@@ -177,11 +173,13 @@ class Plan:
         source = str(source)
         d = require_mapping(d, source)
         fmt = d.get("format", PLAN_FORMAT)
-        if fmt != PLAN_FORMAT:
+        if fmt not in (PLAN_FORMAT, _FORMAT_1):
             raise PlanError(f"{source}: format: expected {PLAN_FORMAT!r}, got {fmt!r}")
         scheme = require(d, "scheme", source)
         if not isinstance(scheme, str):
             raise PlanError(f"{source}: scheme: must be a string, got {scheme!r}")
+        if fmt == _FORMAT_1:
+            scheme = _FORMAT_1_NAMES.get(scheme, scheme)
         model = d.get("model", "")
         raw_layers = require(d, "layers", source)
         if not isinstance(raw_layers, list) or not raw_layers:
@@ -446,7 +444,7 @@ def _wfbp_runs(L: int) -> list[tuple[int, int]]:
     return [(l, l) for l in range(L, 0, -1)]
 
 
-def _mgwfbp_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
+def _algorithm1_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
     """Algorithm 1 of the paper, as MODEL.md states it."""
     L = profile.num_layers
     nb = profile.dtype_bytes
@@ -669,19 +667,19 @@ def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
     return kept
 
 
-FRONT_BUDGET = 1_000_000  # state transitions of `optimal` under the extended model (~1 s)
+FRONT_BUDGET = 1_000_000  # state transitions of `mgwfbp` under the extended model (~1 s)
 
 
 def _optimal_extended_runs(profile: Profile, cost: CostModel
                            ) -> tuple[list[tuple[int, int]], bool]:
-    """`optimal` under the extended model: (runs, proven optimal). The state programme
+    """`mgwfbp` under the extended model: (runs, proven optimal). The state programme
     (strict dominance when some sigma > 1, else the idling one), bounded by the best of a few
     groupings so that only states that could still beat it are kept; past FRONT_BUDGET
     transitions fronts are cut (then not proven, and never worse than the best of those
     groupings)."""
     L = profile.num_layers
     strict = any(sigma > 1 for _, sigma in cost.comm_slowdown)
-    candidates = [_wfbp_runs(L), [(L, 1)], _mgwfbp_runs(profile, cost),
+    candidates = [_wfbp_runs(L), [(L, 1)], _algorithm1_runs(profile, cost),
                   _optimal_runs(profile, cost)]
 
     def time_of(runs):
@@ -712,31 +710,91 @@ def _threshold_runs(profile: Profile, bucket_bytes: int) -> list[tuple[int, int]
     return runs
 
 
+def _optimum(profile: Profile, cost: CostModel, bucket_bytes: int | None
+             ) -> tuple[list[tuple[int, int]], bool]:
+    if not getattr(cost, "interferes", False):
+        return _optimal_runs(profile, cost), True
+    return _optimal_extended_runs(profile, cost)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way of grouping the layers into messages.
+
+    `name` is the scheme's one name: the `--comm` value that trains it, the plan's `scheme`,
+    the row of `plan` and `simulate`, the label of pictures. `summary` says in a few words
+    what it sends (help texts and tables). `runs(profile, cost, bucket_bytes)` returns the
+    groups as (high, low) 1-based layer runs, output side first, and whether the grouping
+    is proven optimal where the scheme promises that. `baseline`: one of the two extremes
+    (no merging, or all in one) that the others are compared with. `bucket`: the scheme
+    takes a bucket size (`--bucket-mb`). `aliases`: other spellings `canonical_scheme`
+    accepts."""
+
+    name: str
+    summary: str
+    runs: Callable[[Profile, CostModel, int | None], tuple[list[tuple[int, int]], bool]]
+    baseline: bool = False
+    bucket: bool = False
+    aliases: tuple[str, ...] = ()
+
+
+REGISTRY: tuple[Scheme, ...] = (
+    Scheme("wfbp", "one all-reduce per layer, each as soon as its gradient is ready",
+           lambda p, c, b: (_wfbp_runs(p.num_layers), True), baseline=True,
+           aliases=("layerwise",)),
+    Scheme("synceasgd", "one all-reduce of every gradient after backward",
+           lambda p, c, b: ([(p.num_layers, 1)], True), baseline=True,
+           aliases=("sync_easgd", "single")),
+    Scheme("mgwfbp", "merged groups: the exact optimum of the paper's cost model", _optimum,
+           aliases=("mg_wfbp", "optimal", "exact", "dp")),
+    Scheme("mgwfbp-paper", "merged groups by the paper's Algorithm 1 (greedy)",
+           lambda p, c, b: (_algorithm1_runs(p, c), True),
+           aliases=("paper", "infocom", "greedy", "algorithm1")),
+    Scheme("threshold", "buckets of at least --bucket-mb, filled in backward order",
+           lambda p, c, b: (_threshold_runs(p, DEFAULT_BUCKET_BYTES if b is None else b),
+                            True), bucket=True,
+           aliases=("bucket", "buckets", "ddp")),
+)
+DEFAULT_SCHEME = "mgwfbp"
+SCHEMES = tuple(s.name for s in REGISTRY)  # the names, in the order tables show them
+
+
+def _key(name: str) -> str:
+    return str(name).strip().lower().replace("-", "_")
+
+
+_BY_KEY = {_key(alias): s for s in REGISTRY for alias in (s.name, *s.aliases)}
+
+
+def scheme_named(name: str) -> Scheme:
+    """The Scheme a name or alias stands for; PlanError naming the choices otherwise."""
+    found = _BY_KEY.get(_key(name))
+    if found is None:
+        raise PlanError(f"scheme: unknown scheme {name!r} (choose from "
+                        f"{', '.join(SCHEMES)})")
+    return found
+
+
+def canonical_scheme(name: str) -> str:
+    """The scheme's one name (see SCHEMES) for a name or alias (`optimal` = mgwfbp,
+    `paper`/`infocom` = mgwfbp-paper, `ddp` = threshold); PlanError otherwise."""
+    return scheme_named(name).name
+
+
 def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int | None = None,
               *, nodes: int | None = None) -> Plan:
-    """Plan one scheme (see SCHEMES); `bucket_bytes` is the `threshold` bucket size (default
-    25 MiB) and is ignored by the others. `nodes` (default `cost.nodes`) is recorded only."""
-    scheme = canonical_scheme(scheme)
+    """Plan one scheme (a name of SCHEMES or an alias); `bucket_bytes` is the bucket size of
+    the schemes that take one (default 25 MiB) and is ignored by the others. `nodes`
+    (default `cost.nodes`) is recorded only."""
+    chosen = scheme_named(scheme)
     if not isinstance(profile, Profile):
         raise PlanError(f"make_plan: expected a Profile, got {type(profile).__name__}")
-    L = profile.num_layers
-    bucket, exact = None, True
-    if scheme == "wfbp":
-        runs = _wfbp_runs(L)
-    elif scheme == "synceasgd":
-        runs = [(L, 1)]
-    elif scheme == "mgwfbp":
-        runs = _mgwfbp_runs(profile, cost)
-    elif scheme == "optimal":
-        if not getattr(cost, "interferes", False):
-            runs = _optimal_runs(profile, cost)
-        else:
-            runs, exact = _optimal_extended_runs(profile, cost)
-    else:
+    bucket = None
+    if chosen.bucket:
         bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
-            bucket_bytes, "threshold", "bucket_bytes")
-        runs = _threshold_runs(profile, bucket)
-    return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=scheme,
+            bucket_bytes, chosen.name, "bucket_bytes")
+    runs, exact = chosen.runs(profile, cost, bucket)
+    return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=chosen.name,
                     nodes=nodes, bucket_bytes=bucket, exact=exact)
 
 

@@ -12,24 +12,30 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ...errors import PlanError
-from .planner import Plan
+from .planner import SCHEMES, Plan, scheme_named
 from .simulate import Scaling
 
-__all__ = ["LABELS", "gantt_chart", "scaling_plot"]
+__all__ = ["gantt_chart", "label", "scaling_plot"]
 
-LABELS = {"wfbp": "WFBP", "synceasgd": "SyncEASGD", "mgwfbp": "MG-WFBP (Alg. 1)",
-          "optimal": "MG-WFBP (optimal)", "threshold": "buckets"}
-_STYLE = {"wfbp": ("tab:blue", "o"), "synceasgd": ("tab:orange", "s"),
-          "mgwfbp": ("tab:red", "^"), "optimal": ("tab:green", "D"),
-          "threshold": ("tab:purple", "v")}
+# colours and markers by the scheme's place in the registry, so that a scheme keeps its
+# colour whichever subset is drawn, and a newly registered one gets the next
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+           "tab:pink", "tab:olive", "tab:cyan")
+_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "h")
 
 
-def _label(scheme: str, plan_or_scaling=None) -> str:
-    label = LABELS.get(scheme, scheme)
+def _style(scheme: str) -> tuple[str, str]:
+    i = SCHEMES.index(scheme) if scheme in SCHEMES else len(SCHEMES)
+    return _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
+
+
+def label(scheme: str, plan_or_scaling=None) -> str:
+    """A scheme's label in pictures: its name (the --comm value), with the bucket size for a
+    scheme that takes one."""
     bucket = getattr(plan_or_scaling, "bucket_bytes", None)
-    if scheme == "threshold" and bucket is not None:
-        label = f"buckets {bucket / 2**20:g} MiB"
-    return label
+    if scheme in SCHEMES and scheme_named(scheme).bucket and bucket is not None:
+        return f"{scheme} ({bucket / 2**20:g} MiB buckets)"
+    return scheme
 
 
 def _pyplot():
@@ -59,11 +65,11 @@ def scaling_plot(scaling: Scaling, path: str | Path, title: str | None = None) -
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
     ax_s.plot(nodes, nodes, color="0.6", linestyle="--", label="linear")
     for s in scaling.schemes:
-        color, marker = _STYLE.get(s, (None, "x"))
+        color, marker = _style(s)
         ax_s.plot(nodes, [p.schemes[s].speedup for p in scaling.points], marker=marker,
-                  color=color, label=_label(s, scaling))
+                  color=color, label=label(s, scaling))
         ax_e.plot(nodes, [100 * p.schemes[s].efficiency for p in scaling.points],
-                  marker=marker, color=color, label=_label(s, scaling))
+                  marker=marker, color=color, label=label(s, scaling))
     for ax in (ax_s, ax_e):
         ax.set_xscale("log", base=2)
         ax.set_xticks(nodes)
@@ -99,7 +105,7 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
         bars.reverse()  # backward order
         ax.broken_barh(bars, (10, 8), facecolors=["tab:blue", "lightsteelblue"] * len(bars),
                        edgecolor="none")
-        color = _STYLE.get(scheme, ("tab:gray", ""))[0]
+        color = _style(scheme)[0]
         comm = [(s * ms, (e - s) * ms) for s, e in zip(plan.comm_start, plan.comm_end)]
         ax.broken_barh(comm, (0, 8), facecolors=color, edgecolor="white", linewidth=0.5)
         for (s, w), group in zip(comm, plan.groups):
@@ -112,7 +118,7 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
         ax.set_yticklabels(["comm", "compute"], fontsize=8)
         ax.set_ylim(-1, 19)
         msgs = f"{plan.num_messages} message{'s' if plan.num_messages != 1 else ''}"
-        ax.set_title(f"{_label(scheme, plan)}: {msgs}, t_iter "
+        ax.set_title(f"{label(scheme, plan)}: {msgs}, t_iter "
                      f"{plan.iteration_time * ms:.1f} ms (ideal {plan.ideal * ms:.1f} ms)",
                      fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("time from the start of forward (ms)")

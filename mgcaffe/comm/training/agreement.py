@@ -31,9 +31,13 @@ SOLVER_FIELDS = ("type", "base_lr", "lr_policy", "gamma", "power", "stepsize", "
                  "test_interval", "test_initialization", "snapshot", "snapshot_prefix",
                  "snapshot_format", "snapshot_diff", "snapshot_after_train")
 
-# distributed Options fields; save_plan and thread_nice concern one rank only
-COMM_FIELDS = ("comm", "merge", "bucket_mb", "profile_iters", "replan_after", "timeout",
-               "emulate_nodes", "check_sync", "test_timeout", "backend", "pack_gradients")
+# distributed Options fields, each named as the user sets it (its flag); save_plan and
+# thread_nice concern one rank only
+COMM_FIELDS = {"comm": "--comm", "bucket_mb": "--bucket-mb", "profile_iters": "--profile-iters",
+               "replan_after": "--replan-after", "timeout": "--comm-timeout",
+               "emulate_nodes": "--emulate-nodes", "check_sync": "--check-sync",
+               "test_timeout": "the test timeout", "backend": "--comm-backend",
+               "pack_gradients": "--pack-gradients"}
 # Options holding a path: whether one is given must agree (it decides which collectives run
 # at start), not the path (a node may hold its copy elsewhere; a plan's content is compared
 # by its digest later)
@@ -73,10 +77,10 @@ def settings_of(solver: Any, options: Any) -> dict[str, Any]:
     for field in SOLVER_FIELDS:
         out[f"solver {field}"] = _plain(getattr(param, field))
     out["solver class"] = type(solver).__name__
-    for field in COMM_FIELDS:
-        out[f"comm {field}"] = _plain(getattr(options, field))
+    for field, flag in COMM_FIELDS.items():
+        out[flag] = _plain(getattr(options, field))
     for field in COMM_PATHS:
-        out[f"comm {field} given"] = bool(getattr(options, field, None))
+        out[f"whether --{field.replace('_', '-')} is given"] = bool(getattr(options, field, None))
     return out
 
 

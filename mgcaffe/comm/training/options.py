@@ -1,20 +1,28 @@
-"""The distributed settings: command-line flags over the solver's comm_param over defaults."""
+"""The distributed settings: command-line flags over the solver's comm_param over defaults.
+
+Every value remembers where it came from (`Options.origin`), so that an error names the flag
+the user typed or the solver field they wrote (`solver.prototxt: comm_param.comm: ...`), never
+a flag nobody gave. `--comm` takes the planner's scheme names (`planner.SCHEMES`): a scheme's
+name is its --comm value everywhere. The old `--merge paper` (comm_param `merge: "paper"`)
+still works and says what to write instead: `--comm=mgwfbp-paper`.
+"""
 
 from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import CommError
+from ...errors import CommError, PlanError
 from ..backends.communicator import Communicator
+from ..model.planner import DEFAULT_SCHEME, SCHEMES, Plan, load_plan, scheme_named
 
-__all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "options_from",
-           "wanted"]
+__all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "check_for_world",
+           "options_from", "wanted"]
 
-COMM_MODES = ("wfbp", "synceasgd", "mgwfbp", "threshold")
-MERGES = ("optimal", "paper")
+COMM_MODES = SCHEMES  # --comm takes exactly the planner's scheme names
+MERGES = ("optimal", "paper")  # the deprecated --merge: optimal = mgwfbp, paper = mgwfbp-paper
 BACKENDS = ("auto", "mpi", "nccl")
 
 
@@ -26,9 +34,15 @@ def _suggest(value, choices) -> str:
 
 @dataclass
 class Options:
-    """Every distributed setting; `options_from` fills it from flags over comm_param."""
+    """Every distributed setting; `options_from` fills it from flags over comm_param.
 
-    comm: str = "mgwfbp"
+    `origin` maps a field to where its value came from ("--comm", "S.prototxt:
+    comm_param.comm"); fields left at their defaults are absent. `plan_scheme`: the scheme
+    of the saved plan given (--plan), which is what trains. `notes`: warnings for the
+    user (deprecated spellings), logged once by rank 0. `merge` is kept only for the old
+    spelling: the scheme is `comm` alone."""
+
+    comm: str = DEFAULT_SCHEME
     merge: str = "optimal"
     bucket_mb: float = 25.0
     profile: str | None = None
@@ -46,32 +60,41 @@ class Options:
     backend: str = "auto"
     pack_gradients: bool = False
     thread_nice: int | None = -10
+    origin: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    plan_scheme: str | None = field(default=None, compare=False, repr=False)  # --plan's
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def scheme(self) -> str:
-        """The planner scheme: mgwfbp with merge=paper is Algorithm 1 ("mgwfbp"), with
-        merge=optimal the exact optimum ("optimal")."""
-        if self.comm == "mgwfbp":
-            return "mgwfbp" if self.merge == "paper" else "optimal"
-        return self.comm
+        """The scheme this run trains: a saved plan's (when --comm is left out), else the
+        --comm value."""
+        return self.plan_scheme or self.comm
+
+    def named(self, name: str, flag: str | None = None) -> str:
+        """Where the value of field `name` came from, for messages: the flag, the solver
+        field, or (left at its default) the flag that sets it."""
+        return self.origin.get(name, flag or f"--{name.replace('_', '-')}")
 
     def check(self) -> Options:
+        """Raise a CommError naming the flag or solver field of the first bad value."""
         if self.comm not in COMM_MODES:
-            raise CommError(f"--comm: expected one of {', '.join(COMM_MODES)}, got "
-                            f"{self.comm!r}{_suggest(self.comm, COMM_MODES)}")
+            raise CommError(f"{self.named('comm')}: expected one of {', '.join(COMM_MODES)}, "
+                            f"got {self.comm!r}{_suggest(self.comm, COMM_MODES)}")
         if self.merge not in MERGES:
-            raise CommError(f"--merge: expected one of {', '.join(MERGES)}, got {self.merge!r}"
-                            f"{_suggest(self.merge, MERGES)}")
+            raise CommError(f"{self.named('merge')}: expected one of {', '.join(MERGES)}, got "
+                            f"{self.merge!r}{_suggest(self.merge, MERGES)}")
         if not self.bucket_mb > 0:
-            raise CommError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
+            raise CommError(f"{self.named('bucket_mb')}: must be > 0 MiB, got "
+                            f"{self.bucket_mb:g}")
         if self.profile_iters < 2:
-            raise CommError(f"profile_iters: must be >= 2 (the first is skipped), got "
-                            f"{self.profile_iters}")
+            raise CommError(f"{self.named('profile_iters')}: must be >= 2 (the first is "
+                            f"skipped), got {self.profile_iters}")
         if self.replan_after < 0:
-            raise CommError(f"--replan-after: must be >= 0 (0: never), got "
+            raise CommError(f"{self.named('replan_after')}: must be >= 0 (0: never), got "
                             f"{self.replan_after}")
         if not self.timeout > 0:
-            raise CommError(f"--comm-timeout: must be > 0 seconds, got {self.timeout}")
+            raise CommError(f"{self.named('timeout', '--comm-timeout')}: must be > 0 seconds, "
+                            f"got {self.timeout:g}")
         if self.check_sync < 0:
             raise CommError(f"--check-sync: must be >= 0, got {self.check_sync}")
         if (self.emulate_network is None) != (self.emulate_nodes is None):
@@ -91,14 +114,14 @@ def add_arguments(parser) -> None:
     """The distributed flags of `mgcaffe train` (they override the solver's comm_param)."""
     g = parser.add_argument_group("distributed training (start under mpiexec -n N)")
     g.add_argument("--comm", choices=COMM_MODES, default=None,
-                   help="gradient communication: wfbp (one all-reduce per layer), synceasgd "
-                        "(one after backward), mgwfbp (merged groups; default), threshold "
-                        "(buckets of --bucket-mb)")
+                   help="gradient communication (`mgcaffe plan` compares them): " + "; ".join(
+                       f"{s.name}: {s.summary}" for s in map(scheme_named, COMM_MODES))
+                   + f" (default {DEFAULT_SCHEME})")
     g.add_argument("--merge", choices=MERGES, default=None,
-                   help="planner behind --comm=mgwfbp: optimal (exact optimum; default) or "
-                        "paper (the paper's Algorithm 1)")
-    g.add_argument("--bucket-mb", type=float, default=None, metavar="B",
-                   help="bucket size in MB for --comm=threshold (default 25)")
+                   help="deprecated: --merge paper is --comm=mgwfbp-paper, --merge optimal is "
+                        "--comm=mgwfbp (the default)")
+    g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB",
+                   help="bucket size in MiB for --comm=threshold (default 25)")
     g.add_argument("--profile", default=None, metavar="P.json",
                    help="layer profile to plan from (default: measured on the first "
                         "iterations)")
@@ -107,7 +130,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--plan", default=None, metavar="PLAN.json",
                    help="use this saved plan (no profiling, no planning)")
     g.add_argument("--save-plan", default=None, metavar="PLAN.json",
-                   help="write the plan used (rank 0)")
+                   help="write the plan used (rank 0); needs several ranks or an emulated "
+                        "network: one process has no all-reduce to plan for")
     g.add_argument("--profile-iters", type=int, default=None, metavar="N",
                    help="iterations timed for the profile (the first is skipped; default 5)")
     g.add_argument("--replan-after", type=int, default=None, metavar="N",
@@ -146,31 +170,107 @@ def _resolve_path(value: str, solver_path: str | None) -> str:
     return alt if os.path.exists(alt) else value
 
 
+# comm_param field -> Options field; the flags of the same meaning override them
+_COMM_PARAM_FIELDS = (("comm", "comm"), ("merge", "merge"), ("bucket_mb", "bucket_mb"),
+                      ("profile_iters", "profile_iters"), ("timeout", "timeout"))
+_FLAGS = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
+          "network": "network", "plan": "plan", "save_plan": "save_plan",
+          "profile_iters": "profile_iters", "replan_after": "replan_after",
+          "timeline": "timeline",
+          "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
+          "check_sync": "check_sync", "comm_timeout": "timeout",
+          "comm_backend": "backend", "pack_gradients": "pack_gradients",
+          "comm_thread_nice": "thread_nice"}
+
+
 def options_from(args: Any, comm_param: Any = None, solver_path: str | None = None) -> Options:
-    """Options from the solver's comm_param, each overridden by its flag when given."""
+    """Options from the solver's comm_param, each overridden by its flag when given; checked
+    (CommError naming the flag or the solver field). With a plan (--plan or comm_param.plan),
+    the plan is read: its scheme is what trains (a --comm that names another is an error)."""
     o = Options()
+    where = f"{solver_path}: comm_param" if solver_path else "comm_param"
     if comm_param is not None:
-        o.comm = comm_param.comm
-        o.merge = comm_param.merge
-        o.bucket_mb = float(comm_param.bucket_mb)
-        o.profile_iters = int(comm_param.profile_iters)
-        o.timeout = float(comm_param.timeout)
+        for pfield, name in _COMM_PARAM_FIELDS:
+            if comm_param.HasField(pfield):
+                value = getattr(comm_param, pfield)
+                setattr(o, name, float(value) if isinstance(value, float) else value)
+                o.origin[name] = f"{where}.{pfield}"
         for name in ("profile", "network", "plan"):
             if comm_param.HasField(name):
                 setattr(o, name, _resolve_path(getattr(comm_param, name), solver_path))
-    flags = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
-             "network": "network", "plan": "plan", "save_plan": "save_plan",
-             "profile_iters": "profile_iters", "replan_after": "replan_after",
-             "timeline": "timeline",
-             "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
-             "check_sync": "check_sync", "comm_timeout": "timeout",
-             "comm_backend": "backend", "pack_gradients": "pack_gradients",
-             "comm_thread_nice": "thread_nice"}
-    for flag, name in flags.items():
+                o.origin[name] = f"{where}.{name}"
+    for flag, name in _FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
             setattr(o, name, value)
-    return o.check()
+            o.origin[name] = "--" + flag.replace("_", "-")
+    _old_merge(o)
+    o.check()
+    if o.plan:
+        _adopt_plan_scheme(o, load_plan(o.plan))
+    return o
+
+
+def _old_merge(o: Options) -> None:
+    """The deprecated `merge`: paper turns mgwfbp into mgwfbp-paper, and a note says what to
+    write instead. `--merge` with a --comm of another scheme is a contradiction (an error);
+    a solver's old `merge` beside another scheme was always ignored, and still is (a note)."""
+    if "merge" not in o.origin or o.merge not in MERGES:
+        return  # check() names a bad value
+    merge, where = o.merge, o.origin["merge"]
+    flag = where == "--merge"
+    instead = "mgwfbp-paper" if merge == "paper" else "mgwfbp"
+    o.merge = "optimal"
+    if o.comm not in ("mgwfbp", instead):
+        if flag:
+            raise CommError(f"--merge {merge} goes with --comm=mgwfbp only, but "
+                            f"{o.named('comm')} is {o.comm!r}; leave --merge out")
+        o.notes.append(f"{where} {merge!r} is ignored with {o.named('comm')} {o.comm!r} "
+                       f"(and deprecated: the scheme is comm alone); remove it")
+        return
+    o.comm = instead
+    o.origin.setdefault("comm", where)
+    o.notes.append(f"{where} {merge} is deprecated: " + (
+        f"use --comm={instead}" if flag else f"write comm: \"{instead}\" instead") + (
+        " (the default)" if instead == DEFAULT_SCHEME else ""))
+
+
+def _adopt_plan_scheme(o: Options, plan: Plan) -> None:
+    """A saved plan decides the grouping (`scheme` is then the plan's); a --comm given must
+    name the same scheme."""
+    try:
+        scheme = scheme_named(plan.scheme).name
+    except PlanError:
+        return  # a hand-made grouping: any --comm labels it
+    o.plan_scheme = scheme
+    if "comm" in o.origin and o.comm != scheme:
+        raise CommError(f"{o.named('plan')} {o.plan}: holds a {scheme} plan, but "
+                        f"{o.named('comm')} is {o.comm}: the plan's groups would train, not "
+                        f"{o.comm}'s; leave {o.named('comm')} out to train the plan, or leave "
+                        f"{o.named('plan')} out to plan {o.comm}")
+
+
+def check_for_world(o: Options, size: int) -> list[str]:
+    """Settings that cannot work with `size` ranks raise a CommError; the returned lines are
+    warnings for rank 0 to log (a saved plan made for another number of nodes)."""
+    nodes = o.emulate_nodes or size
+    if o.save_plan and nodes == 1:
+        raise CommError(f"{o.named('save_plan')} {o.save_plan}: one process has no all-reduce "
+                        "to plan for (the plan would say a = b = 0); train under mpiexec -n N, "
+                        "add --emulate-network NET.json --emulate-nodes N, or make it with "
+                        "`mgcaffe time --profile-out P.json` and `mgcaffe plan --profile "
+                        "P.json --network NET.json --nodes N --save-plan PLAN.json`")
+    notes = list(o.notes)
+    if o.plan:
+        plan = load_plan(o.plan)
+        if plan.nodes is not None and plan.nodes != nodes:
+            notes.append(
+                f"{o.named('plan')} {o.plan} was made for {plan.nodes} nodes, this run has "
+                f"{nodes}{' (emulated)' if o.emulate_nodes else ''}: its groups and its "
+                f"prediction ({plan.iteration_time * 1e3:.2f} ms) assume {plan.nodes} nodes' "
+                f"all-reduce cost; plan again with `mgcaffe plan ... --nodes {nodes}` or "
+                f"train without --plan")
+    return notes
 
 
 def wanted(args: Any, comm: Communicator) -> bool:

@@ -3,7 +3,9 @@
 Line format: `I1129 13:03:19.123456 12345 solver.py:123] message`
 (severity letter, month+day, time with microseconds, thread id, source file:line).
 In distributed runs rank 0's lines are exactly these; every other rank logs only warnings
-and errors, its text prefixed `[rank R] `.
+and errors, its text prefixed `[rank R] `. A message of several lines (the solver's and
+net's parameters, a traceback) is written as several glog lines, each with the same prefix,
+so that grepping by severity, time or rank never loses its continuation lines.
 
 glog's environment switches are honoured: GLOG_minloglevel (0 INFO .. 3 FATAL: less severe
 messages are dropped), GLOG_v (>= 1 shows the debug messages, glog's VLOG), GLOG_log_dir
@@ -30,11 +32,13 @@ PROGRAM = "mgcaffe"
 
 
 class GlogFormatter(logging.Formatter):
-    """Formats records as glog lines; `rank_prefix` (e.g. "[rank 3] ") goes before the text."""
+    """Formats records as glog lines; `rank_prefix` (e.g. "[rank 3] ") goes before the text,
+    unless the text names its rank first (`rank 3: ...`): the rank is said once."""
 
-    def __init__(self, rank_prefix: str = ""):
+    def __init__(self, rank_prefix: str = "", rank: int | None = None):
         super().__init__()
         self.rank_prefix = rank_prefix
+        self._named = (f"rank {rank}: ", f"rank {rank} (") if rank is not None else ()
 
     def format(self, record: logging.LogRecord) -> str:
         t = time.localtime(record.created)
@@ -46,7 +50,8 @@ class GlogFormatter(logging.Formatter):
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        return head + self.rank_prefix + text
+        prefix = head + ("" if text.startswith(self._named) else self.rank_prefix)
+        return "\n".join(prefix + line for line in text.rstrip("\n").split("\n"))
 
 
 def _env_int(environ, name: str, default: int) -> int:
@@ -137,7 +142,7 @@ def configure(level: str | None = None, rank: int = 0, world_size: int = 1, *,
         logger.removeHandler(handler)
         if not isinstance(handler, _GlogFileHandler):
             handler.close()
-    formatter = GlogFormatter(f"[rank {rank}] " if world_size > 1 and rank != 0 else "")
+    formatter = GlogFormatter(f"[rank {rank}] " if world_size > 1 and rank != 0 else "", rank)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
     logger.addHandler(handler)

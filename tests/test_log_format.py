@@ -68,6 +68,29 @@ def _awk(line, n):
     return line.split()[n - 1]
 
 
+def test_every_line_carries_the_glog_prefix(tmp_path, capsys):
+    """The solver's and net's parameter dumps, a traceback and a multi-line warning of rank 1:
+    every line is a glog line (no continuation lines lost to grep), with the rank's prefix."""
+    mlog.configure("INFO", rank=0, world_size=1)
+    _train(_net_files(tmp_path))
+    log = logging.getLogger("mgcaffe.test")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("first line\nsecond line")
+    lines = capsys.readouterr().err.splitlines()
+    assert any("Initializing solver from parameters:" in x for x in lines)
+    assert any(x.endswith("] base_lr: 0.1") for x in lines)  # a dump line, prefixed
+    assert any(x.endswith("] ValueError: boom") for x in lines)
+    assert lines and [x for x in lines if not GLOG_LINE.match(x)] == []
+    mlog.configure("INFO", rank=1, world_size=2)
+    log.warning("table:\n  a 1\n  b 2\n")
+    lines = capsys.readouterr().err.splitlines()
+    assert [x[GLOG_LINE.match(x).end():] for x in lines] == [
+        "[rank 1] table:", "[rank 1]   a 1", "[rank 1]   b 2"]
+    mlog.configure("INFO", rank=0, world_size=1)
+
+
 def test_rank0_of_two_parses_with_caffe_tools(tmp_path, capsys):
     mlog.configure("INFO", rank=0, world_size=2)
     _train(_net_files(tmp_path))

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CommError
+from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 
-__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "Watchdog", "check_in_sync", "fail_all",
-           "weights_checksum"]
+__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "Watchdog", "check_in_sync", "describe_failure",
+           "fail_all", "weights_checksum"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -37,12 +37,24 @@ ABORT_EXCEPTION = 1  # exit status of every rank after an exception on one of th
 ABORT_TIMEOUT = 3  # exit status after a watchdog timeout (a peer lost or stuck)
 
 
+def describe_failure(rank: int, exc: BaseException) -> str:
+    """`rank R: <what went wrong>`, naming the rank once: an exception's own leading
+    `rank R: ` is not repeated, and mgcaffe's error types (whose text is the whole message)
+    are not named; other exceptions keep their type (`RuntimeError: ...`)."""
+    text = str(exc)
+    own = f"rank {rank}: "
+    while text.startswith(own):
+        text = text[len(own):]
+    if not isinstance(exc, MgcaffeError):
+        text = f"{type(exc).__name__}: {text}"
+    return own + text
+
+
 def fail_all(comm: Communicator, exc: BaseException, code: int = ABORT_EXCEPTION) -> None:
     """Log `exc` as this rank's failure, then end every rank with `code` (MPI_Abort).
 
     With one rank there is nobody to stop; the exception is left to the caller."""
-    log.error("rank %d: %s: %s; aborting all %d ranks", comm.rank, type(exc).__name__, exc,
-              comm.size)
+    log.error("%s; aborting all %d ranks", describe_failure(comm.rank, exc), comm.size)
     if comm.size > 1:
         comm.abort(code)
 

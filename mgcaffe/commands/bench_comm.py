@@ -2,9 +2,13 @@
 
     mpiexec -n 4 mgcaffe bench-comm --out network.json
 
-Times T_ar(M) for message sizes from a few bytes to tens of MB, fits a + b*M by least squares
-and writes `{"fits": {"4": {"a": .., "b": ..}}, "measurements": ...}`: what `mgcaffe plan
---network` and `mgcaffe train --network` read (the data of the paper's Figure 5(b)).
+Times T_ar(M) for message sizes from a few bytes to megabytes (`--sizes`), fits a + b*M and
+writes `{"fits": {"4": {"a": .., "b": ..}}, "alpha": .., "beta": .., "measurements": ...}`:
+what `mgcaffe plan --network` and `mgcaffe train --network` read (the data of the paper's
+Figure 5(b)). The fit holds for the number of ranks it was measured with; `alpha` and `beta`
+are that fit read through the ring formula (a = 2(N-1) alpha, b = 2(N-1)/N beta), so that
+`plan --nodes M` works for another M, as an extrapolation that the log and the file say is
+one (measure at M for a fit of its own).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from pathlib import Path
 
 from ..comm.training.benchmark import DEFAULT_SIZES, measure_allreduce
@@ -19,6 +24,7 @@ from ..comm.training.interference import (
     interference_sizes,
     measure_interference,
 )
+from ..comm.training.notices import fit_quality_level, one_host_note
 from ..comm.training.trainer import world
 from ..errors import CommError
 
@@ -29,6 +35,13 @@ log = logging.getLogger("mgcaffe.comm")
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
 
 
 def parse_size(text: str) -> int:
@@ -42,7 +55,8 @@ def parse_size(text: str) -> int:
 def add_arguments(parser) -> None:
     parser.add_argument("--sizes", default=None,
                         help="comma-separated message sizes in bytes, K/M suffixes allowed "
-                             "(default: 4 B to 32 MB in steps of 4x)")
+                             f"(default: {_size_text(DEFAULT_SIZES[0])} to "
+                             f"{_size_text(DEFAULT_SIZES[-1])}, {len(DEFAULT_SIZES)} sizes)")
     parser.add_argument("--iterations", type=int, default=20,
                         help="timed all-reduces per size (fewer for large sizes; default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
@@ -62,6 +76,13 @@ def fit_warning(a: float, rms: float) -> str | None:
     return None
 
 
+def ring_constants(a: float, b: float, nodes: int) -> tuple[float, float]:
+    """(alpha, beta) that give (a, b) at `nodes` by the ring formula: a = 2(N-1) alpha,
+    b = 2(N-1)/N beta (the reduction's arithmetic folded into beta)."""
+    steps = 2 * (nodes - 1)
+    return a / steps, b * nodes / steps
+
+
 def run(args) -> int:
 
     comm, _, _ = world(log_level=getattr(args, "log_level", "INFO"))
@@ -69,19 +90,33 @@ def run(args) -> int:
     if args.iterations < 1:
         raise CommError("--iterations must be >= 1")
     if comm.size == 1:
-        log.warning("bench-comm: one rank: nothing to exchange (start it with mpiexec -n N)")
+        raise CommError("one rank has nothing to exchange: start it under a launcher, e.g. "
+                        "mpiexec -n 2 mgcaffe bench-comm --out network.json (one rank per "
+                        "node to measure a network)")
+    hosts = len(set(comm.allgather(socket.gethostname())))
     result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
     points = None
-    if args.interference and comm.size > 1:
+    if args.interference:
 
         points = measure_interference(comm, result.fit, interference_sizes(max(sizes)))
     if comm.rank == 0:
-        log.info("all-reduce among %d ranks (%s):\n%s", comm.size, comm.name, result.table())
+        where = f"{hosts} host{'s' if hosts > 1 else ''}"
+        log.info("all-reduce among %d ranks on %s (%s):\n%s", comm.size, where, comm.name,
+                 result.table())
         log.info("fit T(M) = a + b*M (least relative error): %s", result.describe_fit())
-        for warning in (result.warning(), fit_warning(result.fit.a, result.rms)):
-            if warning:
-                log.warning("%s", warning)
+        for text, poor in ((result.warning(), result.poor),
+                           (fit_warning(result.fit.a, result.rms), True)):
+            if text:
+                log.log(fit_quality_level(poor, hosts), "%s%s", text, one_host_note(hosts))
         doc = result.network_json()
+        alpha, beta = ring_constants(result.fit.a, result.fit.b, comm.size)
+        doc.update(alpha=alpha, beta=beta, algorithm="ring",
+                   extrapolation=f"alpha and beta: the N = {comm.size} fit by the ring "
+                                 f"formula; other N are extrapolated")
+        log.info("for other numbers of nodes: alpha = %.3f us, beta = %.4f ns/B (this fit by "
+                 "the ring formula a = 2(N-1) alpha, b = 2(N-1)/N beta); `plan --nodes M` "
+                 "extrapolates with them: measure at M for a fit of its own", alpha * 1e6,
+                 beta * 1e9)
         if points is not None:
             log.info("computation slows while an all-reduce is in flight: %s",
                      ", ".join(f"{m} B +{rho * 100:.0f}%" for m, rho in points))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 
 from mgcaffe.comm.backends.emulate import EmulatedCommunicator
 from mgcaffe.comm.backends.local import LocalWorld
-from mgcaffe.comm.model.cost import cost_for, load_network
-from mgcaffe.comm.training.benchmark import default_sizes, measure_allreduce
-from mgcaffe.commands.bench_comm import parse_size
+from mgcaffe.comm.model.cost import Network, cost_for, load_network
+from mgcaffe.comm.training.benchmark import DEFAULT_SIZES, default_sizes, measure_allreduce
+from mgcaffe.comm.training.notices import fit_quality_level, one_host_note
+from mgcaffe.commands.bench_comm import parse_size, ring_constants
 from mgcaffe.errors import CommError
 from mgcaffe.testing.comm import run_mpi, run_ranks
 
@@ -71,6 +73,52 @@ def test_bench_comm_command_writes_a_network_the_planner_reads(tmp_path):
     times = np.array([t for _, t in doc["measurements"]["2"]])
     assert np.all(times > 0) and times[-1] > times[0]  # 16 MB takes longer than 4 bytes
     assert "fit T(M) = a + b*M" in log
+    # usable at another number of nodes: alpha and beta of the fit, by the ring formula
+    assert doc["algorithm"] == "ring" and "extrapolated" in doc["extrapolation"]
+    assert cost_for(load_network(out), 8).origin == "ring formula"
+    two = cost_for(load_network(out), 2, use_formula=True)
+    assert two.a == pytest.approx(cost.a) and two.b == pytest.approx(cost.b)
+    assert "`plan --nodes M` extrapolates with them" in log
+
+
+def test_ring_constants_invert_the_ring_formula():
+    for n in (2, 3, 8):
+        alpha, beta = ring_constants(4e-4, 3e-9, n)
+        back = cost_for(Network(alpha, beta), n)
+        assert back.a == pytest.approx(4e-4) and back.b == pytest.approx(3e-9)
+
+
+def test_bench_comm_alone_is_an_error_and_writes_nothing(tmp_path, capsys):
+    from mgcaffe.cli import main  # noqa: PLC0415 - the command line, in-process
+
+    out = tmp_path / "net.json"
+    assert main(["bench-comm", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "mgcaffe bench-comm: error: one rank has nothing to exchange: start it under a "
+        "launcher, e.g. mpiexec -n 2 mgcaffe bench-comm --out network.json (one rank per node "
+        "to measure a network)")
+    assert not out.exists()
+
+
+def test_bench_comm_help_says_the_sizes_it_uses(capsys):
+    from mgcaffe.cli import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit):
+        main(["bench-comm", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert DEFAULT_SIZES[-1] == 16 << 20
+    assert f"(default: 4 B to 16 MiB, {len(DEFAULT_SIZES)} sizes)" in text
+
+
+def test_a_poor_fit_on_one_host_is_information_not_a_warning():
+    """One host's all-reduce goes through shared memory: a + b*M never fits it well, and
+    nothing is wrong. Across hosts a poor fit is worth a warning."""
+    assert fit_quality_level(poor=True, hosts=1) == logging.INFO
+    assert fit_quality_level(poor=True, hosts=2) == logging.WARNING
+    assert fit_quality_level(poor=False, hosts=4) == logging.INFO
+    assert "expected with every rank on one host" in one_host_note(1)
+    assert one_host_note(3) == ""
 
 
 def test_poor_fit_is_flagged_with_the_worst_point():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from mgcaffe.comm.runtime.timing import NetTimer, OnlineProfile
 from mgcaffe.comm.runtime.trace import (
     COMM,
     COMPUTE,
+    DEFAULT_LAST,
     Tracer,
+    TraceWindow,
     iteration_times,
     load_trace,
     merge_traces,
@@ -41,6 +44,48 @@ def test_events_are_relative_to_the_origin_in_microseconds():
     assert x["args"] == {"iter": 7, "extra": 1}
     assert (i["ph"], i["ts"]) == ("i", 1e6)
     assert c["tid"] == 1 and c["args"]["bytes"] == 64
+
+
+def _run(tracer, iterations):
+    for it in range(iterations):
+        tracer.iteration = it
+        tracer.span("fc", "forward", COMPUTE, it, it + 0.1)
+        tracer.instant("fc", "grad", COMPUTE, it + 0.2)
+
+
+def test_a_trace_keeps_the_last_iterations_by_default():
+    """A long run's trace stays bounded: the last DEFAULT_LAST iterations (the final plan's),
+    each with all its events."""
+    tr = Tracer(clock=Clock())
+    _run(tr, DEFAULT_LAST + 50)
+    assert tr.kept_iterations() == list(range(50, DEFAULT_LAST + 50))
+    assert len(tr.events) == 2 * DEFAULT_LAST
+    assert tr.events[0]["args"]["iter"] == 50
+    assert TraceWindow().describe() == f"the last {DEFAULT_LAST} iterations"
+
+
+@pytest.mark.parametrize("text, kept, describe", [
+    ("10:15", [10, 11, 12, 13, 14], "iterations 10..14"),
+    ("0:20:5", [0, 5, 10, 15], "iterations 0..19, every 5th"),
+    ("195:", [195, 196, 197, 198, 199], "iterations from 195 on"),
+    (":3", [0, 1, 2], "iterations 0..2"),
+])
+def test_a_window_of_iterations(text, kept, describe):
+    window = TraceWindow.parse(text)
+    tr = Tracer(clock=Clock(), window=window)
+    _run(tr, 200)
+    assert tr.kept_iterations() == kept and window.describe() == describe
+    assert {e["args"]["iter"] for e in tr.events} == set(kept)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("10-20", "--timeline-iters: expected A:B"),
+    ("20:10", "--timeline-iters 20:10: the end (10) must be after the start (20)"),
+    ("0:10:0", "--timeline-iters 0:10:0: the step must be >= 1"),
+])
+def test_a_bad_window_is_one_line(text, message):
+    with pytest.raises(CommError, match=re.escape(message)):
+        TraceWindow.parse(text)
 
 
 def test_merge_save_load_and_iteration_times(tmp_path):

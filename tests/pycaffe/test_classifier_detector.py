@@ -107,3 +107,63 @@ def test_classifier_is_a_net(model):
     assert list(clf.image_dims) == [4, 4]
     assert text_format.MessageToString(clf.net_param).count("layer {") == 2
     assert caffe_pb2.TEST == clf.phase
+
+
+GRAY_DEPLOY = """
+name: "gray"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 1 dim: 1 dim: 4 dim: 4 } } }
+layer { name: "score" type: "InnerProduct" bottom: "data" top: "score"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 } } }
+"""
+
+
+def test_classify_command_on_a_one_channel_net(tmp_path, capsys):
+    """A LeNet-style net takes one channel: the images are read in gray and the RGB -> BGR
+    default is left out (it was a traceback); a swap that cannot fit is one line."""
+    deploy = tmp_path / "gray.prototxt"
+    deploy.write_text(GRAY_DEPLOY)
+    net = mgcaffe.Net(str(deploy), mgcaffe.TEST, seed=5)
+    weights = tmp_path / "gray.caffemodel"
+    net.save(str(weights))
+    w = net.params["score"][0].data.astype(np.float64)
+    pixels = np.random.default_rng(4).integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "im.png")
+    out = tmp_path / "out.npy"
+    base = ["classify", str(tmp_path / "im.png"), str(out), "--model_def", str(deploy),
+            "--pretrained_model", str(weights), "--images_dim", "4,4", "--center_only",
+            "--raw_scale", "1"]
+    assert main(base) == 0
+    gray = np.asarray(Image.fromarray(pixels).convert("L"), dtype=np.float64) / 255
+    np.testing.assert_allclose(np.load(out)[0], w @ gray.ravel(), rtol=1e-4, atol=1e-4)
+    capsys.readouterr()
+    assert main([*base, "--channel_swap", "2,1,0"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        f"mgcaffe classify: error: --channel_swap 2,1,0: 3 channels, but the input of {deploy} "
+        "has 1; give 1 indices or --channel_swap ''")
+
+
+def test_classify_command_names_ext_when_a_folder_holds_none(model, tmp_path, capsys):
+    deploy, weights, _, _ = model
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(folder / "a.png")
+    assert main(["classify", str(folder), str(tmp_path / "o.npy"), "--model_def", deploy,
+                 "--pretrained_model", weights]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"mgcaffe classify: error: {folder}: no *.jpg images in this folder (--ext jpg); it "
+        "holds *.png images: give --ext png")
+
+
+def test_classify_command_swaps_rgb_to_bgr_by_default_on_three_channels(model, tmp_path):
+    deploy, weights, w, b = model
+    images = np.random.default_rng(6).uniform(0, 1, (2, 4, 4, 3))
+    np.save(tmp_path / "in.npy", images)
+    out = tmp_path / "out.npy"
+    assert main(["classify", str(tmp_path / "in.npy"), str(out), "--model_def", deploy,
+                 "--pretrained_model", weights, "--images_dim", "4,4", "--center_only",
+                 "--raw_scale", "1"]) == 0
+    expected = [by_hand(im, w, b, swap=(2, 1, 0), raw_scale=1.0, mean=np.zeros(3))
+                for im in images]
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-4, atol=1e-4)

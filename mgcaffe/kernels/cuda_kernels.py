@@ -242,8 +242,10 @@ def kernel_source(name: str, dtype, index_dtype=None) -> str:
 
 def _kernel(xp, name: str, dtype, index_dtype=None):
     """The kernel `name` for these element types (cached; compiled on its first launch)."""
-    # A RawKernel compiles for each device it is launched on, so one object serves all.
-    key = (name, np.dtype(dtype), None if index_dtype is None else np.dtype(index_dtype))
+    # A RawKernel compiles for each device it is launched on, so one object serves all
+    # devices of one CuPy module (tests install a fresh CuPy double now and then).
+    key = (xp.RawKernel, name, np.dtype(dtype),
+           None if index_dtype is None else np.dtype(index_dtype))
     kernel = _cache.get(key)
     if kernel is None:
         kernel = _cache[key] = xp.RawKernel(kernel_source(name, dtype, index_dtype), name)

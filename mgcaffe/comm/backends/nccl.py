@@ -177,7 +177,12 @@ class NcclCommunicator(Communicator):
         self.device_id = select_gpu(self.local_rank, self.local_size,
                                     cupy.cuda.runtime.getDeviceCount(), devices, self.rank)
         self.device = cupy.cuda.Device(self.device_id)
-        self.device.use()  # the calling (main) thread computes on this GPU from now on
+        # Each thread that works for this rank makes its GPU current once, with use():
+        # `with device:` would set the thread's previous device (0 on a new thread) back on
+        # exit, creating a context on GPU 0 from every rank (hundreds of MB each, and an
+        # error on GPUs in exclusive-process mode).
+        self._threads = threading.local()
+        self._use_device()  # the calling (main) thread computes on this GPU from now on
         uid = self._nccl.get_unique_id() if self.rank == 0 else None
         uid = host.broadcast(uid, root=0)
         self._lock = threading.Lock()  # one NCCL call at a time (NCCL comms are not thread-safe)
@@ -185,9 +190,8 @@ class NcclCommunicator(Communicator):
         self._state_lock = threading.Lock()
         self._aborted: str | None = None
         self._comm = self._join(uid)
-        with self.device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self._done = cupy.cuda.Event(block=False, disable_timing=True)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._done = cupy.cuda.Event(block=False, disable_timing=True)
         self._ready: dict[int, Any] = {}
         self._dtypes = {np.dtype(np.float32): self._nccl.NCCL_FLOAT32,
                         np.dtype(np.float64): self._nccl.NCCL_FLOAT64}
@@ -208,6 +212,12 @@ class NcclCommunicator(Communicator):
     def _where(self) -> str:
         return f"rank {self.rank} (GPU {self.device_id})"
 
+    def _use_device(self) -> None:
+        """Make this rank's GPU current for the calling thread (once per thread)."""
+        if not getattr(self._threads, "current", False):
+            self.device.use()
+            self._threads.current = True
+
     def _join(self, uid):
         """ncclCommInitRank in a helper thread, so that a rank that never joins is reported
         after `timeout` instead of hanging every other rank forever."""
@@ -215,8 +225,8 @@ class NcclCommunicator(Communicator):
 
         def init():
             try:
-                with self.device:
-                    result["comm"] = self._nccl.NcclCommunicator(self.size, uid, self.rank)
+                self.device.use()  # a thread of its own: its device stays this rank's
+                result["comm"] = self._nccl.NcclCommunicator(self.size, uid, self.rank)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller below
                 result["error"] = exc
 
@@ -258,8 +268,8 @@ class NcclCommunicator(Communicator):
         with self._lock:
             comm = self._live(what)
             try:
-                with self.device:
-                    call(comm)
+                self._use_device()
+                call(comm)
             except self._nccl.NcclError as exc:
                 raise CommError(f"{self._where()}: NCCL {what} failed: {exc}") from exc
 
@@ -292,9 +302,8 @@ class NcclCommunicator(Communicator):
         this iteration's waits before the next iteration's records."""
         event = self._ready.get(k)
         if event is None:
-            with self.device:
-                event = self._ready[k] = self._cupy.cuda.Event(block=False,
-                                                              disable_timing=True)
+            self._use_device()
+            event = self._ready[k] = self._cupy.cuda.Event(block=False, disable_timing=True)
         event.record()
 
     def wait_ready(self, k: int) -> None:
@@ -308,7 +317,8 @@ class NcclCommunicator(Communicator):
     def pack(self, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Copy each (destination, source) pair on the NCCL stream: diffs into the buffer."""
         cupy = self._cupy
-        with self.device, self.stream:
+        self._use_device()
+        with self.stream:
             for dst, src in pairs:
                 cupy.copyto(dst, src)
 
@@ -316,7 +326,8 @@ class NcclCommunicator(Communicator):
         """dst = src / divisor for each (source, destination) pair, on the NCCL stream: the
         reduced buffer back into the diffs, averaged."""
         cupy = self._cupy
-        with self.device, self.stream:
+        self._use_device()
+        with self.stream:
             for src, dst in pairs:
                 if divisor == 1:
                     cupy.copyto(dst, src)
@@ -337,8 +348,8 @@ class NcclCommunicator(Communicator):
         raise a CommError naming this rank, its GPU and `what`."""
         limit = self.timeout if timeout is None else float(timeout)
         self._live(what)
-        with self.device:
-            self._done.record(self.stream)
+        self._use_device()
+        self._done.record(self.stream)
 
         def is_done() -> bool:
             try:
@@ -376,8 +387,8 @@ class NcclCommunicator(Communicator):
                             f"but {layout[0]} {np.dtype(layout[1])} on root {root}")
         ptr, count, stream = obj.data.ptr, int(obj.size), self.stream.ptr
         # The array may have just been written on the compute stream: order after it.
-        with self.device:
-            self.stream.wait_event(self._cupy.cuda.get_current_stream().record())
+        self._use_device()
+        self.stream.wait_event(self._cupy.cuda.get_current_stream().record())
         self._nccl_call(f"broadcast of {obj.nbytes} bytes from rank {root}",
                         lambda comm: comm.bcast(ptr, count, dtype, root, stream))
         self.synchronize(f"broadcast of {obj.nbytes} bytes from rank {root}")

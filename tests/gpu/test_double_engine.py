@@ -1,0 +1,190 @@
+"""The GPU engine on the CuPy double, in CI: every layer type forward and backward against the
+CPU, every solver, snapshots both ways, `train --gpu 0` on the digits net, and two ranks with
+the GPU communication path (NCCL replaced by the double's all-reduce)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mgcaffe.backend import Device
+from mgcaffe.testing import cupy_double
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = Device("gpu", 0)
+
+
+def load_gpu_check():
+    name = "gpu_check"
+    if name not in sys.modules:  # dataclasses need the module registered while it executes
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "gpu_check.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+gc = load_gpu_check()
+
+
+@pytest.fixture
+def double():
+    with cupy_double.installed() as d:
+        yield d
+
+
+@pytest.mark.parametrize("case", gc.LAYER_CASES, ids=lambda c: c.id)
+def test_layer_on_the_double_matches_the_cpu(case, double, tmp_path):
+    if case.files is not None:
+        case.files(tmp_path)
+    double.counters.reset()
+    result = gc.compare_layer(case, double.cupy, tmp_path)
+    assert result["status"] == "ok", result
+    assert double.counters.launches > 0  # the device path really ran
+
+
+NET = """name: "tiny"
+layer {{ name: "data" type: "MemoryData" top: "data" top: "label"
+  memory_data_param {{ batch_size: 4 channels: 2 height: 5 width: 5 }} }}
+layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param {{ num_output: 3 kernel_size: 3 pad: 1
+    weight_filler {{ type: "gaussian" std: 0.3 }}
+    bias_filler {{ type: "constant" value: 0.1 }} }} }}
+layer {{ name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param {{ pool: MAX kernel_size: 3 stride: 2 }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "pool" top: "pool" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  param {{ lr_mult: 1 decay_mult: 1 }} param {{ lr_mult: 2 decay_mult: 0 }}
+  inner_product_param {{ num_output: 3 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+SOLVERS = {
+    "SGD": "momentum: 0.9",
+    "Nesterov": "momentum: 0.9",
+    "AdaGrad": "",
+    "RMSProp": "rms_decay: 0.9",
+    "AdaDelta": "momentum: 0.95 delta: 1e-6",
+    "Adam": "momentum: 0.9 momentum2: 0.999 delta: 1e-8",
+}
+
+
+def write_solver(folder: Path, kind: str, extra: str = "") -> str:
+    net = folder / "net.prototxt"
+    net.write_text(NET.format())
+    path = folder / f"{kind}.prototxt"
+    path.write_text(f'net: "{net}"\ntype: "{kind}"\nbase_lr: 0.05\nlr_policy: "fixed"\n'
+                    f'weight_decay: 0.001\nrandom_seed: 5\nsnapshot_prefix: "{folder / kind}"\n'
+                    f'{SOLVERS[kind]}\n{extra}\n')
+    return str(path)
+
+
+def feed(net) -> None:
+    rng = np.random.default_rng(3)
+    net.layers[0].set_input_arrays(rng.standard_normal((8, 2, 5, 5)).astype(np.float32),
+                                   (np.arange(8) % 3).astype(np.float32))
+
+
+def host_params(solver):
+    from mgcaffe.backend import to_host
+
+    return [to_host(b.data).copy() for b in solver.net.learnable_params]
+
+
+@pytest.mark.parametrize("kind", sorted(SOLVERS))
+def test_every_solver_on_the_double_follows_the_cpu(kind, double, tmp_path):
+    from mgcaffe.solvers import get_solver
+
+    path = write_solver(tmp_path, kind)
+    cpu = get_solver(path, device=Device("cpu"))
+    gpu = get_solver(path, device=GPU)
+    assert type(gpu.net.learnable_params[0].data).__module__ == "cupy"
+    for solver in (cpu, gpu):
+        feed(solver.net)
+        solver.step(4)
+    for want, got in zip(host_params(cpu), host_params(gpu)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_snapshots_move_between_the_double_and_the_cpu(double, tmp_path):
+    from mgcaffe.solvers import get_solver
+
+    path = write_solver(tmp_path, "Adam")
+    gpu = get_solver(path, device=GPU)
+    feed(gpu.net)
+    gpu.step(3)
+    _, state = gpu.snapshot()
+    restored = {}
+    for name, device in (("cpu", Device("cpu")), ("gpu", GPU)):
+        solver = restored[name] = get_solver(path, device=device)
+        feed(solver.net)
+        solver.restore(state)  # Adam's history too: both continue alike
+        assert solver.iter == 3
+        for want, got in zip(host_params(gpu), host_params(solver)):
+            np.testing.assert_array_equal(got, want)
+        solver.step(2)
+    for want, got in zip(host_params(restored["cpu"]), host_params(restored["gpu"])):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits-double")
+    subprocess.run([sys.executable, str(REPO / "tools" / "convert_digits.py"), "--out",
+                    str(root / "data")], check=True, timeout=120, capture_output=True)
+    text = (REPO / "models" / "digits" / "train_test.prototxt").read_text()
+    net = root / "net.prototxt"
+    net.write_text(text.replace("data/digits/", f"{root}/data/"))
+
+    def solver(max_iter: int, extra: str = "") -> Path:
+        path = root / f"solver_{max_iter}_{len(extra)}.prototxt"
+        path.write_text(f'net: "{net}"\nbase_lr: 0.05\nmomentum: 0.9\nweight_decay: 0.0005\n'
+                        f'lr_policy: "inv"\ngamma: 0.0001\npower: 0.75\ndisplay: 20\n'
+                        f'test_iter: 6\ntest_interval: {max_iter}\nmax_iter: {max_iter}\n'
+                        f'random_seed: 1701\nsnapshot_prefix: "{root}/snap"\n{extra}')
+        return path
+
+    return root, solver
+
+
+def double_command(counts: Path, *args, devices: int = 1) -> list[str]:
+    return [sys.executable, "-m", "mgcaffe.testing.cupy_double", "--devices", str(devices),
+            "--counts", str(counts), "-m", "mgcaffe", *map(str, args)]
+
+
+@pytest.mark.slow
+def test_train_gpu_0_on_the_digits_net_learns(digits, tmp_path):
+    root, solver = digits
+    counts = tmp_path / "counts.json"
+    proc = subprocess.run(double_command(counts, "train", "--solver", solver(80), "--gpu", 0),
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Using GPUs 0" in proc.stderr
+    accuracy = float(proc.stderr.rsplit("accuracy = ", 1)[1].split()[0])
+    assert accuracy > 0.8, proc.stderr[-2000:]
+    c = json.loads(counts.read_text())
+    assert c["contexts"] == [0] and c["launches"] > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
+    from mgcaffe.testing.comm import mpiexec
+
+    root, solver = digits
+    counts = tmp_path / "counts{rank}.json"
+    proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
+        counts, "train", "--solver", solver(12), "--gpu", "all", "--comm", "wfbp",
+        devices=2)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Optimization Done." in proc.stderr
+    for rank in (0, 1):
+        c = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        nccl = [s for s in c["launches_by_stream"] if s.startswith("stream")]
+        assert nccl, c["launches_by_stream"]  # the all-reduces ran on a stream of their own
+        assert c["contexts"] == [rank], c  # each rank touches its own GPU only

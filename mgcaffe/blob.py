@@ -6,6 +6,7 @@ from math import prod
 
 import numpy as np
 
+from .backend import host_assignable
 from .errors import NetError
 
 
@@ -23,7 +24,8 @@ class Blob:
     """Data and diff arrays of one shape, on one device.
 
     `data` and `diff` are writable arrays of the blob's array module (`xp`); write into them
-    in place (`blob.data[...] = x`) or assign an array of the same shape. Blobs created by
+    in place (`blob.data[...] = x`) or assign an array of the same shape; on the GPU, `x` may
+    also be a numpy array (copied to the device, as pycaffe does). Blobs created by
     `share_data`/`share_diff` alias another blob's arrays, which is how in-place layers and
     shared parameters work.
 
@@ -41,9 +43,13 @@ class Blob:
         self.name = name
         shape = tuple(int(d) for d in shape)
         self._check_shape(shape)
-        self._data = xp.zeros(shape, dtype=self.dtype)
-        self._diff = xp.zeros(shape, dtype=self.dtype)
+        self._data = self._own(xp.zeros(shape, dtype=self.dtype))
+        self._diff = self._own(xp.zeros(shape, dtype=self.dtype))
         self._dstate = _DiffState()
+
+    def _own(self, array):
+        # On the GPU: a view that also takes numpy arrays in `[...] =` (backend).
+        return host_assignable(array, self.xp)
 
     def _check_shape(self, shape):
         if any(d < 0 for d in shape):
@@ -164,11 +170,11 @@ class Blob:
             return
         if prod(shape) == self.count and self._data.flags.c_contiguous \
                 and self._diff.flags.c_contiguous:
-            self._data = self._data.reshape(shape)
-            self._diff = self._diff.reshape(shape)
+            self._data = self._own(self._data.reshape(shape))
+            self._diff = self._own(self._diff.reshape(shape))
             return
-        self._data = self.xp.zeros(shape, dtype=self.dtype)
-        self._diff = self.xp.zeros(shape, dtype=self.dtype)
+        self._data = self._own(self.xp.zeros(shape, dtype=self.dtype))
+        self._diff = self._own(self.xp.zeros(shape, dtype=self.dtype))
         self._dstate = _DiffState()  # a diff of its own, zeros already
 
     def reshape_like(self, other: Blob) -> None:
@@ -181,7 +187,7 @@ class Blob:
                 f"blob {self.name!r}: cannot share data with {other.name!r}: "
                 f"{self.shape} vs {other.shape}"
             )
-        self._data = other._data.reshape(self.shape)
+        self._data = self._own(other._data.reshape(self.shape))
 
     def share_diff(self, other: Blob) -> None:
         """Make this blob's diff the same array as `other`'s."""
@@ -190,7 +196,7 @@ class Blob:
                 f"blob {self.name!r}: cannot share diff with {other.name!r}: "
                 f"{self.shape} vs {other.shape}"
             )
-        self._diff = other._diff.reshape(self.shape)
+        self._diff = self._own(other._diff.reshape(self.shape))
         self._dstate = other._dstate  # one array, one lazy-zero mark
 
     def use_diff_storage(self, storage) -> None:
@@ -203,7 +209,7 @@ class Blob:
             raise NetError(f"blob {self.name!r}: diff storage of shape {tuple(storage.shape)} "
                            f"{storage.dtype} for a blob of shape {self.shape} {self.dtype}")
         storage[...] = self.diff  # (zeros filled first if cleared lazily)
-        self._diff = storage
+        self._diff = self._own(storage)
         self._dstate = _DiffState()
 
     def share(self, other: Blob) -> None:

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from ..backend import to_device
+from ..backend import HostToDevice
 from ..data.datum import datum_to_array, parse_datum
 from ..data.db import open_db
 from ..data.prefetch import Prefetcher
@@ -70,6 +70,7 @@ class BasePrefetchingDataLayer(Layer):
 
     def layer_setup(self, bottom, top):
         self._prefetcher: Prefetcher | None = None
+        self._to_device: HostToDevice | None = None  # through pinned memory on the GPU
         self._closed = False
         self.prefetch_depth = int(self.param.data_param.prefetch)  # Caffe reads it for all
         self.top_shapes = [tuple(s) for s in self.data_setup(top)]
@@ -92,8 +93,10 @@ class BasePrefetchingDataLayer(Layer):
                                           depth=max(self.prefetch_depth, 1),
                                           name=f"layer {self.name!r} ({self.type})")
         batch, self._position = self._prefetcher.get()
-        for blob, array in zip(top, batch):
-            blob.data[...] = to_device(array, self.xp)
+        if self._to_device is None:
+            self._to_device = HostToDevice(self.xp)
+        for slot, (blob, array) in enumerate(zip(top, batch)):
+            self._to_device.copy(slot, array, blob.data)
 
     def backward(self, top, propagate_down, bottom):
         """Data layers have nothing to back-propagate into."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_device
+from ..backend import HostToDevice
 from .base import Layer
 from .registry import register_layer
 
@@ -31,6 +31,7 @@ class MemoryData(Layer):
                              "positive in memory_data_param")
         self._data: np.ndarray | None = None
         self._labels: np.ndarray | None = None
+        self._to_device: HostToDevice | None = None  # through pinned memory on the GPU
         self.pos = 0
 
     def reshape(self, bottom, top):
@@ -63,8 +64,10 @@ class MemoryData(Layer):
         if self._data is None:
             raise self.error("needs input arrays: call set_input_arrays(data, labels) first")
         end = self.pos + self.batch_size
-        top[0].data[...] = to_device(self._data[self.pos:end], self.xp)
-        top[1].data[...] = to_device(self._labels[self.pos:end], self.xp)
+        if self._to_device is None:
+            self._to_device = HostToDevice(self.xp)
+        self._to_device.copy(0, self._data[self.pos:end], top[0].data)
+        self._to_device.copy(1, self._labels[self.pos:end], top[1].data)
         self.pos = end % self._data.shape[0]
 
     def backward(self, top, propagate_down, bottom):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgcaffe.backend import Device
+from mgcaffe.backend import Device, is_device_array
 from mgcaffe.testing import cupy_double
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ def test_every_solver_on_the_double_follows_the_cpu(kind, double, tmp_path):
     path = write_solver(tmp_path, kind)
     cpu = get_solver(path, device=Device("cpu"))
     gpu = get_solver(path, device=GPU)
-    assert type(gpu.net.learnable_params[0].data).__module__ == "cupy"
+    assert is_device_array(gpu.net.learnable_params[0].data)
     for solver in (cpu, gpu):
         feed(solver.net)
         solver.step(4)
@@ -188,3 +188,26 @@ def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
         nccl = [s for s in c["launches_by_stream"] if s.startswith("stream")]
         assert nccl, c["launches_by_stream"]  # the all-reduces ran on a stream of their own
         assert c["contexts"] == [rank], c  # each rank touches its own GPU only
+
+
+def test_pycaffe_assignment_of_numpy_arrays_into_device_blobs(double, tmp_path):
+    """pycaffe code writes `net.blobs[name].data[...] = numpy_array` everywhere; on the GPU
+    that is one copy to the device (CuPy itself refuses it)."""
+    import mgcaffe
+    from mgcaffe.backend import to_host
+
+    path = tmp_path / "deploy.prototxt"
+    path.write_text('input: "data" input_shape { dim: 2 dim: 3 }\n'
+                    'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+                    'inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }\n')
+    net = mgcaffe.Net(str(path), mgcaffe.TEST, device=GPU)
+    images = np.arange(6, dtype=np.float32).reshape(2, 3)
+    double.counters.reset()
+    net.blobs["data"].data[...] = images
+    assert double.counters.h2d_bytes == images.nbytes
+    net.params["ip"][0].data[...] = np.ones((2, 3), np.float32)
+    net.params["ip"][1].diff[...] = np.zeros(2, np.float32)
+    out = net.forward()["ip"]
+    np.testing.assert_allclose(to_host(out), images.sum(axis=1, keepdims=True).repeat(2, 1))
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(net.blobs["ip"].data)  # reading still takes an explicit copy, as in CuPy

@@ -103,3 +103,52 @@ def test_constructing_without_cupy_is_a_one_line_comm_error():
     assert "\n" not in message
     assert message.startswith("rank 0: the NCCL backend needs CuPy and a CUDA GPU")
     assert "pip install mgcaffe[gpu]" in message
+
+
+A, B, C = "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"
+
+
+@pytest.mark.parametrize("views, expected", [
+    ([[A], [B]], [0, 0]),                  # one GPU per rank (Slurm --gpus-per-task=1)
+    ([[A, B], [B, A]], [0, 0]),            # both see both, in another order: B for rank 1
+    ([[A, B, C], [B, C], [C]], [0, 0, 0]),  # nested bindings
+    ([[A, B], [A, B]], [0, 1]),            # every rank sees every GPU: by local rank
+])
+def test_select_gpu_honours_what_the_launcher_gave_each_rank(views, expected):
+    got = [nccl.select_gpu(r, len(views), len(views[r]), None, r, views)
+           for r in range(len(views))]
+    assert got == expected
+    chosen = [views[r][g] for r, g in enumerate(got)]
+    assert len(set(chosen)) == len(chosen)  # one physical GPU per rank
+
+
+def test_ranks_left_to_share_a_gpu_are_named():
+    with pytest.raises(CommError, match="rank 1: local ranks 0 and 1 of this node would "
+                                        "share GPU 0000:01:00.0"):
+        nccl.select_gpu(1, 2, 1, None, 1, [[A, B], [A]])
+    with pytest.raises(CommError, match="2 ranks on this node but 1 GPU"):
+        nccl.select_gpu(1, 2, 1, None, 1, [[A], [A]])  # both see the one GPU: too many ranks
+
+
+def test_one_gpu_per_rank_through_cuda_visible_devices(monkeypatch):
+    """Each rank of a thread world sees its own GPU through CUDA_VISIBLE_DEVICES."""
+    from mgcaffe.testing import cupy_double
+
+    world = LocalWorld(2, timeout=10)
+    results = {}
+    with cupy_double.installed(devices=2) as double:
+        double.state._visible = 1  # each "process" sees one GPU ...
+        physical = {0: 0, 1: 1}
+        double.state.physical_id = lambda ordinal, r=None: physical[
+            int(threading.current_thread().name[-1])]  # ... rank r's GPU r
+
+        def run(comm):
+            results[comm.rank] = nccl.local_gpu(comm)
+
+        threads = [threading.Thread(target=run, args=(c,), name=f"rank{c.rank}")
+                   for c in world.communicators()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    assert results == {0: (0, 0, 2), 1: (0, 1, 2)}

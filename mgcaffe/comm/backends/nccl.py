@@ -46,12 +46,13 @@ from typing import Any
 
 import numpy as np
 
-from ...backend import _import_cupy
+from ...backend import _import_cupy, is_device_array
 from ...errors import CommError, MgcaffeError
 from .communicator import Communicator
 from .mpi import MpiCommunicator, _import_mpi
 
-__all__ = ["NcclCommunicator", "node_local_rank", "poll_until_done", "select_gpu"]
+__all__ = ["NcclCommunicator", "gpu_identities", "local_gpu", "local_views", "node_local_rank",
+           "poll_until_done", "select_gpu"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -83,6 +84,13 @@ def node_local_rank(host: Communicator) -> tuple[int, int]:
     return sum(1 for n in names[:host.rank] if n == mine), names.count(mine)
 
 
+def local_views(host: Communicator, mine: list[str]) -> list[list[str]]:
+    """Every rank of this node's list of visible GPUs (`mine` here), in local-rank order."""
+    everything = host.allgather((socket.gethostname(), mine))
+    node = everything[host.rank][0]
+    return [list(view) for name, view in everything if name == node]
+
+
 def _mpi_comm_of(host: Communicator) -> Any:
     """The mpi4py communicator behind an MpiCommunicator (None for other hosts)."""
 
@@ -92,9 +100,17 @@ def _mpi_comm_of(host: Communicator) -> Any:
 
 
 def select_gpu(local_rank: int, local_size: int, device_count: int,
-               devices: Sequence[int] | None = None, rank: int = 0) -> int:
-    """The GPU of local rank `local_rank`: the local_rank-th of `devices` (default: every
-    visible GPU). NCCL needs one GPU per rank, so more ranks on a node than GPUs is an error.
+               devices: Sequence[int] | None = None, rank: int = 0,
+               views: Sequence[Sequence[str]] | None = None) -> int:
+    """The GPU (an ordinal among this rank's visible ones) of local rank `local_rank`.
+
+    `views`: what each of the node's ranks sees, one list of GPU identities (PCI bus ids)
+    per local rank, in local-rank order. Where every rank sees the same GPUs (or `views` is
+    not given), local rank i takes the i-th of `devices` (default: every visible GPU), and
+    more ranks than GPUs is an error. Where a launcher gave ranks different GPUs (Slurm's
+    --gpus-per-task or --gpu-bind, a wrapper setting CUDA_VISIBLE_DEVICES per rank), each
+    rank takes the first of its own GPUs that no lower local rank took; two ranks left to
+    share one GPU is an error naming both (NCCL needs one GPU per rank).
     """
     ids = list(range(device_count)) if devices is None else [int(d) for d in devices]
     if not ids:
@@ -106,11 +122,49 @@ def select_gpu(local_rank: int, local_size: int, device_count: int,
                         f"(0..{device_count - 1})")
     if len(set(ids)) != len(ids):
         raise CommError(f"rank {rank}: GPU ids {ids} repeat; NCCL needs one GPU per rank")
+    if views is not None and any(list(v) != list(views[0]) for v in views):
+        return _bound_gpu(local_rank, ids, views, rank)
     if local_size > len(ids):
         raise CommError(f"rank {rank}: {local_size} ranks on this node but {len(ids)} GPU(s) "
                         f"{ids}; NCCL needs one GPU per rank: start at most {len(ids)} ranks "
                         f"per node")
     return ids[local_rank]
+
+
+def _bound_gpu(local_rank: int, ids: list[int], views, rank: int) -> int:
+    """The launcher-bound case of select_gpu: first free GPU of each rank, in rank order."""
+    taken: dict[str, int] = {}
+    choice = {}
+    for r, view in enumerate(views):
+        mine = [view[i] for i in ids if i < len(view)]
+        free = [g for g in mine if g not in taken]
+        if not free:
+            other = taken[mine[0]] if mine else None
+            raise CommError(f"rank {rank}: local ranks {other} and {r} of this node would share "
+                            f"GPU {mine[0] if mine else '?'} (the launcher gave them the same "
+                            f"GPUs: CUDA_VISIBLE_DEVICES, --gpus-per-task, --gpu-bind); NCCL "
+                            f"needs one GPU per rank")
+        taken[free[0]] = r
+        choice[r] = free[0]
+    return views[local_rank].index(choice[local_rank])
+
+
+def local_gpu(host: Communicator, devices: Sequence[int] | None = None
+              ) -> tuple[int, int, int]:
+    """(this rank's GPU ordinal, local rank, ranks on the node): `select_gpu` with what every
+    rank of the node sees (a collective over `host`)."""
+    cupy = _import_cupy()
+    local_rank, local_size = node_local_rank(host)
+    count = cupy.cuda.runtime.getDeviceCount()
+    views = local_views(host, gpu_identities(cupy, count))
+    gpu = select_gpu(local_rank, local_size, count, devices, host.rank, views)
+    return gpu, local_rank, local_size
+
+
+def gpu_identities(cupy, count: int) -> list[str]:
+    """The PCI bus id of each visible GPU (no context needed): what tells whether two ranks
+    see the same physical GPU under different ordinals."""
+    return [str(cupy.cuda.Device(i).pci_bus_id) for i in range(count)]
 
 
 def poll_until_done(is_done: Callable[[], bool], check: Callable[[], None], timeout: float,
@@ -173,9 +227,7 @@ class NcclCommunicator(Communicator):
         self.timeout = float(timeout)
         self._cupy, self._nccl = _import_nccl(self.rank)
         cupy = self._cupy
-        self.local_rank, self.local_size = node_local_rank(host)
-        self.device_id = select_gpu(self.local_rank, self.local_size,
-                                    cupy.cuda.runtime.getDeviceCount(), devices, self.rank)
+        self.device_id, self.local_rank, self.local_size = local_gpu(host, devices)
         self.device = cupy.cuda.Device(self.device_id)
         # Each thread that works for this rank makes its GPU current once, with use():
         # `with device:` would set the thread's previous device (0 on a new thread) back on
@@ -251,7 +303,7 @@ class NcclCommunicator(Communicator):
         return self._comm
 
     def _check_device_buffer(self, buf, what: str):
-        if type(buf).__module__.split(".")[0] != "cupy":
+        if not is_device_array(buf):
             raise CommError(f"{self._where()}: {what} must be a CuPy array, got "
                             f"{type(buf).__name__}")
         dtype = self._dtypes.get(np.dtype(buf.dtype))
@@ -378,7 +430,7 @@ class NcclCommunicator(Communicator):
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         """Root's `obj` everywhere: a CuPy array in place with NCCL, anything else through
         the host communicator."""
-        if type(obj).__module__.split(".")[0] != "cupy":
+        if not is_device_array(obj):
             return self.host.broadcast(obj, root)
         dtype = self._check_device_buffer(obj, "broadcast array")
         layout = self.host.broadcast((obj.shape, obj.dtype.str), root)

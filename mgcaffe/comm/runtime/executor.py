@@ -23,7 +23,8 @@ Three data paths, chosen from the diffs and the communicator:
 - "host": numpy diffs; all-reduce (and pack/unpack when packed) on the host (MPI, the local
   world).
 - "staged": device (CuPy) diffs over a host communicator (MPI): each layer's diffs are copied
-  to the host buffer as they arrive and the averaged result is copied back.
+  to a pinned host buffer on a copy stream of their own as they arrive, and the averaged
+  result is copied back (staging.py).
 - "stream": device diffs over a communicator with `device_streams` (nccl.py): the main
   thread records an event per layer (`mark_ready`), the thread queues wait-for-event, pack,
   all-reduce and unpack (in place: the division alone) on the communicator's stream without
@@ -50,9 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from ...backend import get_array_module
+from ...backend import get_array_module, is_device_array
 from ...errors import CommError
 from ..backends.communicator import Communicator
+from .staging import DeviceStaging
 from .trace import COMM, COMPUTE
 
 __all__ = ["GradientExecutor", "plan_groups"]
@@ -200,6 +202,7 @@ class GradientExecutor:
         # Staged diffs live on the device, the reduction on the host: they are always packed.
         self._in_place = in_place and self.mode in ("host", "stream")
         self.buffer: Any = None  # the packing buffer, allocated when a group needs it
+        self._staging: DeviceStaging | None = None  # the staged path's copies (staging.py)
         self._segments: dict[int, list[_Segment]] = {}
         self.packed_bytes = 0
         self.set_plan(plan)
@@ -249,7 +252,7 @@ class GradientExecutor:
                 diff = self._params[p].diff
                 device = not isinstance(diff, np.ndarray)
                 if getattr(diff, "dtype", None) != np.float32 or (
-                        device and not type(diff).__module__.startswith("cupy")):
+                        device and not is_device_array(diff)):
                     raise CommError(f"rank {self.rank}: layer {layer.name!r} parameter {p}: "
                                     f"gradient sync needs float32 numpy or CuPy diffs, got "
                                     f"{type(diff).__name__} {getattr(diff, 'dtype', '')}")
@@ -275,7 +278,11 @@ class GradientExecutor:
         total = self._offsets[1][1] if self._layers else 0
         xp = (get_array_module(self._params[0].diff) if self.mode == "stream" and self._params
               else np)
-        self.buffer = xp.zeros(total, dtype=np.float32)
+        if self.mode == "staged" and self._params:
+            self._staging = DeviceStaging(self._params[0].diff.device.id, total)
+            self.buffer = self._staging.buffer
+        else:
+            self.buffer = xp.zeros(total, dtype=np.float32)
         for k, (offset, _) in self._offsets.items():
             segs = []
             for p in self._layers[k].param_ids:
@@ -321,6 +328,8 @@ class GradientExecutor:
                                 COMPUTE, self.tracer.now(), layer=k)
         if self.mode == "stream":
             self.comm.mark_ready(k)  # an event on the compute stream: k's diffs are queued
+        elif self._staging is not None:
+            self._staging.mark_ready(k)
         self._queue.put(k)
 
     def wait(self) -> None:
@@ -477,8 +486,7 @@ class GradientExecutor:
             for seg in segs:
                 np.copyto(seg.view, seg.blob.diff)
         elif self.mode == "staged":
-            for seg in segs:
-                seg.blob.diff.get(out=seg.view)  # device to host, into the buffer
+            self._staging.to_host(k, [(seg.view, seg.blob.diff) for seg in segs])
         else:
             self.comm.wait_ready(k)
             self.comm.pack([(seg.view, seg.blob.diff) for seg in segs])
@@ -487,6 +495,8 @@ class GradientExecutor:
     def _reduce(self, g: _Group) -> None:
         piece = g.flat if g.flat is not None else self.buffer[g.start:g.stop]
         self._reducing = g
+        if self._staging is not None:
+            self._staging.wait()  # the group's bytes are on the host
         t0 = time.perf_counter()
         reduce = (self.comm.allreduce_sum_async if self.mode == "stream"
                   else self.comm.allreduce_sum)
@@ -569,7 +579,8 @@ class GradientExecutor:
                 np.divide(seg.view, size, out=seg.blob.diff)
         elif self.mode == "staged":
             np.divide(piece, size, out=piece)
-            for seg in segs:
-                seg.blob.diff.set(seg.view)  # host to device
+            self._staging.to_device([(seg.view, seg.blob.diff) for seg in segs])
+            if g.index == len(self.groups) - 1:
+                self._staging.wait()  # the update (main thread) must see the diffs
         else:
             self.comm.unpack([(seg.view, seg.blob.diff) for seg in segs], size)

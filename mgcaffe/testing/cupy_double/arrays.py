@@ -406,9 +406,14 @@ def make_array_api(state, names):
         def copy(self, order="C"):
             return call("copy", lambda a: a.copy(order=order), (self,), {})
 
-        def view(self, dtype=None):
+        def view(self, dtype=None, type=None):  # noqa: A002 - CuPy's argument name
             unwrap(self, "view")
-            return wrap(self._a.view() if dtype is None else self._a.view(dtype), (self,))
+            out = wrap(self._a.view() if dtype is None else self._a.view(dtype), (self,))
+            if type is not None and type is not ndarray:  # a subclass, as CuPy allows
+                sub = type.__new__(type)
+                sub._a, sub._dev, sub._base = out._a, out._dev, out._base
+                out = sub
+            return out
 
         def scatter_add(self, slices, value):
             call("scatter_add", lambda a, v: np.add.at(a, slices, v), (self, value), {})

@@ -58,6 +58,12 @@ class State:
                 self._visible = count
         return self._visible
 
+    def physical_id(self, ordinal: int) -> int:
+        """The installed device behind visible ordinal `ordinal`."""
+        self.check_device(ordinal)
+        text = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return int(ordinal) if text is None else int(text.split(",")[int(ordinal)])
+
     def current_device(self) -> int:
         return getattr(self.local, "device", 0)
 
@@ -141,6 +147,11 @@ class Device:
         """Wait for all work on this device: a host synchronisation."""
         self._state.counters.context(self.id)
         self._state.counters.sync("Device.synchronize")
+
+    @property
+    def pci_bus_id(self) -> str:
+        """The physical GPU behind this ordinal (CUDA_VISIBLE_DEVICES maps ordinals)."""
+        return f"0000:{self._state.physical_id(self.id) + 1:02x}:00.0"
 
     @property
     def compute_capability(self) -> str:

@@ -523,6 +523,19 @@ def test_graph_errors_name_the_layer_and_blob():
         make('layer { name: "x" type: "Nope" bottom: "data" top: "y" }')
 
 
+@pytest.mark.parametrize("typed, meant", [("Convoluton", "Convolution"),
+                                          ("innerproduct", "InnerProduct"),
+                                          ("SoftmaxWithLos", "SoftmaxWithLoss")])
+def test_an_unknown_layer_type_suggests_the_closest(typed, meant):
+    with pytest.raises(NetError) as info:
+        make(f'layer {{ name: "x" type: "{typed}" bottom: "data" top: "y" }}')
+    text = str(info.value)
+    assert f"layer 'x': unknown layer type '{typed}'; did you mean '{meant}'?" in text
+    assert "known types" not in text and len(text) < 200  # one short line, not 61 names
+    with pytest.raises(NetError, match=r"unknown layer type 'Zzzq'; known types: .*Convolution"):
+        make('layer { name: "x" type: "Zzzq" bottom: "data" top: "y" }')
+
+
 def test_layer_failures_are_wrapped_with_the_layer_name():
     with pytest.raises(NetError, match=r"layer 'bad' \(TNBroken\): setup failed: "
                                        r"ValueError: cannot size"):

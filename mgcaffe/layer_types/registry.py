@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from ..errors import LayerError
 from .base import Layer, LayerContext
 
@@ -25,12 +27,19 @@ def layer_types() -> list[str]:
 
 
 def layer_class(type_name: str) -> type[Layer]:
-    """The class registered for `type_name`; the error lists the known types."""
+    """The class registered for `type_name`; the error suggests the closest known type, or
+    lists them all when none is close."""
     try:
         return _REGISTRY[type_name]
     except KeyError:
+        known = layer_types()
+        close = [t for t in known if t.lower() == str(type_name).lower()] or \
+            difflib.get_close_matches(str(type_name), known, n=1, cutoff=0.6)
+        if close:
+            raise LayerError(f"unknown layer type {type_name!r}; did you mean {close[0]!r}? "
+                             "(type names are case-sensitive, as in Caffe)") from None
         raise LayerError(f"unknown layer type {type_name!r}; known types: "
-                         f"{', '.join(layer_types())}") from None
+                         f"{', '.join(known)}") from None
 
 
 def create_layer(param, ctx: LayerContext | None = None) -> Layer:

@@ -1,4 +1,4 @@
-"""Every number of expected.json (computed independently from MODEL.md) to 1e-9 relative.
+"""Every number of expected.json (computed independently from the model) to 1e-9 relative.
 
 Cost models: `paper` = network-10gbe-paper-constants.json with the ring formula; `ring` =
 network-10gbe.json's alpha and beta (formula everywhere); `fits` = its per-N fits where listed

@@ -116,8 +116,9 @@ def test_optimal_brute_force_integer_times():
 
 # ----------------------------------------------------------------------------- Algorithm 1
 def test_algorithm1_by_hand_not_optimal():
-    """Worked by hand from MODEL.md. t_f = 0, p = (4, 1, 1) params (b = 1 s per param), t_b =
-    (4, 3, 4), a = 4: ready(3) = 4, ready(2) = 7, ready(1) = 11; t_c = a + p = (8, 5, 5).
+    """Worked by hand from the model (docs/planner.md). t_f = 0, p = (4, 1, 1) params (b = 1 s
+    per param), t_b = (4, 3, 4), a = 4: ready(3) = 4, ready(2) = 7, ready(1) = 11;
+    t_c = a + p = (8, 5, 5).
     l = 3: tau_c(3) = 4, r = 7 < 4 + a: merge (C.2: waits 3 < a); p(2) = 2, t_c(2) = 6,
     tau_c(2) = max(4, 7) = 7. l = 2: r = 11, not < 7 + 4: keep. Messages {3,2} 7..13, {1}
     13..21. The optimum sends {3} 4..9 and {2,1} 11..20; WFBP ends at 22, SyncEASGD at 21."""
@@ -171,12 +172,12 @@ def test_algorithm1_never_worse_than_wfbp_or_synceasgd(make_random_profile):
         assert g <= plans["synceasgd"].iteration_time * (1 + REL)
         assert plans["mgwfbp"].iteration_time <= g * (1 + REL)
         worse += g > plans["mgwfbp"].iteration_time * (1 + 1e-9)
-    # MODEL.md: strictly worse on about a quarter of random profiles (depends on the mix)
+    # strictly worse on about a quarter of random profiles (depends on the mix)
     assert 0.05 * n < worse < 0.5 * n
 
 
 def test_greedy_above_optimal_on_googlenet_64(paper_dir):
-    """MODEL.md: about 11% above the optimum on GoogleNet, 64 nodes, the authors' constants."""
+    """About 11% above the optimum on GoogleNet, 64 nodes, the authors' constants."""
     profile = load_profile(paper_dir / "googlenet-k80.json")
     cost = cost_for(load_network(paper_dir / "network-10gbe-paper-constants.json"), 64)
     g = make_plan(profile, cost, "mgwfbp-paper").iteration_time

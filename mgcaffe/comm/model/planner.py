@@ -320,7 +320,7 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
              exact: bool = True) -> Plan:
     """The predicted timeline of one iteration when `groups` (lists of layer names, output side
     first, each in backward order) are all-reduced one after another: the one implementation
-    of MODEL.md's recurrences that every scheme uses."""
+    of the model's recurrences (docs/planner.md, "The model") that every scheme uses."""
     names = profile.names
     groups = tuple(tuple(g) for g in groups)
     _check_groups(names, groups, "groups" if scheme == "custom" else f"plan {scheme}")
@@ -445,7 +445,7 @@ def _wfbp_runs(L: int) -> list[tuple[int, int]]:
 
 
 def _algorithm1_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
-    """Algorithm 1 of the paper, as MODEL.md states it."""
+    """Algorithm 1 of the paper, as docs/planner.md ("The model") states it."""
     L = profile.num_layers
     nb = profile.dtype_bytes
     a = cost.a
@@ -486,7 +486,8 @@ def _algorithm1_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]
 
 
 def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
-    """Exact optimum over groupings of consecutive layers (MODEL.md's dynamic programme).
+    """Exact optimum over groupings of consecutive layers (the dynamic programme of
+    docs/planner.md, "The model").
 
     F(j) = min over k >= j of max(F(k+1), ready(j)) + T_ar(bytes of j..k), F(L+1) = 0. F is
     non-increasing in its argument, so once F(k+1) <= ready(j) every larger k only adds bytes:

@@ -33,7 +33,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
                         help="all-reduce per-byte cost b, overriding the network's")
     parser.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
                         help="bucket size of the `threshold` scheme in MiB (default 25, as "
-                             "PyTorch DDP's 25 MB)")
+                             "PyTorch DDP's bucket_cap_mb)")
     parser.add_argument("--use-formula", action="store_true",
                         help="use the algorithm's formula even for N the network has fits for")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

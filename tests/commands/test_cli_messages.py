@@ -10,6 +10,7 @@ import pytest
 import mgcaffe
 from mgcaffe.backend import gpu_available
 from mgcaffe.cli import main
+from mgcaffe.comm.model.planner import SCHEMES
 from mgcaffe.commands import time as time_command
 from mgcaffe.commands.bench_comm import fit_warning
 
@@ -105,3 +106,22 @@ def test_comm_param_typo_suggests_and_names_the_solver_field(model, cli):
     assert err.splitlines()[-1] == (
         f"mgcaffe train: error: {solver}: comm_param.comm: expected one of wfbp, synceasgd, "
         f"mgwfbp, mgwfbp-paper, threshold, got 'mgwbfp'; did you mean 'mgwfbp'?")
+
+
+@pytest.mark.parametrize("command", ["train", "plan", "simulate"])
+def test_bucket_sizes_are_in_mib_everywhere(capsys, command):
+    """--bucket-mb is MiB (2**20 bytes) in every command that takes it, as the docs say."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    described = text.rsplit("--bucket-mb MIB", 1)[1][:80]  # the option's line, not usage
+    assert "in MiB" in described and " MB" not in described
+
+
+def test_train_help_lists_every_scheme_with_what_it_sends(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for scheme in SCHEMES:
+        assert f"{scheme}: " in text
+    assert "(default mgwfbp)" in text and "deprecated: --merge paper is --comm=mgwfbp-paper" in text

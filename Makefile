@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-fast lint proto bench gpu-check clean
+.PHONY: all venv demo test test-fast lint proto bench gpu-check gpu-wheels clean
 
 all: test
 
@@ -36,14 +36,27 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=mgcaffe/proto proto/caffe.proto
 
-## gpu-check: the GPU acceptance run (docs/gpu.md); on a GPU machine whose own Python has
-## CuPy: `make gpu-check GPU_PYTHON=python3`
-GPU_PYTHON ?= $(BIN)/python
+## gpu-check: the GPU acceptance run (docs/gpu.md) with the Python that has CuPy: .venv's
+## when there is one, else python3 (or GPU_PYTHON=...). Needs no network: wheels that
+## `make gpu-wheels` put in gpu-wheels/ beforehand are installed into .gpu-site/ first.
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_WHEELS := gpu-wheels
+GPU_SITE   := .gpu-site
 gpu-check:
-	$(GPU_PYTHON) tools/gpu_check.py --out gpu-check-results.json
+	@if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --upgrade --target $(GPU_SITE) \
+	    $(GPU_WHEELS)/*.whl; fi
+	PYTHONPATH=$(if $(wildcard $(GPU_WHEELS)/*.whl),$(CURDIR)/$(GPU_SITE):)$(CURDIR) \
+	  $(GPU_PYTHON) tools/gpu_check.py --out gpu-check-results.json
+
+## gpu-wheels: on a machine with network, download what `make gpu-check` needs beyond
+## Python, numpy and CuPy (protobuf for caffe_pb2.py; pure-Python wheel, any platform)
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --platform any \
+	  --implementation py --python-version 3 -d $(GPU_WHEELS) 'protobuf>=7.35.1'
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output $(GPU_SITE)

@@ -6,15 +6,22 @@ import itertools
 import os
 import shutil
 from collections.abc import Iterable
-
-import lmdb
+from typing import Any
 
 from ..errors import DataError
+
+
+def _lmdb():
+    """The lmdb module, imported on first use: importing mgcaffe needs no LMDB library."""
+    import lmdb  # noqa: PLC0415 - optional at import time (only LMDB sources need it)
+
+    return lmdb
+
 
 _FIRST_MAP_SIZE = 1 << 28
 
 
-def _put_chunk(env: lmdb.Environment, chunk: list[tuple[bytes, bytes]]) -> None:
+def _put_chunk(env: Any, chunk: list[tuple[bytes, bytes]]) -> None:
     """Write one transaction, doubling the map size whenever LMDB says it is full."""
     while True:
         try:
@@ -22,7 +29,7 @@ def _put_chunk(env: lmdb.Environment, chunk: list[tuple[bytes, bytes]]) -> None:
                 for key, value in chunk:
                     txn.put(key, value)
             return
-        except lmdb.MapFullError:
+        except _lmdb().MapFullError:
             env.set_mapsize(env.info()["map_size"] * 2)
 
 
@@ -67,7 +74,7 @@ class LMDBWriter:
         self._partial = f"{self.path}.partial-{os.getpid()}"
         shutil.rmtree(self._partial, ignore_errors=True)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._env = lmdb.open(self._partial, map_size=_FIRST_MAP_SIZE, subdir=True)
+        self._env = _lmdb().open(self._partial, map_size=_FIRST_MAP_SIZE, subdir=True)
         self._pending: list[tuple[bytes, bytes]] = []
 
     def put(self, key, datum) -> None:

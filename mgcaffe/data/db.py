@@ -11,11 +11,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-
-import lmdb
+from typing import Any
 
 from ..errors import DataError
 from ..proto import caffe_pb2
+
+
+def _lmdb():
+    """The lmdb module, imported on first use: importing mgcaffe needs no LMDB library."""
+    import lmdb  # noqa: PLC0415 - optional at import time (only LMDB sources need it)
+
+    return lmdb
+
 
 log = logging.getLogger("mgcaffe.data")
 
@@ -33,15 +40,15 @@ def _env_key(path: str) -> tuple:
     return os.path.realpath(path), st.st_dev, st.st_ino
 
 
-def _acquire_env(path: str) -> tuple[lmdb.Environment, tuple]:
+def _acquire_env(path: str) -> tuple[Any, tuple]:
     key = _env_key(path)
     with _ENVS_LOCK:
         entry = _ENVS.get(key)
         if entry is None:
             try:
-                env = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                env = _lmdb().open(path, readonly=True, lock=False, readahead=False,
                                 subdir=os.path.isdir(path))
-            except lmdb.Error as exc:
+            except _lmdb().Error as exc:
                 raise DataError(f"LMDB {path!r}: cannot open ({exc})") from None
             try:
                 _check_not_truncated(env, path)
@@ -53,7 +60,7 @@ def _acquire_env(path: str) -> tuple[lmdb.Environment, tuple]:
         return entry[0], key
 
 
-def _check_not_truncated(env: lmdb.Environment, path: str) -> None:
+def _check_not_truncated(env: Any, path: str) -> None:
     """Refuse a data file shorter than the pages its meta page says it has.
 
     LMDB maps the file and reads pages through the mapping: a page past the end of a

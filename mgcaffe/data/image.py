@@ -8,16 +8,28 @@ from __future__ import annotations
 
 import io
 import os
+from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from ..errors import DataError
+
+
+class _LazyImage:
+    """PIL.Image, imported on first use: importing mgcaffe needs no Pillow."""
+
+    def __getattr__(self, name):
+        from PIL import Image as pil_image  # noqa: PLC0415 - optional at import time
+
+        return getattr(pil_image, name)
+
+
+Image = _LazyImage()
 
 _GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
 
 
-def _to_uint8_gray(img: Image.Image) -> np.ndarray:
+def _to_uint8_gray(img: Any) -> np.ndarray:
     """An HxW uint8 array of a single-channel image (16-bit and float reduced like OpenCV)."""
     if img.mode in ("1", "L", "LA"):
         return np.asarray(img.convert("L"))
@@ -28,7 +40,7 @@ def _to_uint8_gray(img: Image.Image) -> np.ndarray:
     return np.clip(arr, 0, 255).astype(np.uint8)
 
 
-def convert_mode(img: Image.Image, color: bool | None = None) -> Image.Image:
+def convert_mode(img: Any, color: bool | None = None) -> Any:
     """The image in mode "RGB" or "L", as OpenCV's imread flags would give it.
 
     color True: 3 channels (grey replicated); False: 1 channel (ITU-R 601 luma, as OpenCV);
@@ -41,7 +53,7 @@ def convert_mode(img: Image.Image, color: bool | None = None) -> Image.Image:
     return img.convert("L") if color is False else img.convert("RGB")
 
 
-def pil_to_chw(img: Image.Image, color: bool | None = None) -> np.ndarray:
+def pil_to_chw(img: Any, color: bool | None = None) -> np.ndarray:
     """Pillow image -> CHW uint8 array (BGR when 3 channels); `color` as in convert_mode."""
     hwc = np.asarray(convert_mode(img, color))
     if hwc.ndim == 2:
@@ -49,7 +61,7 @@ def pil_to_chw(img: Image.Image, color: bool | None = None) -> np.ndarray:
     return np.ascontiguousarray(hwc[:, :, ::-1].transpose(2, 0, 1))
 
 
-def resize_image(img: Image.Image, new_height: int, new_width: int) -> Image.Image:
+def resize_image(img: Any, new_height: int, new_width: int) -> Any:
     """Resize to new_height x new_width (bilinear, as Caffe's cv::resize default); 0 = keep."""
     if new_height <= 0 and new_width <= 0:
         return img
@@ -74,7 +86,7 @@ def decode_image(source, color: bool | None = None, new_height: int = 0, new_wid
             converted = convert_mode(img, color)
     except FileNotFoundError:
         raise DataError(f"{label}: image file not found") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except (OSError, ValueError, SyntaxError) as exc:  # PIL's UnidentifiedImageError too
         raise DataError(f"{label}: cannot decode image ({exc})") from None
     return pil_to_chw(resize_image(converted, new_height, new_width))
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from PIL import Image
 
-from ..data.image import decode_image
+from ..data.image import Image, decode_image
 from ..data.transformer import read_mean_file
 from ..errors import DataError
 from .data import BasePrefetchingDataLayer, transform_param_of

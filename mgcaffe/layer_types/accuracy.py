@@ -62,10 +62,13 @@ class AccuracyLayer(_NoBackward):
         valid = raw != self.ignore_label if self.ignore_label is not None else \
             xp.ones(raw.shape, dtype=bool)
         bad = valid & ((raw < 0) | (raw >= classes))
-        if bool(bad.any()):
+
+        def error():
             label = int(to_host(raw[bad])[0])
-            raise self.error(f"label {label} is out of range for {classes} classes")
-        labels = xp.where(valid, raw, 0)
+            return self.error(f"label {label} is out of range for {classes} classes")
+
+        self.check_on_device(bad.any(), error)  # on the GPU: read back with the loss
+        labels = xp.where(valid & ~bad, raw, 0)  # in bounds until the check is read
         true_score = xp.take_along_axis(scores, labels[:, None, :], axis=1)
         # Classes scoring >= the label's, the label itself included.
         at_least = (scores >= true_score).sum(axis=1)

@@ -179,11 +179,33 @@ class Layer:
 
     def loss(self, top: list[Blob]) -> float:
         """This layer's contribution to the objective: sum of weight * sum(top data)."""
+        return float(self.device_loss(top))
+
+    def device_loss(self, top: list[Blob]):
+        """`loss(top)` without reading it back: a float on the CPU, a 0-d device array on
+        the GPU (the net adds the layers' and reads the sum once)."""
         total = 0.0
         for blob, w in zip(top, self.loss_weights):
             if w != 0:
-                total += w * float(blob.data.sum())
+                value = blob.data.sum()
+                total = total + (w * float(value) if self.xp is np else value * w)
         return total
+
+    def check_on_device(self, bad, error) -> None:
+        """Raise `error()` where `bad` (a 0-d boolean array) is true: on the CPU at once; on
+        the GPU when the net reads its loss back (the net takes `deferred_checks`, and one
+        transfer brings the loss and every flag: no host wait per check). Outside a net, a
+        check still pending from the previous call is judged on this one."""
+        if self.xp is np:
+            if bool(bad):
+                raise error()
+            return
+        pending = self.__dict__.setdefault("deferred_checks", [])
+        while pending:
+            flag, late = pending.pop(0)
+            if bool(flag):
+                raise late()
+        pending.append((bad, error))
 
     @property
     def rng(self):

@@ -81,9 +81,10 @@ class InfogainLoss(LossLayer):
         raw = bottom[1].data.reshape(outer, inner).astype(xp.int64)
         valid = (raw != self.ignore_label) if self.ignore_label is not None else \
             xp.ones(raw.shape, dtype=bool)
-        if bool((valid & ((raw < 0) | (raw >= channels))).any()):
-            raise self.error(f"a label is out of range for {channels} classes")
-        return xp.where(valid, raw, 0), valid
+        bad = valid & ((raw < 0) | (raw >= channels))
+        self.check_on_device(bad.any(), lambda: self.error(
+            f"a label is out of range for {channels} classes"))  # GPU: read with the loss
+        return xp.where(valid & ~bad, raw, 0), valid
 
     def forward(self, bottom, top):
         xp = self.xp

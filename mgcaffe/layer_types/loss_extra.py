@@ -19,10 +19,13 @@ def class_labels(layer, labels_blob, num: int, classes: int):
                           f"(shape {labels_blob.shape})")
     labels = labels_blob.data.reshape(num).astype(layer.xp.int64)
     bad = (labels < 0) | (labels >= classes)
-    if bool(bad.any()):
+
+    def error():
         label = int(to_host(labels[bad])[0])
-        raise layer.error(f"label {label} is out of range for {classes} classes")
-    return labels
+        return layer.error(f"label {label} is out of range for {classes} classes")
+
+    layer.check_on_device(bad.any(), error)  # on the GPU: read back with the loss
+    return layer.xp.where(bad, 0, labels)  # never out of bounds until the check is read
 
 
 class _RowLoss(LossLayer):

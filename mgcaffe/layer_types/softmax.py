@@ -102,14 +102,18 @@ class SoftmaxWithLossLayer(LossLayer):
         valid = raw != self.ignore_label if self.ignore_label is not None else \
             xp.ones(raw.shape, dtype=bool)
         bad = valid & ((raw < 0) | (raw >= channels))
-        # One host sync for the check; the loss itself stays on the device.
-        if bool(bad.any()):
+
+        def error():
             label = int(to_host(raw[bad])[0])
-            raise self.error(f"label {label} is out of range for {channels} classes "
-                             f"(expected 0 <= label < {channels}"
-                             + (f" or ignore_label {self.ignore_label})"
-                                if self.ignore_label is not None else ")"))
-        return xp.where(valid, raw, 0), valid
+            return self.error(f"label {label} is out of range for {channels} classes "
+                              f"(expected 0 <= label < {channels}"
+                              + (f" or ignore_label {self.ignore_label})"
+                                 if self.ignore_label is not None else ")"))
+
+        # On the GPU no host wait of its own: read back with the loss (check_on_device).
+        self.check_on_device(bad.any(), error)
+        # (a bad label indexes class 0 until the check is read: never out of bounds)
+        return xp.where(valid & ~bad, raw, 0), valid
 
     def _plain(self) -> bool:
         """The common case, run with fewer numpy calls: the CPU, one prediction per sample

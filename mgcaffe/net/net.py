@@ -245,7 +245,7 @@ class Net:
             if err is None:
                 raise
             raise err from exc
-        return layer.loss(top) if self._has_loss[i] else 0.0
+        return layer.device_loss(top) if self._has_loss[i] else 0.0
 
     def forward_step(self, i: int, end: int) -> tuple[int, float]:
         """Run layer i's forward, or that of the norm chain starting at i where the run goes
@@ -302,8 +302,28 @@ class Net:
             for hook in self._after_forward:
                 hook(i)
             i = last + 1
-        self.loss = loss
+        self.loss = loss = self._read_back(loss)
         return loss
+
+    def _read_back(self, loss) -> float:
+        """The loss as a float, and the layers' deferred device checks (`Layer.
+        check_on_device`: label ranges) judged, with one read from the device."""
+        checks = []
+        for layer in self.layers:
+            pending = getattr(layer, "deferred_checks", None)
+            if pending:
+                checks += pending
+                pending.clear()
+        if self.xp is np or (not checks and isinstance(loss, float)):
+            return float(loss)
+        xp = self.xp
+        values = [xp.asarray(loss, dtype=np.float64).reshape(1)]
+        values += [flag.astype(np.float64).reshape(1) for flag, _ in checks]
+        host = to_host(xp.concatenate(values))
+        for (_, error), bad in zip(checks, host[1:]):
+            if bad:
+                raise error()
+        return float(host[0])
 
     def forward(self, blobs=None, start: str | None = None, end: str | None = None,
                 **inputs):

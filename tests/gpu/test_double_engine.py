@@ -211,3 +211,21 @@ def test_pycaffe_assignment_of_numpy_arrays_into_device_blobs(double, tmp_path):
     np.testing.assert_allclose(to_host(out), images.sum(axis=1, keepdims=True).repeat(2, 1))
     with pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(net.blobs["ip"].data)  # reading still takes an explicit copy, as in CuPy
+
+
+def test_label_checks_on_the_gpu_are_read_back_with_the_loss(double, tmp_path):
+    """The loss layers' label range checks cost no host wait of their own on the GPU: one
+    read per iteration brings the loss and the flags; a bad label is still the same error."""
+    from mgcaffe.errors import LayerError
+    from mgcaffe.solvers import get_solver
+
+    solver = get_solver(write_solver(tmp_path, "SGD"), device=GPU)
+    feed(solver.net)
+    solver.net.forward()
+    double.counters.reset()
+    solver.net.forward()
+    assert double.counters.syncs == 1, double.counters.sync_sites
+    solver.net.layers[0].set_input_arrays(np.zeros((8, 2, 5, 5), np.float32),
+                                          np.full(8, 7, np.float32))
+    with pytest.raises(LayerError, match="label 7 is out of range for 3 classes"):
+        solver.net.forward()

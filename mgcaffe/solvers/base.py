@@ -60,7 +60,7 @@ def select_device(param: caffe_pb2.SolverParameter, device: Device | None,
     An explicit `device` (the command line's --gpu, or the caller) is obeyed, and a GPU
     that is not there is an error. Otherwise solver_mode decides, as in `caffe train`: only
     a `solver_mode: GPU` written in the file selects the GPU (device_id); since most solver
-    files copied from Caffe say GPU, it falls back to the CPU, with a log line, when no GPU
+    files copied from Caffe say GPU, it falls back to the CPU, with a warning, when no GPU
     is usable.
     """
     if device is not None:
@@ -71,8 +71,8 @@ def select_device(param: caffe_pb2.SolverParameter, device: Device | None,
     if param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
         if gpu_available():
             return Device("gpu", param.device_id)
-        log.info("solver_mode is GPU but no GPU is usable (CuPy missing or no CUDA "
-                 "device): using the CPU")
+        log.warning("solver_mode is GPU but no GPU is usable (CuPy missing or no CUDA "
+                    "device): using the CPU")
     return CPU
 
 

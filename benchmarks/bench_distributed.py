@@ -86,7 +86,7 @@ def worker(a) -> int:
     Profile once, plan every scheme from that profile, then run the schemes in turn for
     `--rounds` rounds of `--iters` iterations each: on a machine shared with other work the
     load drifts, and interleaving exposes every scheme to the same drift."""
-    from mgcaffe.comm.training.trainer import failing_together, world  # noqa: PLC0415
+    from mgcaffe.comm.training.world import failing_together, world  # noqa: PLC0415
 
     comm, rank, size = world("WARNING")
     with failing_together(comm):  # an exception on one rank ends all, never a hang
@@ -97,7 +97,8 @@ def _worker(a, comm, rank, size) -> int:
     from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
     from mgcaffe.comm.model.planner import Plan, make_plan, timeline  # noqa: PLC0415
     from mgcaffe.comm.model.profile import Profile  # noqa: PLC0415
-    from mgcaffe.comm.training.trainer import PROFILE_EXTENSION, attach  # noqa: PLC0415
+    from mgcaffe.comm.training.replanner import PROFILE_EXTENSION  # noqa: PLC0415
+    from mgcaffe.comm.training.trainer import attach  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
 
     total = 2 * PROFILE_EXTENSION * a.profile_iters + 2 + a.rounds * len(a.schemes) * a.iters

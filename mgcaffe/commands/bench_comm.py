@@ -25,7 +25,7 @@ from ..comm.training.interference import (
     measure_interference,
 )
 from ..comm.training.notices import fit_quality_level, one_host_note
-from ..comm.training.trainer import world
+from ..comm.training.world import world
 from ..errors import CommError
 
 NAME = "bench-comm"

@@ -297,7 +297,7 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
 
     _, handles, errors = run(0)  # never re-planned: the start-up profile is the slow one
     assert errors == [None, None]
-    assert [it for it, _ in handles[0].plan_switches] == [profile_iters]
+    assert [it for it, _ in handles[0].replanner.plan_switches] == [profile_iters]
     assert fc2_time(handles[0]) >= delay
 
     messages[0].clear()
@@ -307,11 +307,11 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
     # start-up plan after profile_iters iterations; the re-plan's profile starts replan_after
     # iterations later and lasts 4 x profile_iters; both ranks switch at the same iterations
     replan_at = profile_iters + replan_after + 4 * profile_iters
-    assert [it for it, _ in handles[0].plan_switches] == [profile_iters, replan_at]
-    assert handles[0].plan_switches == handles[1].plan_switches
+    assert [it for it, _ in handles[0].replanner.plan_switches] == [profile_iters, replan_at]
+    assert handles[0].replanner.plan_switches == handles[1].replanner.plan_switches
     # the re-plan's profile: the median of iterations replan_at-7..replan_at-1, 3 slow of 7
     assert fc2_time(handles[0]) < delay / 2
-    assert handles[0].startup_prediction >= delay > 2 * handles[0].plan.iteration_time
+    assert handles[0].replanner.startup_prediction >= delay > 2 * handles[0].plan.iteration_time
     assert [list(g) for g in handles[1].plan.groups] == [g.names for g in
                                                          handles[1].executor.groups]
     assert len(handles[0].grad_times) == iters - replan_at  # measured against the re-plan
@@ -366,7 +366,7 @@ def test_plan_from_a_profile_is_saved_and_followed(tmp_path):
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["scheme"] == "mgwfbp" and saved["a"] == 0.002
     assert [g.names for g in handles[1].executor.groups] == saved["groups"]
-    assert handles[0].profiler is None  # no profiling with a profile given
+    assert handles[0].replanner.profiler is None  # no profiling with a profile given
     # the saved plan is reusable: both ranks read it, nothing is planned
     solvers, handles, errors = train(2, flags(plan=str(tmp_path / "plan.json")), iters=2)
     assert errors == [None, None] and handles[0].plan.digest() == saved["digest"]

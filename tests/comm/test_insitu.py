@@ -204,8 +204,8 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     assert errors == [None, None]
     h0, h1 = handles
     replan_at = profile_iters + replan_after + 4 * profile_iters
-    assert [it for it, _ in h0.plan_switches] == [profile_iters, replan_at]
-    assert h0.plan_switches == h1.plan_switches
+    assert [it for it, _ in h0.replanner.plan_switches] == [profile_iters, replan_at]
+    assert h0.replanner.plan_switches == h1.replanner.plan_switches
     # the window alternated one message (undisturbed) and one per layer (overlapped)
     window = messages[0][profile_iters + replan_after:replan_at]
     plan_messages = messages[0][profile_iters]  # the start-up plan's
@@ -213,19 +213,20 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     kinds = [3] if plan_messages == 3 else [3, plan_messages]
     assert window == [m for i in range(profile_iters * 2) for m in (1, kinds[i % len(kinds)])]
     assert messages[0] == messages[1]
-    assert h0.probe_interference == ((64, 0.05),)
-    assert 0.6 * RHO <= h0.insitu.single <= 1.5 * RHO
+    assert h0.replanner.probe_interference == ((64, 0.05),)
+    assert 0.6 * RHO <= h0.replanner.insitu.single <= 1.5 * RHO
     # every rank adopted the same points, and the re-plan's prediction uses them
     assert h0.cost.interference == h1.cost.interference
-    assert all(rho == pytest.approx(h0.insitu.single) for _, rho in h0.cost.interference)
+    assert all(rho == pytest.approx(h0.replanner.insitu.single) for _, rho in h0.cost.interference)
     assert h0.plan.interference == h0.cost.interference
     # the all-reduces last at least A: against the model's a + b*M (a = A), at least 1
-    assert 0.9 <= h0.comm_slowdown == h1.comm_slowdown
+    assert 0.9 <= h0.replanner.comm_slowdown == h1.replanner.comm_slowdown
     # sigma measured (each message as the last rank to enter it saw it); every rank
     # adopted the same points, and the plan carries them
-    assert h0.insitu_comm is not None
-    assert 0.7 * SIGMA <= h0.insitu_comm.single <= 1.4 * SIGMA, h0.insitu_comm.describe()
-    assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.insitu_comm.points
+    assert h0.replanner.insitu_comm is not None
+    sigma = h0.replanner.insitu_comm
+    assert 0.7 * SIGMA <= sigma.single <= 1.4 * SIGMA, sigma.describe()
+    assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.replanner.insitu_comm.points
     assert h0.plan.comm_slowdown == h0.cost.comm_slowdown
 
 

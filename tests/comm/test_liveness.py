@@ -218,7 +218,7 @@ def test_world_hands_a_late_start_up_ctrl_c_to_the_caller_when_asked(keep_deferr
     unless the caller (train) keeps it recorded until its SignalHandler takes it over: a
     Ctrl-C in between then stops the loop on every rank, not this rank alone."""
     from mgcaffe.comm.backends.local import SingleCommunicator
-    from mgcaffe.comm.training import trainer as distributed
+    from mgcaffe.comm.training import world as distributed
 
     monkeypatch.setattr(distributed, "launched_by_mpi", lambda: True)
     class OneRankMpi(SingleCommunicator):  # MPI's start-up stands in, one rank

@@ -79,7 +79,7 @@ def test_prediction_is_the_median_of_each_iterations_timeline():
     from types import SimpleNamespace  # noqa: PLC0415
 
     from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.training.trainer import DistributedTraining  # noqa: PLC0415
+    from mgcaffe.comm.training.replanner import Learnables, median_prediction  # noqa: PLC0415
 
     # layers a (input side), b; every message takes 1 s; wfbp sends b, then a.
     # Iterations (t_f, [t_b(a), t_b(b)]) and their timelines by hand:
@@ -88,7 +88,6 @@ def test_prediction_is_the_median_of_each_iterations_timeline():
     #   ready(b) = 0, ready(a) = 1: b 0-1, a 1-2 -> 2      median 3
     # while the median profile (ready(b) = 0, ready(a) = 1) would predict 2.
     steps = [(0.0, [0.0, 1.0]), (0.0, [3.0, 0.0]), (0.0, [1.0, 0.0])]
-    handle = SimpleNamespace(net=SimpleNamespace(name="m"), names=["a", "b"], counts=[1, 1],
-                             cost=CostModel(1.0, 0.0))
+    net = Learnables("m", ["a", "b"], [1, 1], 4)
     plan = SimpleNamespace(groups=[["b"], ["a"]])
-    assert DistributedTraining._median_prediction(handle, plan, steps) == 3.0
+    assert median_prediction(plan, steps, CostModel(1.0, 0.0), net) == 3.0

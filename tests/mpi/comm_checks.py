@@ -23,7 +23,7 @@ import numpy as np
 from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.comm.training.faults import Watchdog, fail_all
-from mgcaffe.comm.training.trainer import world
+from mgcaffe.comm.training.world import world
 from mgcaffe.testing.comm import FakeNet, plan
 
 PLANS = {

@@ -1,7 +1,10 @@
 """Distributed training: the trainer that wires a solver to a communicator and a plan.
 
-trainer.py (start-up, plan, re-plan, per-iteration agreements), startup.py, agreement.py,
-options.py (flags over comm_param), faults.py and liveness.py (every rank ends together),
-benchmark.py and interference.py (the cost measured at start-up), insitu.py (rho measured
-while training).
+world.py (the process as a rank: MPI's start-up, its GPU, failing together), trainer.py (the
+solver's gradient_sync and iteration hook: agreements, the executor, the closing summary),
+gradient_comm.py (which communicator carries the gradients), cost_source.py (the run's T(M):
+a file, an emulation, or benchmark.py and interference.py at start-up), replanner.py (the
+plan's phases: start-up profile, warm-up, re-plan window with insitu.py, fixed),
+startup.py, agreement.py, options.py (flags over comm_param), faults.py and liveness.py
+(every rank ends together).
 """

@@ -1,0 +1,74 @@
+"""The all-reduce cost model T(M) a run plans with, and where it came from.
+
+In order: `--network` (a fit or a formula for N nodes), else the emulated network, else
+nothing to pay with one rank, else nothing when a `--plan` is given (the plan carries its own
+cost), else measured at start-up: an all-reduce benchmark over sizes from 4 bytes to the
+whole gradient, fitted by least squares, plus the interference probe (how much computation
+slows while an all-reduce is in flight). A collective when it measures.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..backends.communicator import Communicator
+from ..model.cost import CostModel, cost_for, load_network
+from .benchmark import measure_allreduce
+from .gradient_comm import Guard
+from .interference import interference_sizes, measure_interference
+from .options import Options
+from .startup import benchmark_sizes
+
+log = logging.getLogger("mgcaffe.comm")
+
+
+def run_cost(options: Options, comm: Communicator, gradient_bytes: int, guard: Guard,
+             emulated_cost: CostModel | None = None) -> CostModel | None:
+    """T_ar for this run (see the module docstring), logged once on rank 0; None when a
+    `--plan` brings its own. `comm` is the host communicator the benchmark runs on,
+    `gradient_bytes` the size of the whole gradient."""
+    nodes = options.emulate_nodes or comm.size
+    if options.network:
+        cost = cost_for(load_network(options.network), nodes)
+        origin = f"{options.network} ({cost.origin}, N={nodes})"
+    elif options.emulate_network:
+        cost, origin = emulated_cost, f"emulated {options.emulate_network} (N={nodes})"
+    elif comm.size == 1:
+        cost, origin = CostModel(0.0, 0.0, nodes=1), "one rank: no communication"
+    elif options.plan:
+        return None  # the plan carries its own a and b
+    else:
+        cost, origin = _measured(comm, gradient_bytes, guard)
+        cost = with_interference(cost, comm, gradient_bytes, guard, options.timeout)
+    if comm.rank == 0:
+        log.info("All-reduce cost T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte [%s]",
+                 cost.a * 1e6, cost.b * 1e9, origin)
+    return cost
+
+
+def _measured(comm: Communicator, gradient_bytes: int, guard: Guard) -> tuple[CostModel, str]:
+    sizes = benchmark_sizes(gradient_bytes)
+    with guard("all-reduce benchmark"):
+        bench = measure_allreduce(comm, sizes, iterations=10)
+    origin = (f"measured all-reduce of {len(sizes)} sizes from {sizes[0]} B to "
+              f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
+    if comm.rank == 0:
+        log.info("All-reduce benchmark among %d ranks:\n%s", comm.size, bench.table())
+        if bench.warning():
+            log.warning("%s", bench.warning())
+    return bench.fit, origin
+
+
+def with_interference(cost: CostModel, comm: Communicator, gradient_bytes: int, guard: Guard,
+                      timeout: float) -> CostModel:
+    """`cost` with the measured slowdown of computation while an all-reduce is in flight
+    (the planner's extended model; see interference.py)."""
+    points = []
+    for m in interference_sizes(gradient_bytes):
+        # a few fixed-length rounds per size: a deadline of its own, not the comm timeout
+        with guard(f"interference measurement at {m} bytes", max(timeout, 20.0)):
+            points += measure_interference(comm, cost, [m])
+    if comm.rank == 0:
+        log.info("Computation slows while an all-reduce is in flight: %s",
+                 ", ".join(f"{m / 1e6:.3g} MB +{rho * 100:.0f}%" for m, rho in points))
+    return cost.with_interference(points)

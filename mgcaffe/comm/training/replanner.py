@@ -1,0 +1,388 @@
+"""The plan a run trains with, and when it changes: the trainer's re-planner.
+
+A run's plan goes through named phases (`Phase`):
+
+- STARTUP_PROFILE: no plan yet; the first `profile_iters` iterations (more while the times
+  still drift) are profiled with all gradients in one all-reduce after backward, so backward
+  is timed undisturbed; then rank 0 plans from the slowest rank's times and every rank
+  switches to the plan between the same two iterations.
+- WARM_UP: the start-up plan runs until `replan_after` iterations later.
+- REPLAN_PROFILE: a second, longer profile. With measured interference in the cost model the
+  window alternates undisturbed iterations (the profile) with overlapped ones (all-reduces
+  during backward), measuring in situ how much backward slows beside its all-reduces (rho)
+  and how much those slow beside backward (sigma); then the re-plan, switched likewise.
+- FIXED: the plan is final (given by --plan or --profile, re-planned, or no re-plan asked).
+
+Every transition happens on every rank at the same iteration: the counts that drive it are
+the same everywhere, and the agreements it runs are collectives.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import CommError, MgcaffeError
+from ..backends.communicator import Communicator
+from ..model.cost import CostModel
+from ..model.planner import Plan, load_plan, make_plan, timeline
+from ..model.profile import load_profile
+from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
+from .gradient_comm import Guard
+from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
+from .options import Options
+from .startup import (
+    agree_on_layers_and_plan,
+    check_plan_sizes,
+    describe_plan,
+    describe_profile,
+    synceasgd_groups,
+)
+
+log = logging.getLogger("mgcaffe.comm")
+
+PROFILE_EXTENSION = 4  # profiling may run up to this many times profile_iters while drifting
+
+
+class Phase(enum.Enum):
+    """Where a run's plan stands (see the module docstring)."""
+
+    STARTUP_PROFILE = "start-up profile"
+    WARM_UP = "warm-up"
+    REPLAN_PROFILE = "re-plan profile"
+    FIXED = "fixed"
+
+
+@dataclass
+class InSituWindow:
+    """The re-plan window's overlapped iterations, when it measures rho and sigma in situ."""
+
+    #: the group lists the overlapped iterations take turns with (per layer; the plan's)
+    overlapped: list
+    #: per overlapped iteration: each layer's backward time and what was in flight meanwhile
+    rows: list = field(default_factory=list)
+    #: per overlapped iteration: (bytes, time in flight, of it during backward, a + b*M)
+    messages: list = field(default_factory=list)
+    seen: int = 0  # overlapped iterations so far (the first warms and is not counted)
+    comm_measured: float = 0.0  # time in flight of the messages sent during backward
+    comm_modelled: float = 0.0  # what a + b*M predicts for the same messages
+
+
+@dataclass
+class Learnables:
+    """What the re-planner knows of the net: its name, learnable layers and their sizes."""
+
+    net_name: str
+    names: list[str]
+    counts: list[int]
+    itemsize: int
+
+
+def median_prediction(plan: Any, steps: list, cost: CostModel, net: Learnables) -> float:
+    """The median over the profiled iterations of the plan's timeline on each one's own
+    times: what the measured median is compared with. Not the timeline of the median
+    profile: where communication and backward end close together (where merging pays),
+    each iteration ends with whichever is later that time, and the median of those maxima
+    exceeds the maximum of the medians."""
+    return statistics.median(
+        timeline(as_profile(s, net.net_name, net.names, net.counts), cost,
+                 plan.groups).iteration_time for s in steps)
+
+
+class Replanner:
+    """Makes, shares and switches the run's plan (a collective: every rank runs one).
+
+    `initial_plan()` first; `start(executor, timer)` once the communication thread and the
+    net's timer exist; then `after_iteration(it, ready)` after every iteration, which
+    returns True when the plan was switched (measurements start over)."""
+
+    def __init__(self, comm: Communicator, options: Options, net: Learnables,
+                 cost: CostModel | None, guard: Guard):
+        self.comm, self.options, self.net, self.cost, self.guard = (comm, options, net, cost,
+                                                                     guard)
+        self.rank, self.size = comm.rank, comm.size
+        self.phase = Phase.FIXED
+        self.plan: Any = None
+        self.profile_dict: dict | None = None
+        self.profiler: OnlineProfile | None = None
+        self.profiled_iters = 0
+        self.replan_at: int | None = None  # iteration at which the re-plan's profile starts
+        self.window: InSituWindow | None = None
+        self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
+        self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
+        self.median_prediction: float | None = None  # median of the plan's per-iteration times
+        self.insitu: InSitu | None = None  # the in-situ rho once measured
+        self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
+        self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
+        self.insitu_comm: Any = None  # the in-situ sigma (insitu.CommInSitu) once measured
+        self.executor: Any = None
+        self.timer: Any = None
+        self.keep_timer = False  # the trace needs the timer after profiling too
+
+    @property
+    def planning(self) -> bool:
+        """Whether a profile (start-up or re-plan) is still to be measured or under way."""
+        return self.phase is not Phase.FIXED
+
+    @property
+    def profiling(self) -> bool:
+        """Whether this iteration's times are being profiled."""
+        return self.phase in (Phase.STARTUP_PROFILE, Phase.REPLAN_PROFILE)
+
+    # ------------------------------------------------------------------ the first plan
+    def initial_plan(self) -> Any:
+        """The plan to start with: final (--plan, --profile) or provisional (profiling)."""
+        o = self.options
+        if o.plan:
+            plan = load_plan(o.plan)
+            check_plan_sizes(plan, self.net.names, self.net.counts, self.net.itemsize, o.plan)
+            self._adopt(plan, f"read from {o.plan}")
+            return plan
+        if o.profile:
+            return self._make_and_share(lambda: load_profile(o.profile), f"from {o.profile}")
+        self.phase = Phase.STARTUP_PROFILE
+        self.profiler = OnlineProfile(self.net.net_name, self.net.names, self.net.counts, skip=1)
+        if self.rank == 0:
+            log.info("Profiling the first %d iterations (the first one is not counted; up to "
+                     "%d while the times still drift); meanwhile all gradients go in one "
+                     "all-reduce after backward", o.profile_iters,
+                     PROFILE_EXTENSION * o.profile_iters)
+        return synceasgd_groups(self.net.names)
+
+    def start(self, executor: Any, timer: Any, keep_timer: bool) -> None:
+        """The communication thread and the net's timer the phases drive."""
+        self.executor, self.timer, self.keep_timer = executor, timer, keep_timer
+
+    def _make_and_share(self, get_profile: Callable[[], Any], where: str) -> Any:
+        """Rank 0 plans from get_profile(); every rank receives the plan (a collective)."""
+        o = self.options
+        payload = None
+        if self.rank == 0:
+            try:
+                profile = get_profile()
+                plan = make_plan(profile, self.cost, o.scheme,
+                                 int(o.bucket_mb * (1 << 20)) if o.comm == "threshold" else None,
+                                 nodes=o.emulate_nodes or self.size)
+                if not plan.exact:
+                    log.warning("Plan %s: the optimal search was cut (too many states): the "
+                                "plan is not proven optimal under the model", where)
+                payload = ("ok", plan.to_dict(), profile.to_dict())
+            except MgcaffeError as exc:  # every rank must learn why, not wait for a plan
+                payload = ("error", str(exc), None)
+        with self.guard("broadcast of the plan"):
+            status, body, profile_dict = self.comm.broadcast(payload, root=0)
+        if status == "error":
+            raise CommError(f"rank {self.rank}: rank 0 could not plan: {body}")
+        plan = Plan.from_dict(body, source="plan from rank 0")
+        self.profile_dict = profile_dict
+        if self.rank == 0:
+            log.info("%s", describe_profile(profile_dict, where))
+        self._adopt(plan, where)
+        return plan
+
+    def _adopt(self, plan: Any, where: str) -> None:
+        self.plan = plan
+        if self.rank == 0:
+            log.info("Using %s\n%s", where, describe_plan(plan))
+            if self.options.save_plan:
+                plan.save(self.options.save_plan)
+                log.info("Wrote the plan to %s", self.options.save_plan)
+
+    # ------------------------------------------------------------------ every iteration
+    def after_iteration(self, it: int, ready: dict[int, float]) -> bool:
+        """Advance the phase after iteration `it - 1` (the solver's count already includes
+        it), given each learnable layer's gradient-ready time; True when the plan switched."""
+        if self.profiling:
+            return self._profile_step(it, ready)
+        if self.phase is Phase.WARM_UP and it >= self.replan_at:
+            self._start_replan_profile(it)
+        return False
+
+    def _profile_step(self, it: int, ready: dict[int, float]) -> bool:
+        prof, window = self.profiler, self.window
+        overlapped = window is not None and self.profiled_iters % 2 == 1
+        self.profiled_iters += 1  # counted alike on every rank: the switch is a collective
+        if overlapped:
+            self._add_overlapped(ready)
+        elif len(ready) == len(self.net.names):
+            prof.add(self.timer.forward_start, self.timer.forward_end, ready)
+        if window is not None:  # the next iteration's kind: odd ones overlap
+            n = self.profiled_iters
+            self.executor.set_plan(window.overlapped[(n // 2) % len(window.overlapped)]
+                                   if n % 2 == 1 else synceasgd_groups(self.net.names))
+        replanning = self.phase is Phase.REPLAN_PROFILE
+        wanted_iters = self.options.profile_iters
+        if replanning:  # after warm-up: a fixed, longer window for a stable median
+            wanted_iters = PROFILE_EXTENSION * self.options.profile_iters
+        if self.profiled_iters < wanted_iters:
+            return False
+        if not replanning and self.profiled_iters < PROFILE_EXTENSION * wanted_iters:
+            # Warm-up may outlast the first iterations: go on (all ranks alike) while any
+            # rank's older and newer samples disagree, then plan from the newest ones.
+            with self.guard("agreement on the profile's stability"):
+                drifting = self.comm.any_true([not prof.stable()])[0]
+            if drifting:
+                return False
+        if not len(prof):
+            raise CommError(f"rank {self.rank}: no complete profile in {self.profiled_iters} "
+                            f"iterations (the backward hook did not report every layer)")
+        recent = max(1, wanted_iters - 1)  # the first of a phase is skipped
+        if self.rank == 0:
+            log.info("%s", prof.describe_spread(recent))
+        if window is not None:
+            self._adopt_in_situ_rho(window)
+        self.profiler = None
+        if not self.keep_timer:
+            self.timer.remove()
+        self._replan(it, prof, recent, replanning)
+        return True
+
+    def _replan(self, it: int, prof: OnlineProfile, recent: int, replanning: bool) -> None:
+        """Plan from the profile's last `recent` iterations and switch every rank to it."""
+        first = it - self.profiled_iters
+        # The step waits for the slowest rank: plan with the latest ready time of each layer,
+        # iteration by iteration.
+        with self.guard("gathering the ranks' profiles"):
+            steps = per_iteration_slowest(self.comm.allgather(prof.window(recent)))
+        before = self.plan
+        where = (f"median profile of the last {min(recent, len(prof))} of "
+                 f"{self.profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
+                 f"{self.size} rank(s)")
+        net = self.net
+        plan = self._make_and_share(
+            lambda: median_profile(steps, net.net_name, net.names, net.counts),
+            f"re-plan after warm-up, {where}" if replanning else where)
+        with self.guard("agreement on the plan and the learnable layers"):
+            agree_on_layers_and_plan(self.comm, net.names, net.counts, plan, it)
+        # Switched here, between iterations, on every rank alike (the agreement above
+        # compared the iteration): the next iteration communicates by the new plan.
+        self.executor.set_plan(plan)
+        before_median = self.median_prediction
+        self.median_prediction = median_prediction(plan, steps, self.cost, net)
+        self.plan_switches.append((it, plan.digest()))
+        self.phase = Phase.FIXED
+        if replanning:
+            self.startup_prediction = before_median
+            if self.rank == 0:
+                log.info("Re-planned at iteration %d: predicted iteration %.2f ms (the "
+                         "start-up profile predicted %.2f ms); plan %s %s the start-up plan's "
+                         "groups", it, self.median_prediction * 1e3, before_median * 1e3,
+                         plan.digest()[:12],
+                         "keeps" if plan.groups == before.groups else "changes")
+        elif self.options.replan_after > 0:
+            self.phase = Phase.WARM_UP
+            self.replan_at = it + self.options.replan_after
+
+    def _start_replan_profile(self, it: int) -> None:
+        """Warm-up is over: profile again on the iterations from here, then re-plan once.
+        Every rank starts at the same iteration (the count is the same everywhere).
+
+        With a cost model that has no interference term, the profile is taken while the
+        start-up plan runs: backward then includes what its overlapped all-reduces cost it
+        (the communication thread's CPU time and wake-ups, the interpreter lock), which the
+        model cannot see otherwise. With measured interference, the model adds that itself,
+        so the profile is taken as at start-up (one all-reduce after backward, backward
+        undisturbed), so as not to count it twice."""
+        self.phase = Phase.REPLAN_PROFILE
+        self.replan_at = None
+        self.profiled_iters = 0
+        self.profiler = OnlineProfile(self.net.net_name, self.net.names, self.net.counts, skip=1)
+        self.timer.install()
+        runs_on = not getattr(self.cost, "interferes", False)
+        if not runs_on:
+            self.executor.set_plan(synceasgd_groups(self.net.names))
+        # on a GPU stream the all-reduce calls return at once: their spans are not the time
+        # a message is in flight, so rho cannot be measured from them
+        measure = not runs_on and self.executor.mode != "stream"
+        if measure:
+            # Measure rho in situ: alternate undisturbed iterations (the profile) with
+            # overlapped ones (all-reduces while backward runs): WFBP's per-layer messages
+            # (every layer's size), and the running plan's groups when it merges (the sizes
+            # it will send).
+            overlapped = [[[n] for n in reversed(self.net.names)]]
+            groups = [list(g) for g in getattr(self.plan, "groups", ())]
+            if 1 < len(groups) < len(self.net.names):
+                overlapped.append(groups)
+            self.window = InSituWindow(overlapped)
+            self.executor.intervals = []
+        if self.rank == 0:
+            log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
+                     "one is not counted) to re-plan once; meanwhile %s", it,
+                     PROFILE_EXTENSION * self.options.profile_iters,
+                     "the plan runs on (the profile includes what its overlapped "
+                     "all-reduces cost backward)" if runs_on else
+                     "all gradients go in one all-reduce after backward" if not measure else
+                     "iterations alternate between all gradients in one all-reduce after "
+                     "backward (the profile) and all-reduces during backward, per layer or "
+                     "by the plan's groups (to measure how much backward slows beside them)")
+
+    # ------------------------------------------------------------------ in situ
+    def _add_overlapped(self, ready: dict[int, float]) -> None:
+        """One overlapped iteration of the re-plan window: each layer's backward time and
+        what was in flight meanwhile (the first such iteration warms and is not counted)."""
+        window, intervals = self.window, self.executor.intervals or []
+        self.executor.intervals = []
+        window.seen += 1
+        if window.seen > 1 and len(ready) == len(self.net.names):
+            window.rows.append(layer_overlaps(self.timer.forward_end, ready, intervals,
+                                              len(self.net.names)))
+            # the other direction (sigma): each message's time in flight, how much of it
+            # during backward, and what a + b*M predicts for it
+            start, end = self.timer.forward_end, ready[1]
+            window.messages.append(
+                [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), self.cost.time(m))
+                 for t0, t1, m in intervals])
+            for t0, t1, m in intervals:
+                if t0 < end:
+                    window.comm_measured += t1 - t0
+                    window.comm_modelled += self.cost.time(m)
+
+    def _adopt_in_situ_rho(self, window: InSituWindow) -> None:
+        """Estimate rho from the window's two kinds of iterations on every rank, keep the
+        slowest rank's (a collective: every rank adopts the same points), and use it in the
+        cost model for the re-plan, its prediction and the rest of the run."""
+        self.window = None
+        self.executor.intervals = None
+        probe = tuple(self.cost.interference)
+        classes = [m for m, _ in probe]
+        mine = estimate([b for _, b in self.profiler.samples], window.rows, classes)
+        with self.guard("gathering the in-situ interference estimates"):
+            gathered = self.comm.allgather((mine, window.messages))
+        found = [e for e, _ in gathered if e is not None]
+        # sigma from each message as the rank that entered it last saw it (every rank
+        # computes the same from the same rows)
+        comm_est = estimate_comm(last_arrivals([m for _, m in gathered]), classes)
+        if comm_est is not None:
+            self.insitu_comm = comm_est
+            self.cost = self.cost.with_comm_slowdown(comm_est.points)
+            if self.rank == 0:
+                log.info("Communication slows beside backward, measured in situ (each "
+                         "message as the last of %d rank(s) to enter it saw it): %s; the "
+                         "model now uses %s", self.size, comm_est.describe(),
+                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
+        probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
+        if not found:
+            if self.rank == 0:
+                log.warning("In-situ interference: no all-reduce was in flight during "
+                            "backward in the window; keeping the start-up probe's (%s)",
+                            probe_text)
+            return
+        est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
+        self.insitu, self.probe_interference = est, probe
+        self.cost = self.cost.with_interference(est.points)
+        with self.guard("gathering the in-situ all-reduce times"):
+            slowest = max(m / p if p > 0 else 1.0 for m, p in
+                          self.comm.allgather((window.comm_measured, window.comm_modelled)))
+        self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
+        if self.rank == 0:
+            log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
+                     "rank; whole messages, also their part after backward)", slowest)
+            log.info("Computation slows beside the all-reduces, measured in situ on the "
+                     "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
+                     "%s)", self.size, est.describe(),
+                     ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
+                     probe_text)

@@ -63,3 +63,13 @@ def test_two_ranks_measure_the_same_cost_under_their_guards():
     assert a.interference and a.interference == b.interference  # the probe ran too
     assert "all-reduce benchmark" in guards
     assert any(g.startswith("interference measurement") for g in guards)
+
+
+def test_a_bad_network_file_is_named_in_a_one_line_error(tmp_path):
+    from mgcaffe.errors import MgcaffeError
+
+    bad = tmp_path / "net.json"
+    bad.write_text("{not json")
+    with pytest.raises(MgcaffeError, match=str(bad)) as info:
+        run_cost(Options(network=str(bad)), TwoRanks(), 4096, guard)
+    assert "\n" not in str(info.value)

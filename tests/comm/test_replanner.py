@@ -1,13 +1,15 @@
-"""The re-planner's phases driven directly, without MPI, a net or a communication thread: one
-rank (SingleCommunicator), made-up layer times, a recording executor and timer."""
+"""The re-planner's phases, driven without MPI, a net or a thread: synthetic layer times on
+a simulated clock, a recording executor and timer, one rank alone or ranks on LocalWorld."""
 
 from __future__ import annotations
 
+import json
+import logging
 from contextlib import nullcontext
 
 import pytest
 
-from mgcaffe.comm.backends.local import SingleCommunicator
+from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.model.cost import CostModel
 from mgcaffe.comm.training.options import Options
 from mgcaffe.comm.training.replanner import (
@@ -17,28 +19,36 @@ from mgcaffe.comm.training.replanner import (
     Replanner,
     median_prediction,
 )
+from mgcaffe.errors import CommError
+from mgcaffe.testing.comm import run_ranks
 
-NAMES = ["conv1", "conv2", "ip1"]
-COUNTS = [1000, 20000, 400000]
+pytestmark = pytest.mark.timeout(60)
+
+NAMES = ["conv1", "conv2", "fc1"]  # input side first
+LAYERS = Learnables("net", NAMES, [100, 200, 300], 4)
+PROBE = ((64, 0.05),)
 
 
-class RecordingExecutor:
-    """What the re-planner asks of the communication thread: set_plan, intervals, mode."""
+class Executor:
+    """Records every plan (its groups) it is switched to; `intervals` as the real one."""
 
-    mode = "thread"
-
-    def __init__(self):
-        self.plans = []
+    def __init__(self, mode: str = "host"):
+        self.mode = mode
         self.intervals = None
+        self.plans: list[list[list[str]]] = []
 
     def set_plan(self, plan):
-        self.plans.append(plan)
+        groups = plan if isinstance(plan, list) else plan.groups
+        self.plans.append([list(g) for g in groups])
+
+    @property
+    def overlapping(self) -> bool:  # more than the one all-reduce after backward
+        return len(self.plans[-1]) > 1
 
 
-class FakeTimer:
-    forward_start, forward_end = 0.0, 0.010
-
+class Timer:
     def __init__(self):
+        self.forward_start = self.forward_end = 0.0
         self.installed = 0
         self.removed = 0
 
@@ -49,98 +59,181 @@ class FakeTimer:
         self.removed += 1
 
 
-def ready_times(scale: float = 1.0) -> dict[int, float]:
-    # backward runs L..1: ip1 (k=3) ends first, conv1 (k=1) last
-    return {3: 0.012 * scale, 2: 0.015 * scale, 1: 0.020 * scale}
+class Driver:
+    """Runs iterations on a simulated clock: forward 1 s, then each layer's backward
+    `layer` s; in an overlapped iteration of the in-situ window (with `in_flight`) one
+    message is in flight through the whole backward, and each layer takes `slow` x longer."""
+
+    def __init__(self, replanner: Replanner, *, layer: float = 1.0, slow: float = 1.0,
+                 in_flight: bool = True, mode: str = "host"):
+        self.r, self.layer, self.slow, self.in_flight = replanner, layer, slow, in_flight
+        self.executor, self.timer = Executor(mode), Timer()
+        self.executor.set_plan(replanner.initial_plan())
+        replanner.start(self.executor, self.timer, keep_timer=False)
+        self.clock = 0.0
+        self.it = 0
+        self.phases: list[tuple[int, Phase]] = [(0, replanner.phase)]
+        self.switches: list[int] = []
+
+    def step(self, ready_layers: int | None = None) -> None:
+        overlapped = (self.in_flight and self.executor.intervals is not None
+                      and self.executor.overlapping)
+        per_layer = self.layer * (self.slow if overlapped else 1.0)
+        self.timer.forward_start = self.clock
+        self.timer.forward_end = t = self.clock + 1.0
+        ready = {}
+        for k in range(len(NAMES), 0, -1):
+            t += per_layer
+            ready[k] = t
+        if overlapped:
+            self.executor.intervals.append((self.timer.forward_end, t, 64))
+        if ready_layers is not None:
+            ready = {k: v for k, v in ready.items() if k <= ready_layers}
+        self.clock = t + 0.5
+        self.it += 1
+        if self.r.after_iteration(self.it, ready):
+            self.switches.append(self.it)
+        if self.r.phase is not self.phases[-1][1]:
+            self.phases.append((self.it, self.r.phase))
+
+    def run(self, n: int) -> Driver:
+        for _ in range(n):
+            self.step()
+        return self
 
 
-def make(replan_after: int, cost=None, profile_iters=2, **options):
-    o = Options(comm="mgwfbp", profile_iters=profile_iters, replan_after=replan_after,
-                **options)
-    net = Learnables("toy", NAMES, COUNTS, 4)
-    planner = Replanner(SingleCommunicator(), o, net, cost or CostModel(1e-4, 1e-9),
-                        lambda what, timeout=None: nullcontext())
-    first = planner.initial_plan()
-    executor, timer = RecordingExecutor(), FakeTimer()
-    planner.start(executor, timer, keep_timer=False)
-    return planner, first, executor, timer
+WFBP_COST = CostModel(0.5, 0.0)  # every message 0.5 s
 
 
-def test_startup_profile_then_warm_up_then_replan_then_fixed():
-    planner, first, executor, timer = make(replan_after=3)
-    assert planner.phase is Phase.STARTUP_PROFILE and planner.profiling and planner.planning
-    assert planner.plan is None and list(first.groups) == [list(reversed(NAMES))]
-    it = 0
-    switched_at = []
-    while planner.phase is Phase.STARTUP_PROFILE:
-        it += 1
-        if planner.after_iteration(it, ready_times()):
-            switched_at.append(it)
-        assert it < 20
-    # 2 profiled iterations, the times steady: plan at once, then warm up for 3 iterations
-    assert switched_at == [2] and planner.phase is Phase.WARM_UP and planner.replan_at == 5
-    assert executor.plans == [planner.plan] and planner.plan_switches[0][0] == 2
-    assert timer.removed == 1  # no trace: the timer is off while the plan runs
-    startup_prediction = planner.median_prediction
-    assert startup_prediction > 0
-    for it in (3, 4):
-        assert not planner.after_iteration(it, ready_times())
-        assert planner.phase is Phase.WARM_UP
-    assert not planner.after_iteration(5, ready_times())
-    assert planner.phase is Phase.REPLAN_PROFILE and timer.installed == 1
-    # the cost has no interference term: the plan runs on while it profiles (no in situ)
-    assert planner.window is None and len(executor.plans) == 1
-    it, switched = 5, False
-    while not switched:
-        it += 1
-        switched = planner.after_iteration(it, ready_times(scale=2.0))  # slower now
-    assert it == 5 + PROFILE_EXTENSION * 2
-    assert planner.phase is Phase.FIXED and not planner.planning
-    assert [i for i, _ in planner.plan_switches] == [2, it]
-    assert planner.startup_prediction == startup_prediction
-    assert planner.median_prediction > startup_prediction  # the later, slower iterations
-    assert not planner.after_iteration(it + 1, ready_times())  # fixed for good
+def replanner(comm=None, cost=WFBP_COST, **options) -> Replanner:
+    options = {"comm": "wfbp", "profile_iters": 3, "replan_after": 2, **options}
+    return Replanner(comm or SingleCommunicator(), Options(**options), LAYERS, cost,
+                     lambda what, timeout=None: nullcontext())
 
 
-def test_no_replan_asked_stays_fixed_after_the_first_plan():
-    planner, *_ = make(replan_after=0)
-    for it in (1, 2):
-        planner.after_iteration(it, ready_times())
-    assert planner.phase is Phase.FIXED and planner.replan_at is None
+def test_start_up_profile_warm_up_re_plan_window_then_switched_once(caplog):
+    r = replanner()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Driver(r).run(30)
+    # profile_iters = 3 (stable: fewer than 4 samples), warm-up 2, window 4 x 3 = 12
+    assert d.phases == [(0, Phase.STARTUP_PROFILE), (3, Phase.WARM_UP),
+                        (5, Phase.REPLAN_PROFILE), (17, Phase.FIXED)]
+    assert d.switches == [3, 17]
+    assert [it for it, _ in r.plan_switches] == [3, 17]
+    assert not r.planning and not r.profiling
+    # provisional: one message after backward; then the plans (wfbp: one per layer, output
+    # side first); no interference: the window profiles under the running plan
+    assert d.executor.plans == [[["fc1", "conv2", "conv1"]], [["fc1"], ["conv2"], ["conv1"]],
+                                [["fc1"], ["conv2"], ["conv1"]]]
+    assert d.timer.installed == 1 and d.timer.removed == 2  # re-installed for the window
+    # each layer takes 1 s, messages 0.5 s: wfbp ends 0.5 s after the last gradient
+    assert r.median_prediction == pytest.approx(1.0 + 3.0 + 0.5)
+    assert r.startup_prediction == pytest.approx(4.5)
+    assert [layer["backward_time"] for layer in r.profile_dict["layers"]] == [1.0, 1.0, 1.0]
+    assert "Re-planned at iteration 17: predicted iteration 4500.00 ms" in caplog.text
+    assert r.insitu is None and r.window is None
 
 
-@pytest.mark.parametrize("drift, iterations", [(0.0, 5), (1.0, PROFILE_EXTENSION * 5)])
-def test_drifting_times_extend_the_startup_profile(drift, iterations):
-    planner, *_ = make(replan_after=0, profile_iters=5)
-    it = 0
-    while planner.phase is Phase.STARTUP_PROFILE:
-        it += 1
-        planner.after_iteration(it, ready_times(scale=1.0 + drift * it))
-    # steady: planned after profile_iters; drifting: profiled on, up to PROFILE_EXTENSION times
-    assert it == iterations and planner.plan is not None
+def test_no_re_plan_asked_runs_on_after_the_start_up_plan():
+    r = replanner(replan_after=0)
+    d = Driver(r).run(20)
+    assert d.phases == [(0, Phase.STARTUP_PROFILE), (3, Phase.FIXED)]
+    assert d.switches == [3] and r.replan_at is None and not r.planning
 
 
-def test_interference_in_the_cost_opens_an_in_situ_window():
-    cost = CostModel(1e-4, 1e-9).with_interference([(4096, 0.1)])
-    planner, _, executor, _ = make(replan_after=1, cost=cost)
-    for it in (1, 2, 3):
-        planner.after_iteration(it, ready_times())
-    assert planner.phase is Phase.REPLAN_PROFILE and planner.window is not None
-    # the window starts with all gradients after backward, then alternates
-    assert executor.plans[-1] == [list(reversed(NAMES))] or \
-        list(executor.plans[-1].groups) == [list(reversed(NAMES))]
-    planner.after_iteration(4, ready_times())  # profiled; the next one overlaps
-    assert executor.plans[-1] == [[n] for n in reversed(NAMES)]
+def test_a_drifting_start_up_profile_goes_on_up_to_the_extension():
+    steady = Driver(replanner(profile_iters=5, replan_after=0)).run(30)
+    assert steady.switches == [5]
+
+    r = replanner(profile_iters=5, replan_after=0)
+    d = Driver(r)
+    for _ in range(30):
+        d.layer *= 1.5  # every iteration slower: the halves never agree
+        d.step()
+    assert d.switches == [PROFILE_EXTENSION * 5]
 
 
-def test_a_given_profile_plans_once_and_never_profiles(tmp_path):
-    profile = tmp_path / "p.json"
-    profile.write_text('{"model": "toy", "forward_time": 0.01, "layers": ['
-                       + ", ".join(f'{{"name": "{n}", "params": {c}, "backward_time": 0.003}}'
-                                   for n, c in zip(NAMES, COUNTS)) + "]}")
-    planner, first, *_ = make(replan_after=5, profile=str(profile))
-    assert planner.phase is Phase.FIXED and planner.profiler is None
-    assert first is planner.plan and planner.profile_dict["model"] == "toy"
+def test_an_incomplete_profile_stops_the_run_with_a_message():
+    d = Driver(replanner())
+    with pytest.raises(CommError, match="rank 0: no complete profile in 3 iterations"):
+        for _ in range(3):
+            d.step(ready_layers=2)
+
+
+def test_in_situ_window_alternates_and_adopts_rho_and_sigma():
+    # rho = 0.5: each layer takes 1.5 s beside a message; sigma = 1.5: the message, modelled
+    # at a = 3 s, takes 4.5 s, all of it during backward
+    r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE))
+    d = Driver(r, slow=1.5)
+    d.run(5)
+    assert r.phase is Phase.REPLAN_PROFILE and r.window is not None
+    assert d.executor.intervals == []
+    d.run(12)
+    assert d.phases[-2:] == [(5, Phase.REPLAN_PROFILE), (17, Phase.FIXED)]
+    # the window (from plan 2 on: provisional, start-up plan): one message after backward
+    # and per layer (overlapped) in turn, 12 iterations; its last switch is to the re-plan
+    window = [len(p) for p in d.executor.plans[2:-1]]
+    assert window == [1] + [3, 1] * 6
+    assert d.executor.intervals is None and r.window is None
+    assert r.probe_interference == PROBE
+    assert r.insitu.single == pytest.approx(0.5)
+    assert r.cost.interference == ((64, pytest.approx(0.5)),)
+    assert r.insitu_comm.single == pytest.approx(1.5)
+    assert r.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
+    assert r.comm_slowdown == pytest.approx(1.5)
+    assert r.plan.interference == r.cost.interference
+
+
+def test_in_situ_window_without_messages_keeps_the_probe(caplog):
+    r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE))
+    d = Driver(r, in_flight=False)  # nothing is ever in flight during backward
+    d.run(5)
+    with caplog.at_level(logging.WARNING, logger="mgcaffe"):
+        d.run(12)
+    assert d.switches == [3, 17] and r.phase is Phase.FIXED
+    assert r.insitu is None and r.insitu_comm is None and r.cost.interference == PROBE
+    assert "no all-reduce was in flight during backward" in caplog.text
+
+
+def test_a_gpu_stream_re_plans_without_measuring_in_situ():
+    r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE))
+    d = Driver(r, mode="stream").run(5)
+    assert r.phase is Phase.REPLAN_PROFILE and r.window is None  # profiles, measures nothing
+    d.run(15)
+    # measured interference: the window profiles undisturbed (one message after backward)
+    assert d.executor.plans[2:-1] == [[["fc1", "conv2", "conv1"]]]
+    assert d.switches == [3, 17] and r.cost.interference == PROBE
+
+
+def test_ranks_switch_together_on_the_slowest_ranks_profile():
+    comms = LocalWorld(2).communicators()
+    drivers = [None, None]
+
+    def rank_main(rank):
+        drivers[rank] = Driver(replanner(comms[rank]), layer=1.0 + rank).run(20)
+
+    _, errors = run_ranks(2, rank_main, timeout=30)
+    assert errors == [None, None]
+    r0, r1 = (d.r for d in drivers)
+    assert r0.plan_switches == r1.plan_switches and [i for i, _ in r0.plan_switches] == [3, 17]
+    assert [layer["backward_time"] for layer in r1.profile_dict["layers"]] == [2.0, 2.0, 2.0]
+    assert r0.median_prediction == r1.median_prediction == pytest.approx(1.0 + 6.0 + 0.5)
+
+
+def test_plan_and_profile_files_are_final_from_the_start(tmp_path):
+    profile = {"model": "net", "forward_time": 1.0, "layers": [
+        {"name": n, "params": c, "backward_time": 1.0} for n, c in zip(NAMES, LAYERS.counts)]}
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    r = replanner(profile=str(tmp_path / "p.json"), save_plan=str(tmp_path / "plan.json"))
+    d = Driver(r).run(10)
+    assert d.phases == [(0, Phase.FIXED)] and d.switches == [] and not r.planning
+    assert d.executor.plans == [[["fc1"], ["conv2"], ["conv1"]]]
+    assert r.profile_dict["forward_time"] == 1.0
+
+    r = replanner(cost=None, plan=str(tmp_path / "plan.json"))
+    d = Driver(r).run(10)
+    assert d.phases == [(0, Phase.FIXED)] and d.switches == []
+    assert [list(g) for g in r.plan.groups] == [["fc1"], ["conv2"], ["conv1"]]
 
 
 def test_median_prediction_is_the_median_of_per_iteration_timelines():

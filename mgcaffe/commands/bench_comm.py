@@ -19,6 +19,8 @@ import re
 import socket
 from pathlib import Path
 
+from ..backend import _import_cupy
+from ..comm.backends.nccl import NcclCommunicator
 from ..comm.training.benchmark import DEFAULT_SIZES, measure_allreduce
 from ..comm.training.interference import (
     interference_sizes,
@@ -61,6 +63,9 @@ def add_arguments(parser) -> None:
                         help="timed all-reduces per size (fewer for large sizes; default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
     parser.add_argument("--out", default=None, help="write the network JSON here (rank 0)")
+    parser.add_argument("--comm-backend", choices=("mpi", "nccl"), default="mpi",
+                        help="what to time: MPI on host memory (default), or NCCL on GPU "
+                             "memory, one GPU per rank as train --gpu all picks them")
     parser.add_argument("--interference", action="store_true",
                         help="also measure how much computation slows while an all-reduce is "
                              "in flight (written as fits.N.interference)")
@@ -94,7 +99,15 @@ def run(args) -> int:
                         "mpiexec -n 2 mgcaffe bench-comm --out network.json (one rank per "
                         "node to measure a network)")
     hosts = len(set(comm.allgather(socket.gethostname())))
-    result = measure_allreduce(comm, sizes, args.iterations, args.warmup)
+    xp = None
+    if getattr(args, "comm_backend", "mpi") == "nccl":
+        if args.interference:
+            raise CommError("--interference measures host computation beside MPI; it is not "
+                            "measured with --comm-backend nccl")
+        comm = NcclCommunicator(comm)  # each rank on its GPU of the node (a collective)
+        xp = _import_cupy()
+    result = measure_allreduce(comm, sizes, args.iterations, args.warmup,
+                               **({} if xp is None else {"xp": xp}))
     points = None
     if args.interference:
 

@@ -229,3 +229,23 @@ def test_label_checks_on_the_gpu_are_read_back_with_the_loss(double, tmp_path):
                                           np.full(8, 7, np.float32))
     with pytest.raises(LayerError, match="label 7 is out of range for 3 classes"):
         solver.net.forward()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_bench_comm_times_nccl_on_device_memory(tmp_path):
+    from mgcaffe.testing.comm import mpiexec
+
+    counts, out = tmp_path / "counts{rank}.json", tmp_path / "net.json"
+    proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
+        counts, "bench-comm", "--comm-backend", "nccl", "--sizes", "4,64K,1M",
+        "--iterations", 3, "--out", out, devices=2)], capture_output=True, text=True,
+        timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "all-reduce among 2 ranks on 1 host (nccl)" in proc.stderr
+    assert json.loads(out.read_text())["fits"]["2"]["b"] > 0
+    for rank in (0, 1):
+        c = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        assert c["contexts"] == [rank]
+        nccl = sum(n for s, n in c["launches_by_stream"].items() if s.startswith("stream"))
+        assert nccl >= 3 * (2 + 3)  # every warm-up and timed all-reduce, on NCCL's stream

@@ -110,8 +110,9 @@ def _iterations_for(nbytes: int, iterations: int) -> int:
 
 
 def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
-                      iterations: int = 20, warmup: int = 2) -> AllreduceBenchmark:
-    """Time `comm.allreduce_sum` for every size (bytes) and fit a + b*M; a collective."""
+                      iterations: int = 20, warmup: int = 2, xp=np) -> AllreduceBenchmark:
+    """Time `comm.allreduce_sum` for every size (bytes) and fit a + b*M; a collective.
+    `xp`: the array module of the buffer (CuPy to time NCCL on device memory)."""
     sizes = [int(s) for s in sizes]
     if len(set(sizes)) < 2:
         raise CommError(f"rank {comm.rank}: the all-reduce benchmark needs at least two "
@@ -119,7 +120,7 @@ def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
     if any(s < 4 or s % 4 for s in sizes):
         raise CommError(f"rank {comm.rank}: benchmark sizes must be positive multiples of 4 "
                         f"bytes (float32), got {sizes}")
-    buf = np.zeros(max(sizes) // 4, dtype=np.float32)
+    buf = xp.zeros(max(sizes) // 4, dtype=np.float32)
     times, spreads = [], []
     clock = time.perf_counter
     for m in sizes:

@@ -24,6 +24,7 @@ from ..comm.training.options import check_for_world, options_from
 from ..cpu import threads
 from ..errors import CommError, MgcaffeError, SolverError
 from ..formats.outputs import check_output_path
+from ..proto import caffe_pb2
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
@@ -57,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_state_arguments(parser)
     threads.add_argument(parser)
     distributed.add_arguments(parser)
+
+
+def _solver_mode_gpu(args) -> bool:
+    """Whether the solver file says solver_mode: GPU (False when there is none to read:
+    build_solver then says what is wrong)."""
+    if not args.solver:
+        return False
+    param, _ = load_solver_param(args.solver)
+    return param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU
 
 
 def build_solver(args, **solver_options) -> Solver:
@@ -176,9 +186,10 @@ def run(args) -> int:
     with handler, distributed.failing_together(comm):
         if rank == 0:  # the rank that writes them; before hours of training, not after
             check_output_paths(args)
-        # several ranks on GPUs: each takes its own GPU of the node (--gpu lists them)
-        own_gpu = {"device": distributed.rank_device(comm, args.gpu)} \
-            if size > 1 and args.gpu is not None else {}
+        # several ranks on GPUs (--gpu, or the solver file's solver_mode: GPU): each takes
+        # its own GPU of the node, as the launcher bound them
+        device = distributed.rank_device(comm, args.gpu, size > 1 and _solver_mode_gpu(args))
+        own_gpu = {} if device is None else {"device": device}
         solver = build_solver(args, rank=rank, world_size=size, **own_gpu)
         try:
             check_comm_settings(args, solver, rank, size)

@@ -183,6 +183,8 @@ def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
         devices=2)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Optimization Done." in proc.stderr
+    # the cost model is measured where the gradients go: NCCL, on device memory
+    assert "All-reduce benchmark among 2 ranks (nccl)" in proc.stderr
     for rank in (0, 1):
         c = json.loads((tmp_path / f"counts{rank}.json").read_text())
         nccl = [s for s in c["launches_by_stream"] if s.startswith("stream")]
@@ -249,3 +251,58 @@ def test_bench_comm_times_nccl_on_device_memory(tmp_path):
         assert c["contexts"] == [rank]
         nccl = sum(n for s, n in c["launches_by_stream"].items() if s.startswith("stream"))
         assert nccl >= 3 * (2 + 3)  # every warm-up and timed all-reduce, on NCCL's stream
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_solver_mode_gpu_under_a_launcher_gives_each_rank_its_gpu(digits, tmp_path):
+    """No --gpu: the solver file's solver_mode: GPU places each rank on its node's GPU."""
+    from mgcaffe.testing.comm import mpiexec
+
+    root, solver = digits
+    counts = tmp_path / "counts{rank}.json"
+    proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
+        counts, "train", "--solver", solver(4, "solver_mode: GPU\n"), "--comm", "wfbp",
+        devices=2)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"counts{rank}.json").read_text())["contexts"] == [rank]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_one_gpu_per_rank_bound_by_cuda_visible_devices(digits, tmp_path):
+    """A launcher that gives each rank its own GPU (CUDA_VISIBLE_DEVICES per rank, as Slurm's
+    --gpus-per-task=1 does): every rank sees one GPU, and train --gpu all uses it."""
+    import shlex
+
+    from mgcaffe.testing.comm import mpiexec
+
+    root, solver = digits
+    counts = tmp_path / "counts{rank}.json"
+    inner = " ".join(shlex.quote(a) for a in double_command(
+        counts, "train", "--solver", solver(4), "--gpu", "all", "--comm", "wfbp", devices=2))
+    proc = subprocess.run([mpiexec(), "-n", "2", "sh", "-c",
+                           f"CUDA_VISIBLE_DEVICES=$PMI_RANK exec {inner}"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Optimization Done." in proc.stderr
+    for rank in (0, 1):  # each rank's one visible GPU is its ordinal 0
+        assert json.loads((tmp_path / f"counts{rank}.json").read_text())["contexts"] == [0]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_gpu_asked_for_and_missing_under_a_launcher_is_an_error(digits, tmp_path):
+    from mgcaffe.backend import gpu_available
+    from mgcaffe.testing.comm import mpiexec
+
+    if gpu_available():
+        pytest.skip("checks a machine without a usable GPU")
+    root, solver = digits
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mgcaffe", "train",
+                           "--solver", solver(4, "solver_mode: GPU\n")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "solver_mode: GPU, but no GPU is usable" in proc.stderr
+    assert "Traceback" not in proc.stderr

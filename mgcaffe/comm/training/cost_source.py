@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel, cost_for, load_network
 from .benchmark import measure_allreduce
@@ -23,10 +25,11 @@ log = logging.getLogger("mgcaffe.comm")
 
 
 def run_cost(options: Options, comm: Communicator, gradient_bytes: int, guard: Guard,
-             emulated_cost: CostModel | None = None) -> CostModel | None:
+             emulated_cost: CostModel | None = None, xp=np) -> CostModel | None:
     """T_ar for this run (see the module docstring), logged once on rank 0; None when a
-    `--plan` brings its own. `comm` is the host communicator the benchmark runs on,
-    `gradient_bytes` the size of the whole gradient."""
+    `--plan` brings its own. `comm` is the communicator the gradients go through (NCCL on
+    GPUs, with `xp` CuPy: measured on device memory), `gradient_bytes` the size of the
+    whole gradient."""
     nodes = options.emulate_nodes or comm.size
     if options.network:
         cost = cost_for(load_network(options.network), nodes)
@@ -38,36 +41,38 @@ def run_cost(options: Options, comm: Communicator, gradient_bytes: int, guard: G
     elif options.plan:
         return None  # the plan carries its own a and b
     else:
-        cost, origin = _measured(comm, gradient_bytes, guard)
-        cost = with_interference(cost, comm, gradient_bytes, guard, options.timeout)
+        cost, origin = _measured(comm, gradient_bytes, guard, xp)
+        cost = with_interference(cost, comm, gradient_bytes, guard, options.timeout, xp)
     if comm.rank == 0:
         log.info("All-reduce cost T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte [%s]",
                  cost.a * 1e6, cost.b * 1e9, origin)
     return cost
 
 
-def _measured(comm: Communicator, gradient_bytes: int, guard: Guard) -> tuple[CostModel, str]:
+def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
+              xp=np) -> tuple[CostModel, str]:
     sizes = benchmark_sizes(gradient_bytes)
     with guard("all-reduce benchmark"):
-        bench = measure_allreduce(comm, sizes, iterations=10)
+        bench = measure_allreduce(comm, sizes, iterations=10, xp=xp)
     origin = (f"measured all-reduce of {len(sizes)} sizes from {sizes[0]} B to "
               f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
     if comm.rank == 0:
-        log.info("All-reduce benchmark among %d ranks:\n%s", comm.size, bench.table())
+        log.info("All-reduce benchmark among %d ranks (%s):\n%s", comm.size, comm.name,
+                 bench.table())
         if bench.warning():
             log.warning("%s", bench.warning())
     return bench.fit, origin
 
 
 def with_interference(cost: CostModel, comm: Communicator, gradient_bytes: int, guard: Guard,
-                      timeout: float) -> CostModel:
+                      timeout: float, xp=np) -> CostModel:
     """`cost` with the measured slowdown of computation while an all-reduce is in flight
     (the planner's extended model; see interference.py)."""
     points = []
     for m in interference_sizes(gradient_bytes):
         # a few fixed-length rounds per size: a deadline of its own, not the comm timeout
         with guard(f"interference measurement at {m} bytes", max(timeout, 20.0)):
-            points += measure_interference(comm, cost, [m])
+            points += measure_interference(comm, cost, [m], xp=xp)
     if comm.rank == 0:
         log.info("Computation slows while an all-reduce is in flight: %s",
                  ", ".join(f"{m / 1e6:.3g} MB +{rho * 100:.0f}%" for m, rho in points))

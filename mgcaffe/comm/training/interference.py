@@ -34,16 +34,22 @@ def interference_sizes(total_bytes: int) -> list[int]:
 
 
 class _Work:
-    """A fixed unit of float32 GEMM work, timed by repetition."""
+    """A fixed unit of float32 GEMM work, timed by repetition: on the host (numpy), or on
+    the GPU (`xp` CuPy: a larger GEMM, waited for, so the time is the device's)."""
 
-    def __init__(self, n: int = 192):
+    def __init__(self, n: int | None = None, xp=np):
+        n = n or (192 if xp is np else 2048)
         rng = np.random.default_rng(0)
-        self.a = rng.standard_normal((n, n), dtype=np.float32)
-        self.b = rng.standard_normal((n, n), dtype=np.float32)
-        self.c = np.empty((n, n), dtype=np.float32)
+        self.xp = xp
+        self.a = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+        self.b = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+        self.c = xp.empty((n, n), dtype=np.float32)
+        self._wait = None if xp is np else xp.cuda.get_current_stream().synchronize
 
     def unit(self) -> None:
-        np.matmul(self.a, self.b, out=self.c)
+        self.xp.matmul(self.a, self.b, out=self.c)
+        if self._wait is not None:
+            self._wait()
 
     def seconds_per_unit(self, duration: float) -> float:
         self.unit()
@@ -58,16 +64,17 @@ class _Work:
 
 
 def measure_interference(comm: Communicator, cost: CostModel, sizes: Sequence[int],
-                         duration: float = 0.06, rounds: int = 3, timeout: float = 60.0
-                         ) -> list[tuple[int, float]]:
+                         duration: float = 0.06, rounds: int = 3, timeout: float = 60.0,
+                         xp=np) -> list[tuple[int, float]]:
     """[(bytes, rho)] for each size: the slowdown of BLAS work while this rank's thread
     all-reduces that many bytes back to back, the median of `rounds` interleaved (alone,
-    during) pairs, then the slowest rank's; a collective."""
-    work = _Work()
+    during) pairs, then the slowest rank's; a collective. With `xp` CuPy, the work is a GEMM
+    on the GPU and the buffer device memory (what NCCL slows)."""
+    work = _Work(xp=xp)
     points = []
     for m in sizes:
         m = int(m)
-        buf = np.zeros(max(1, m // 4), dtype=np.float32)
+        buf = xp.zeros(max(1, m // 4), dtype=np.float32)
         comm.allreduce_sum(buf)  # warm: connections and buffers of this size
         calls = int(min(1000, max(2, math.ceil(duration / max(cost.time(m), 1e-6)))))
         ratios = []
@@ -82,7 +89,7 @@ def measure_interference(comm: Communicator, cost: CostModel, sizes: Sequence[in
     return points
 
 
-def _during(comm: Communicator, work: _Work, buf: np.ndarray, calls: int,
+def _during(comm: Communicator, work: _Work, buf, calls: int,
             timeout: float) -> float:
     """Seconds per unit of work while a thread all-reduces `buf` `calls` times."""
     failure: list[BaseException] = []

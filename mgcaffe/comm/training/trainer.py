@@ -132,7 +132,10 @@ class DistributedTraining:
         if self.rank == 0 and self.size > 1:
             log.info("Broadcast rank 0's parameters to every rank (%.2f MB)", sent / 1e6)
 
-        cost = run_cost(o, comm, 4 * sum(self.counts), self._guard, channel.emulated_cost)
+        # T(M) and interference measured where the gradients go: NCCL on device memory
+        on_device = getattr(channel.comm, "device_streams", False)
+        cost = run_cost(o, channel.comm if on_device else comm, 4 * sum(self.counts),
+                        self._guard, channel.emulated_cost, net.xp if on_device else np)
         self.replanner = Replanner(comm, o, Learnables(net.name, self.names, self.counts,
                                                        net.dtype.itemsize), cost, self._guard)
         provisional = self.replanner.initial_plan()

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from contextlib import contextmanager
 
 from ... import _launch
-from ...backend import Device, _import_cupy
+from ...backend import Device, gpu_available
 from ...errors import CommError
 from ...log import configure
 from ..backends.communicator import Communicator
 from ..backends.launcher import check_world, launcher_size
 from ..backends.local import SingleCommunicator
 from ..backends.mpi import MpiCommunicator, launched_by_mpi
-from ..backends.nccl import node_local_rank, select_gpu
+from ..backends.nccl import local_gpu
 from ..backends.startup_deadline import DEFAULT_STARTUP_TIMEOUT, StartupDeadline
 from .faults import ABORT_EXCEPTION, fail_all
 from .liveness import describe_rank_map, rank_map
@@ -65,19 +66,30 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
     return comm, comm.rank, comm.size
 
 
-def rank_device(comm: Communicator, gpu_flag: str | None = None) -> Device:
-    """The GPU of this rank when several ranks train on GPUs: the i-th of the node's GPUs for
-    the node's i-th rank. `gpu_flag` is `--gpu`: a list of ids ("0,1,2,3") or "all"."""
-
+def rank_device(comm: Communicator, gpu_flag: str | None = None,
+                solver_mode_gpu: bool = False) -> Device | None:
+    """This rank's GPU when several ranks train: asked for by `--gpu` (`gpu_flag`: "all" or
+    a list of ids "0,1,2,3") or by the solver file's `solver_mode: GPU`; None when neither
+    asks (the CPU). A collective over the node's ranks: the node's i-th rank takes the i-th
+    GPU, or, where the launcher bound ranks to GPUs (CUDA_VISIBLE_DEVICES per rank), the
+    first of its own that no lower rank took (nccl.select_gpu). A GPU asked for and not
+    usable here is an error under a launcher (a rank on the CPU would hold up the others)."""
+    if comm.size == 1 or (gpu_flag in (None, "") and not solver_mode_gpu):
+        return None
     ids = None
     if gpu_flag not in (None, "", "all"):
         try:
             ids = [int(x) for x in str(gpu_flag).split(",") if x.strip()]
         except ValueError:
             raise CommError(f"--gpu: expected ids or `all`, found {gpu_flag!r}") from None
-    count = _import_cupy().cuda.runtime.getDeviceCount()
-    local_rank, local_size = node_local_rank(comm)
-    return Device("gpu", select_gpu(local_rank, local_size, count, ids, comm.rank))
+    if not gpu_available():
+        asked = f"--gpu {gpu_flag}" if gpu_flag not in (None, "") else "solver_mode: GPU"
+        raise CommError(f"rank {comm.rank}: {asked}, but no GPU is usable on "
+                        f"{socket.gethostname()} "
+                        f"(CuPy missing or no CUDA device); under a launcher every rank needs "
+                        f"its GPU (leave out --gpu and set solver_mode: CPU to train on CPUs)")
+    gpu, _, _ = local_gpu(comm, ids)
+    return Device("gpu", gpu)
 
 
 @contextmanager

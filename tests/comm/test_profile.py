@@ -128,3 +128,23 @@ def test_unreadable_and_invalid_json(tmp_path):
     path = _write(tmp_path, "[1, 2]", "list.json")
     with pytest.raises(PlanError, match=r"list\.json: top level: must be a JSON object"):
         load_profile(path)
+
+
+def test_forward_and_update_times_per_layer_are_optional():
+    given = Profile.from_dict({"model": "m", "forward_time": 0.01, "layers": [
+        {"name": "a", "params": 1, "backward_time": 0.002, "forward_time": 0.003,
+         "update_time": 0.0005},
+        {"name": "b", "params": 1, "backward_time": 0.006, "forward_time": 0.004}]})
+    prefix, f = given.forward_segments()
+    assert prefix == pytest.approx(0.003) and f == [0.003, 0.004]  # t_f leaves the prefix
+    assert given.update_time == pytest.approx(0.0005)
+    assert Profile.from_dict(given.to_dict()) == given
+    shared = Profile.from_dict({"model": "m", "forward_time": 0.01, "layers": [
+        {"name": "a", "params": 1, "backward_time": 0.002},
+        {"name": "b", "params": 1, "backward_time": 0.006}]})
+    assert shared.forward_segments() == (0.0, [pytest.approx(0.0025), pytest.approx(0.0075)])
+    assert shared.update_time == 0 and "update_time" not in shared.to_dict()["layers"][0]
+    with pytest.raises(PlanError, match=r"p: layers\[1\].update_time: must be >= 0"):
+        Profile.from_dict({"model": "m", "forward_time": 0, "layers": [
+            {"name": "a", "params": 1, "backward_time": 0},
+            {"name": "b", "params": 1, "backward_time": 0, "update_time": -1}]}, "p")

@@ -43,7 +43,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -51,13 +51,16 @@ from typing import Any
 from ...errors import PlanError
 from .cost import CostModel
 from .profile import Profile, as_float, as_int, read_json, require, require_mapping
+from .schedule import Schedule, cycle, freeze
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "PLAN_FORMAT", "REGISTRY", "SCHEMES",
-           "Plan", "Scheme", "canonical_scheme", "load_plan", "make_plan", "make_plans",
-           "scheme_named", "timeline"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "PLAN_FORMAT", "REGISTRY",
+           "SCHEDULED_FORMAT", "SCHEMES", "Plan", "Scheme", "canonical_scheme", "load_plan",
+           "make_plan", "make_plans", "scheduled_timeline", "scheme_named", "timeline"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # PyTorch DDP's bucket_cap_mb = 25
 PLAN_FORMAT = "mgcaffe-plan/2"
+# a plan with a schedule (parts, order, per-layer updates: comm/model/schedule.py)
+SCHEDULED_FORMAT = "mgcaffe-plan/3"
 # format 1 named Algorithm 1 `mgwfbp` and the optimum `optimal`
 _FORMAT_1 = "mgcaffe-plan/1"
 _FORMAT_1_NAMES = {"mgwfbp": "mgwfbp-paper", "optimal": "mgwfbp"}
@@ -92,8 +95,13 @@ class Plan:
     bucket_bytes: int | None = field(default=None)
     interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
     comm_slowdown: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, sigma)
-    # False only for an `mgwfbp` plan whose search was cut (FRONT_BUDGET): not proven optimal
+    # False only for an `mgwfbp` plan whose search was cut (FRONT_BUDGET), or an `overlap`
+    # plan above its lower bound: not proven optimal
     exact: bool = True
+    # what the schedule decides beyond the groups (parts, order, update); None: each group
+    # whole, in order, one update after the last (comm_start/comm_end are then per group,
+    # else per message of schedule.order)
+    schedule: Schedule | None = None
 
     # -- derived
     @property
@@ -103,7 +111,7 @@ class Plan:
 
     @property
     def num_messages(self) -> int:
-        return len(self.groups)
+        return len(self.groups) if self.schedule is None else self.schedule.num_messages
 
     @property
     def num_layers(self) -> int:
@@ -134,13 +142,15 @@ class Plan:
         equal digests pack and all-reduce the same messages in the same order."""
         canon = {"layers": list(self.layers), "layer_bytes": list(self.layer_bytes),
                  "groups": [list(g) for g in self.groups], "group_sizes": list(self.group_sizes)}
+        if self.schedule is not None:
+            canon["schedule"] = self.schedule.canon()
         blob = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     # -- (de)serialisation
     def to_dict(self) -> dict:
         return {
-            "format": PLAN_FORMAT,
+            "format": PLAN_FORMAT if self.schedule is None else SCHEDULED_FORMAT,
             "scheme": self.scheme,
             "model": self.model,
             "nodes": self.nodes,
@@ -164,6 +174,7 @@ class Plan:
             **({"comm_slowdown": [[m, r] for m, r in self.comm_slowdown]}
                if self.comm_slowdown else {}),
             **({} if self.exact else {"exact": False}),
+            **({} if self.schedule is None else {"schedule": self.schedule.to_dict()}),
         }
 
     @classmethod
@@ -173,8 +184,9 @@ class Plan:
         source = str(source)
         d = require_mapping(d, source)
         fmt = d.get("format", PLAN_FORMAT)
-        if fmt not in (PLAN_FORMAT, _FORMAT_1):
-            raise PlanError(f"{source}: format: expected {PLAN_FORMAT!r}, got {fmt!r}")
+        if fmt not in (PLAN_FORMAT, SCHEDULED_FORMAT, _FORMAT_1):
+            raise PlanError(f"{source}: format: expected {PLAN_FORMAT!r}, got {fmt!r} (or "
+                            f"{SCHEDULED_FORMAT!r}, a plan with a schedule)")
         scheme = require(d, "scheme", source)
         if not isinstance(scheme, str):
             raise PlanError(f"{source}: scheme: must be a string, got {scheme!r}")
@@ -213,10 +225,18 @@ class Plan:
                 raise PlanError(f"{source}: group_sizes[{g}]: {sizes[g]} bytes, but its layers "
                                 f"hold {want}")
 
+        schedule = None
+        if fmt == SCHEDULED_FORMAT:
+            schedule = Schedule.from_dict(require(d, "schedule", source), f"{source}: schedule")
+            schedule.check([sizes[g] // schedule.dtype_bytes for g in range(len(groups))],
+                           f"{source}: schedule")
+        messages = len(groups) if schedule is None else schedule.num_messages
+
         def floats(key):
             v = require(d, key, source)
-            if not isinstance(v, list) or len(v) != len(groups):
-                raise PlanError(f"{source}: {key}: must list one time per group")
+            if not isinstance(v, list) or len(v) != messages:
+                raise PlanError(f"{source}: {key}: must list one time per "
+                                f"{'group' if schedule is None else 'message'}")
             return tuple(as_float(x, source, f"{key}[{i}]") for i, x in enumerate(v))
 
         nodes = d.get("nodes")
@@ -239,7 +259,7 @@ class Plan:
             nodes=nodes, bucket_bytes=bucket,
             interference=_interference_from(d.get("interference"), source),
             comm_slowdown=_interference_from(d.get("comm_slowdown"), source, "comm_slowdown"),
-            exact=d.get("exact", True) is not False)
+            exact=d.get("exact", True) is not False, schedule=schedule)
         digest = d.get("digest")
         if digest is not None and digest != plan.digest():
             raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
@@ -357,6 +377,38 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
         bucket_bytes=bucket_bytes, interference=tuple(interference),
         comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact)
+
+
+def scheduled_timeline(profile: Profile, cost: CostModel, groups, schedule: Schedule, *,
+                       scheme: str = "custom", nodes: int | None = None,
+                       exact: bool = True) -> Plan:
+    """The steady state of `schedule` over `groups` (lists of layer names, output side first,
+    each in backward order) as a Plan: `schedule.cycle`'s times (from the forward start; the
+    iteration runs to the next forward start, updates included), comm_start/comm_end per
+    message of schedule.order, ideal = t_f + t_b + the updates. A priority schedule is
+    frozen into the sequence it is predicted to send (`schedule.freeze`): what ranks run."""
+    names = profile.names
+    groups = tuple(tuple(g) for g in groups)
+    _check_groups(names, groups, "groups" if scheme == "custom" else f"plan {scheme}")
+    index = {n: i + 1 for i, n in enumerate(names)}
+    by_name = {layer.name: profile.layer_bytes(layer) for layer in profile.layers}
+    sizes = [sum(by_name[n] for n in g) for g in groups]
+    schedule.check([size // schedule.dtype_bytes for size in sizes],
+                   "schedule" if scheme == "custom" else f"plan {scheme}: schedule")
+    layers = [[index[n] for n in g] for g in groups]
+    schedule = freeze(profile, cost, layers, schedule)
+    c = cycle(profile, cost, layers, schedule)
+    return Plan(
+        scheme=scheme, model=profile.model, layers=tuple(names),
+        layer_bytes=tuple(by_name[n] for n in names), groups=groups,
+        group_sizes=tuple(sizes), forward_time=profile.forward_time,
+        backward_start=c.backward_start, backward_end=c.backward_end,
+        comm_start=c.comm_start, comm_end=c.comm_end, iteration_time=c.iteration_time,
+        ideal=profile.ideal_time + profile.update_time, a=cost.a, b=cost.b,
+        nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
+        interference=tuple(getattr(cost, "interference", ())),
+        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact,
+        schedule=schedule)
 
 
 def _message(ws: float, T: float, slow: float, sigma: float, total: float
@@ -726,17 +778,23 @@ class Scheme:
     the row of `plan` and `simulate`, the label of pictures. `summary` says in a few words
     what it sends (help texts and tables). `runs(profile, cost, bucket_bytes)` returns the
     groups as (high, low) 1-based layer runs, output side first, and whether the grouping
-    is proven optimal where the scheme promises that. `baseline`: one of the two extremes
+    is proven optimal where the scheme promises that (`schedule`, for a scheme that also
+    decides parts, order and updates, returns a Schedule beside them). `baseline`: one of
+    the two extremes
     (no merging, or all in one) that the others are compared with. `bucket`: the scheme
     takes a bucket size (`--bucket-mb`). `aliases`: other spellings `canonical_scheme`
     accepts."""
 
     name: str
     summary: str
-    runs: Callable[[Profile, CostModel, int | None], tuple[list[tuple[int, int]], bool]]
+    runs: Callable[[Profile, CostModel, int | None], tuple[list[tuple[int, int]], bool]] | None
     baseline: bool = False
     bucket: bool = False
     aliases: tuple[str, ...] = ()
+    # a scheme that decides more than groups (parts, order, per-layer updates: schedule.py):
+    # (profile, cost, bucket bytes) -> (runs, Schedule, proven optimal); `runs` is then None
+    schedule: Callable[[Profile, CostModel, int | None],
+                       tuple[list[tuple[int, int]], Schedule, bool]] | None = None
 
 
 REGISTRY: tuple[Scheme, ...] = (
@@ -794,6 +852,11 @@ def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int 
     if chosen.bucket:
         bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else as_int(
             bucket_bytes, chosen.name, "bucket_bytes")
+    if chosen.schedule is not None:
+        runs, schedule, exact = chosen.schedule(profile, cost, bucket)
+        plan = scheduled_timeline(profile, cost, _groups_from_runs(profile, runs), schedule,
+                                  scheme=chosen.name, nodes=nodes, exact=exact)
+        return plan if bucket is None else replace(plan, bucket_bytes=bucket)
     runs, exact = chosen.runs(profile, cost, bucket)
     return timeline(profile, cost, _groups_from_runs(profile, runs), scheme=chosen.name,
                     nodes=nodes, bucket_bytes=bucket, exact=exact)

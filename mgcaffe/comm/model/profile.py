@@ -12,6 +12,12 @@ JSON format (times in seconds; `model`, `forward_time` and `layers` are required
   next learnable layer's gradient, non-learnable layers included, if measured end to end).
 - `forward_time` (t_f) is the whole forward pass. `batch_size` (per worker) is informational;
   `dtype_bytes` defaults to 4 (float32).
+- Optional, per layer, for the schedules that overlap the next forward pass (comm/model/
+  schedule.py): `forward_time`, the time from the start of this layer's forward to the start
+  of the next learnable layer's (non-learnable layers between them included; the part of t_f
+  before learnable layer 1 needs no parameters); `update_time`, the solver's update of the
+  layer's parameters. Without them a layer's forward is t_f in proportion to its backward
+  time (the paper's convention t_f = t_b / 2 gives the same shares) and its update is free.
 - Unknown extra keys (e.g. `source`, a free-text provenance note) are ignored.
 
 Every validation error is a `PlanError` of one line naming the file and the field:
@@ -83,11 +89,14 @@ def as_int(value: Any, source: str, field: str, *, minimum: int = 0) -> int:
 # ----------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class LayerProfile:
-    """One learnable layer: its name, parameter count and backward time (seconds)."""
+    """One learnable layer: its name, parameter count and backward time (seconds); optionally
+    its forward time (None: a share of t_f) and update time (seconds)."""
 
     name: str
     params: int
     backward_time: float
+    forward_time: float | None = None
+    update_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,26 @@ class Profile:
     def layer_bytes(self, layer: LayerProfile) -> int:
         return layer.params * self.dtype_bytes
 
+    def forward_segments(self) -> tuple[float, list[float]]:
+        """(prefix, f): the forward time before learnable layer 1 (it needs no parameters) and
+        f[l-1], learnable layer l's forward up to layer l+1's. From the layers' own
+        `forward_time` where every layer has one (the prefix is what t_f leaves), else t_f
+        shared in proportion to the backward times (equally when they are all zero)."""
+        given = [layer.forward_time for layer in self.layers]
+        if all(f is not None for f in given):
+            return max(0.0, self.forward_time - math.fsum(given)), list(given)
+        total = self.backward_time
+        L = self.num_layers
+        if total > 0:
+            return 0.0, [self.forward_time * layer.backward_time / total
+                         for layer in self.layers]
+        return 0.0, [self.forward_time / L] * L
+
+    @property
+    def update_time(self) -> float:
+        """The update of every layer's parameters, seconds (0 unless the profile gives it)."""
+        return math.fsum(layer.update_time for layer in self.layers)
+
     # -- (de)serialisation
     @classmethod
     def from_dict(cls, d: Any, source: str = "profile") -> Profile:
@@ -164,7 +193,11 @@ class Profile:
             params = as_int(require(raw, "params", source, f"{at}."), source, f"{at}.params")
             bt = as_float(require(raw, "backward_time", source, f"{at}."), source,
                           f"{at}.backward_time")
-            layers.append(LayerProfile(name, params, bt))
+            ft = raw.get("forward_time")
+            if ft is not None:
+                ft = as_float(ft, source, f"{at}.forward_time")
+            ut = as_float(raw.get("update_time", 0.0), source, f"{at}.update_time")
+            layers.append(LayerProfile(name, params, bt, ft, ut))
         return cls(model, batch_size, dtype_bytes, forward_time, tuple(layers))
 
     def to_dict(self) -> dict:
@@ -173,8 +206,7 @@ class Profile:
             d["batch_size"] = self.batch_size
         d["dtype_bytes"] = self.dtype_bytes
         d["forward_time"] = self.forward_time
-        d["layers"] = [{"name": layer.name, "params": layer.params,
-                        "backward_time": layer.backward_time} for layer in self.layers]
+        d["layers"] = [_layer_dict(layer) for layer in self.layers]
         return d
 
     def to_json(self) -> str:
@@ -182,6 +214,16 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _layer_dict(layer: LayerProfile) -> dict:
+    d: dict[str, Any] = {"name": layer.name, "params": layer.params,
+                         "backward_time": layer.backward_time}
+    if layer.forward_time is not None:
+        d["forward_time"] = layer.forward_time
+    if layer.update_time:
+        d["update_time"] = layer.update_time
+    return d
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -156,6 +156,16 @@ class Net:
                 count = sum(g.learnable_params[i].count for i in ids)
                 self.learnable_layers.append(LearnableLayer(k, name, layer_id, ids, count))
                 self._learnable_of_layer[layer_id] = k
+        # per layer, the learnable layers whose parameters its forward reads (sharers: the
+        # owner's), for `set_param_gate`
+        owner_of = {j: layer.index for layer in self.learnable_layers for j in layer.param_ids}
+        needs: list[set[int]] = [set() for _ in g.layers]
+        for net_param, (layer_id, _) in enumerate(g.param_layer):
+            k = owner_of.get(g.learnable_param_ids[net_param])
+            if k is not None:
+                needs[layer_id].add(k)
+        self._param_needs = [tuple(sorted(ks)) for ks in needs]
+        self._param_gate: Callable[[int], None] | None = None
         self._shapes = [self._shape_key(i) for i in range(len(self.layers))]
         self._chains = find_chains(self.layers, self._bottom_vecs, self._top_vecs)
         self._chains_by_last = {c.last: c for c in self._chains.values()}
@@ -197,6 +207,13 @@ class Net:
     def after_backward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) after layer i's backward."""
         self._after_backward = (*self._after_backward, fn)
+
+    def set_param_gate(self, gate: Callable[[int], None] | None) -> None:
+        """Call gate(k) before the forward of every layer that reads learnable layer k's
+        parameters, and in `forward_backward` for every learnable layer before backward
+        (None: no gate). The solver uses it to update each layer's parameters only when the
+        next forward needs them, while communication of the others goes on."""
+        self._param_gate = gate
 
     # -- reshaping
     def _shape_key(self, i: int):
@@ -293,6 +310,12 @@ class Net:
         loss = 0.0
         i = start
         while i <= end:
+            if self._param_gate is not None:
+                chain = self._chains.get(i)  # a chain runs as one: every layer's parameters
+                last = chain.last if chain is not None and chain.last <= end else i
+                for j in range(i, last + 1):
+                    for k in self._param_needs[j]:
+                        self._param_gate(k)
             for hook in self._before_forward:
                 hook(i)
             last, layer_loss = self.forward_step(i, end)
@@ -439,6 +462,9 @@ class Net:
         """One forward and one backward over the whole net (data layers feed themselves);
         returns the loss. Parameter diffs accumulate: call clear_param_diffs() first."""
         loss = self._forward_range(0, len(self.layers) - 1)
+        if self._param_gate is not None:  # before backward writes any parameter diff
+            for layer in self.learnable_layers:
+                self._param_gate(layer.index)
         self._backward_range(len(self.layers) - 1, 0, on_learnable_done)
         if self.debug_info:
             net_debug.all_params(self)

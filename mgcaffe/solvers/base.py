@@ -13,6 +13,13 @@ squared diffs, which gradient clipping needs anyway (one dot product per paramet
 one device-to-host copy per iteration; cheap next to forward/backward). Only when it is not
 finite are the blobs scanned one by one to name the layer.
 
+A gradient sync that reduces layer by layer (`per_layer` true, `wait_layer(k)`) lets the
+update of each layer wait until the next forward needs it (solvers/per_layer.py): the
+solver then skips `wait()`, takes the rate where Caffe's update runs, and the net's gate
+updates layer k right before the first forward that reads its parameters. A setting that
+needs every gradient first (clip_gradients, debug_info, an on_gradients_ready callback)
+keeps the update after `wait()`, said once in the log.
+
 Outside control (the distributed trainer, signals) plugs in without the solver knowing it:
 `action_function()` returns a SolverAction after each iteration (Caffe's
 SetActionFunction), and each object in `iteration_hooks` may define
@@ -44,6 +51,7 @@ from . import snapshot as snap
 from .actions import SolverAction
 from .lr_policy import learning_rate
 from .params import check_solver_param, load_solver_param, resolve_net_path
+from .per_layer import PerLayerUpdate, blockers
 
 log = logging.getLogger("mgcaffe.solvers")
 
@@ -117,6 +125,12 @@ class Solver:
         self._losses: list[float] = []
         self._smoothed_loss = 0.0
         self._sumsq: float | None = None  # this iteration's sum of squared diffs
+        self._update_iter: int | None = None  # the iteration whose update is being applied
+        # seconds of the latest update per learnable layer, when a list (the profile's)
+        self.update_times: list[float] | None = None
+        self._per_layer: PerLayerUpdate | None = None  # a pending per-layer update
+        self._waits_per_layer = False  # this iteration updates layer by layer
+        self._barrier_said = False  # the log has said why updates wait for every gradient
         # Every rank gets the same seed, so that initial weights agree without a broadcast
         # (Caffe adds the rank and broadcasts rank 0's weights instead). Without a
         # random_seed the ranks' fillers differ and the trainer must broadcast.
@@ -269,9 +283,11 @@ class Solver:
         self._smoothed_loss = 0.0
         timer, iterations_last = time.perf_counter(), self.iter
         while self.iter < stop_iter:
-            self.net.clear_param_diffs()
+            if not self.updates_pending:  # else each layer's diffs clear after its update
+                self.net.clear_param_diffs()
             if (p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
+                self.finish_updates()
                 if self.rank == 0:
                     self.test_all()
                 if self._requested_early_exit:
@@ -295,8 +311,11 @@ class Solver:
             for hook in self.iteration_hooks:
                 if hasattr(hook, "gradients_ready"):
                     hook.gradients_ready(self)
-            self._check_gradients()
-            self.apply_update()
+            if self._waits_per_layer:
+                self._per_layer_update().begin(self.gradient_sync)
+            else:
+                self._check_gradients()
+                self.apply_update()
             # iter counts the updates made, as in Caffe.
             self.iter += 1
             for hook in self.iteration_hooks:
@@ -309,6 +328,7 @@ class Solver:
             if request == SolverAction.STOP:
                 self._requested_early_exit = True
                 break
+        self.finish_updates()
 
     def add_callback(self, on_start, on_gradients_ready) -> None:
         """pycaffe's callbacks: on_start() before each iteration's forward, and
@@ -319,14 +339,48 @@ class Solver:
         """Make `net` use this solver's train-net weights (pycaffe's solver.share_weights)."""
         net.share_weights(self.net)
 
+    # -- per-layer updates (solvers/per_layer.py) -----------------------------------------
+    @property
+    def updates_pending(self) -> bool:
+        """Whether some layer's update of the last iteration still waits for its forward."""
+        return self._per_layer is not None and self._per_layer.active
+
+    def finish_updates(self) -> None:
+        """Apply every pending per-layer update now (before a test, a snapshot, the end)."""
+        if self._per_layer is not None:
+            self._per_layer.finish()
+
+    def per_layer_blockers(self) -> list[str]:
+        """Why this solver cannot update layer by layer ([]: it can)."""
+        return blockers(self)
+
+    def _per_layer_update(self) -> PerLayerUpdate:
+        if self._per_layer is None:
+            self._per_layer = PerLayerUpdate(self)
+        return self._per_layer
+
+    def _decide_per_layer(self) -> bool:
+        """This iteration's choice: per layer when the sync offers it and nothing needs every
+        gradient first (said once in the log otherwise)."""
+        sync = self.gradient_sync
+        if sync is None or not getattr(sync, "per_layer", False):
+            return False
+        reasons = self.per_layer_blockers()
+        if reasons and not self._barrier_said:
+            self._barrier_said = True
+            log.info("Updating after every gradient is reduced, not layer by layer: %s",
+                     "; ".join(reasons))
+        return not reasons
+
     def _forward_backward(self) -> float:
         n = self.param.iter_size
         sync = self.gradient_sync
         loss = 0.0
+        self._waits_per_layer = self._decide_per_layer()
         for i in range(n):
             hook = sync.on_learnable_done if sync is not None and i == n - 1 else None
             loss += self.net.forward_backward(on_learnable_done=hook)
-        if sync is not None:
+        if sync is not None and not self._waits_per_layer:
             sync.wait()
         loss /= n
         if not math.isfinite(loss):
@@ -364,13 +418,15 @@ class Solver:
                     return f"first non-finite output: layer {name!r}, top {top!r}"
         return "no layer output is non-finite"
 
-    def gradient_sumsq(self) -> float:
-        """Sum of squares of every learnable parameter diff (one host transfer)."""
+    def gradient_sumsq(self, ids=None) -> float:
+        """Sum of squares of every learnable parameter diff, or of those `ids` index (one
+        host transfer)."""
         xp = self.net.xp
         total = None
+        blobs = self.net.learnable_params
         # Overflow to inf is handled by the caller; numpy need not warn about it.
         with np.errstate(over="ignore", invalid="ignore"):
-            for blob in self.net.learnable_params:
+            for blob in blobs if ids is None else [blobs[i] for i in ids]:
                 d = blob.diff.ravel()
                 s = xp.dot(d, d)
                 total = s if total is None else total + s
@@ -417,6 +473,7 @@ class Solver:
     # -- testing --------------------------------------------------------------------------
     def test_all(self) -> None:
         """Run every test net (Caffe's TestAll)."""
+        self.finish_updates()
         for k in range(len(self.test_nets)):
             if self._requested_early_exit:
                 break
@@ -476,6 +533,7 @@ class Solver:
 
         Returns (weights path, state path), or None on other ranks. In distributed training
         every rank calls it (their data positions are gathered into rank 0's state)."""
+        self.finish_updates()
         positions = data_position.local_positions(self)
         gather = getattr(self.gradient_sync, "allgather_state", None)
         ranks = gather(positions) if gather is not None else [positions]
@@ -502,6 +560,7 @@ class Solver:
 
     def restore(self, path: str) -> None:
         """Continue from a .solverstate[.h5]: iteration, weights, history, current_step."""
+        self.finish_updates()
         # An interrupted commit of this pair is finished (by rank 0) before it is read.
         snap.recover_pair(path, writer=self.rank == 0)
         state = snap.read_state(path)

@@ -6,6 +6,7 @@ compute the update value, apply) and differ in `compute_update_value` and their 
 from __future__ import annotations
 
 import logging
+import time
 
 from . import updates
 from .base import Solver, _g
@@ -19,18 +20,44 @@ class SGDSolver(Solver):
     type = "SGD"
 
     def apply_update(self) -> None:
-        """Caffe's SGDSolver::ApplyUpdate."""
+        """Caffe's SGDSolver::ApplyUpdate: clip, then per parameter normalise, regularise,
+        compute the update value, and data -= diff (Net::Update; each blob's arithmetic is
+        independent of the others', so updating layer by layer is the same)."""
+        rate = self.learning_rate_now()
+        self.clip_gradients()
+        net = self.net
+        owned = set()
+        for layer in net.learnable_layers:
+            t0 = time.perf_counter()
+            for i in layer.param_ids:
+                self.update_param(i, rate)
+                owned.add(i)
+            if self.update_times is not None:
+                self.update_times[layer.index - 1] = time.perf_counter() - t0
+        for i in range(len(net.learnable_params)):
+            if i not in owned:
+                self.update_param(i, rate)
+        self._sumsq = None
+        self._update_iter = None
+
+    def learning_rate_now(self) -> float:
+        """This iteration's rate (logged on display iterations, as Caffe does); the update
+        that follows is this iteration's (`_update_iter`, Adam's step)."""
         p = self.param
         rate = self.get_learning_rate()
         if p.display and self.iter % p.display == 0:
             log.info("Iteration %d, lr = %s", self.iter, _g(rate))
-        self.clip_gradients()
-        for i in range(len(self.net.learnable_params)):
-            self.normalize(i)
-            self.regularize(i)
-            self.compute_update_value(i, rate)
-        self.net.update()
-        self._sumsq = None
+        self._update_iter = self.iter
+        return rate
+
+    def update_param(self, i: int, rate: float) -> None:
+        """Parameter i's whole update: normalise, regularise, update value, data -= diff."""
+        self.normalize(i)
+        self.regularize(i)
+        self.compute_update_value(i, rate)
+        blob = self.net.learnable_params[i]
+        data = blob.data
+        self.net.xp.subtract(data, blob.diff, out=data)
 
     def clip_gradients(self) -> None:
         """Scale all diffs by clip/norm when their global L2 norm exceeds clip_gradients.
@@ -129,7 +156,9 @@ class AdamSolver(SGDSolver):
 
     def compute_update_value(self, i: int, rate: float) -> None:
         p = self.param
-        # Caffe uses t = iter + 1 in the bias correction: a resumed run continues it.
+        # Caffe uses t = iter + 1 in the bias correction: a resumed run continues it. The
+        # iteration whose gradient this is (a per-layer update runs in the next one).
         updates.adam(self.net.learnable_params[i].diff, self.history[i],
                      self._second_history(i), self._scratch[i], self.local_rate(i, rate),
-                     p.momentum, p.momentum2, p.delta, self.iter + 1)
+                     p.momentum, p.momentum2, p.delta,
+                     (self.iter if self._update_iter is None else self._update_iter) + 1)

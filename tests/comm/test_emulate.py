@@ -74,3 +74,15 @@ def test_other_collectives_are_not_slowed():
 
 def test_sleep_overshoot_is_small_and_non_negative():
     assert 0.0 <= sleep_overshoot() < 5e-3
+
+
+def test_the_halves_of_an_all_reduce_last_half_of_it_each():
+    fc = FakeClock()
+    comm = EmulatedCommunicator(SingleCommunicator(), CostModel(1e-3, 1e-9), 8, sleep=fc.sleep,
+                                clock=fc.clock, overshoot=0.0)
+    buf = np.zeros(250_000, np.float32)  # T = 2 ms
+    comm.reduce_scatter_sum(buf)
+    comm.allgather_blocks(buf)
+    assert fc.slept == [pytest.approx(1e-3), pytest.approx(1e-3)]
+    twin = comm.duplicate()  # the same emulation over a duplicate of the real one
+    assert twin.cost == comm.cost and twin.inner is not comm.inner

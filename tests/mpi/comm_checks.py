@@ -63,6 +63,16 @@ def case_collectives(comm, args):
     check(obj == {"from": 0, "list": [1, 2]}, "broadcast object")
     check(comm.allgather(r * 10) == [i * 10 for i in range(n)], "allgather")
     check(comm.any_true([r == n - 1, False]) == [True, False], "any_true")
+    # the two halves of an all-reduce, on a duplicate while this thread agrees on a flag
+    dup = comm.duplicate()
+    halves = np.arange(1001, dtype=np.float32) * (r + 1)  # blocks of unequal sizes
+    t = threading.Thread(target=lambda: (dup.reduce_scatter_sum(halves),
+                                         dup.allgather_blocks(halves)))
+    t.start()
+    check(comm.any_true([r == 0]) == [True], "any_true beside the duplicate's collectives")
+    t.join(30)
+    check(np.array_equal(halves, np.arange(1001, dtype=np.float32) * (n * (n + 1) / 2)),
+          "reduce_scatter_sum then allgather_blocks")
     comm.barrier()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CommError
 
-__all__ = ["Communicator", "check_buffer"]
+__all__ = ["Communicator", "block_bounds", "check_buffer"]
 
 
 def check_buffer(buf: Any, rank: int, what: str = "all-reduce buffer") -> None:
@@ -26,6 +26,13 @@ def check_buffer(buf: Any, rank: int, what: str = "all-reduce buffer") -> None:
         raise CommError(f"rank {rank}: {what} must be float32, got {buf.dtype}")
     if not buf.flags.c_contiguous:
         raise CommError(f"rank {rank}: {what} must be C-contiguous")
+
+
+def block_bounds(elements: int, size: int) -> list[tuple[int, int]]:
+    """Rank r's block of an `elements`-long buffer in a reduce-scatter or all-gather:
+    [floor(r * elements / size), floor((r + 1) * elements / size))."""
+    cuts = [r * elements // size for r in range(size + 1)]
+    return list(zip(cuts, cuts[1:]))
 
 
 class Communicator(ABC):
@@ -40,6 +47,13 @@ class Communicator(ABC):
     - `barrier()`: returns once every rank has entered it.
     - `abort(code)`: ends every rank with exit status `code` (MPI_Abort); does not return for
       a real launcher. Call it after logging the cause.
+    - `reduce_scatter_sum(buf)` then `allgather_blocks(buf)`: the two halves of an all-reduce
+      (the pair leaves the same sum in `buf` on every rank); between them only this rank's
+      block (`block_bounds`) is summed. The defaults do the whole all-reduce in the first
+      and nothing in the second: a backend overrides both or neither.
+    - `duplicate()`: a communicator over the same ranks whose collectives are ordered apart
+      from this one's (MPI_Comm_dup), so that two threads can each issue collectives; a
+      collective.
     """
 
     rank: int
@@ -65,6 +79,21 @@ class Communicator(ABC):
     @abstractmethod
     def abort(self, code: int = 1) -> None:
         """End every rank with exit status `code`."""
+
+    def reduce_scatter_sum(self, buf: np.ndarray) -> None:
+        """The first half of an all-reduce: this rank's block of `buf` becomes the sum over
+        ranks (the default sums every block)."""
+        self.allreduce_sum(buf)
+
+    def allgather_blocks(self, buf: np.ndarray) -> None:
+        """The second half: every rank's block of `buf` to every rank (the default has
+        nothing left to do after the default `reduce_scatter_sum`)."""
+        check_buffer(buf, self.rank)
+
+    def duplicate(self) -> Communicator:
+        """A communicator over the same ranks with its own ordering of collectives."""
+        raise CommError(f"rank {self.rank}: the {self.name} communicator cannot be duplicated "
+                        f"(needed to overlap the next forward pass with communication)")
 
     def any_true(self, flags: list[bool]) -> list[bool]:
         """Agree on a few yes/no flags: flag i is true on return iff it was on some rank.

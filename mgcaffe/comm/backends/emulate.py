@@ -63,14 +63,32 @@ class EmulatedCommunicator(Communicator):
                 f"({self.emulated_nodes} emulated nodes, {self.size} real ranks)")
 
     def allreduce_sum(self, buf: np.ndarray) -> None:
+        self._padded(self.inner.allreduce_sum, buf, 1.0)
+
+    def _padded(self, run, buf: np.ndarray, share: float) -> None:
+        """run(buf) on the real ranks, then sleep until `share` of T(buf's bytes) is over."""
         start = self._clock()
-        self.inner.allreduce_sum(buf)
-        left = self.cost.time(buf.nbytes) - (self._clock() - start)
+        run(buf)
+        left = share * self.cost.time(buf.nbytes) - (self._clock() - start)
         self.calls += 1
         if left > 0:
             self.padded_s += left
             if left > self.overshoot:
                 self._sleep(left - self.overshoot)
+
+    def reduce_scatter_sum(self, buf: np.ndarray) -> None:
+        """Half an all-reduce: lasts at least T(M) / 2 (a ring all-reduce is a reduce-scatter
+        and an all-gather of equal cost)."""
+        self._padded(self.inner.reduce_scatter_sum, buf, 0.5)
+
+    def allgather_blocks(self, buf: np.ndarray) -> None:
+        self._padded(self.inner.allgather_blocks, buf, 0.5)
+
+    def duplicate(self) -> EmulatedCommunicator:
+        """The same emulation over a duplicate of the real communicator."""
+        return EmulatedCommunicator(self.inner.duplicate(), self.cost, self.emulated_nodes,
+                                    sleep=self._sleep, clock=self._clock,
+                                    overshoot=self.overshoot)
 
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         return self.inner.broadcast(obj, root)

@@ -53,6 +53,9 @@ class SingleCommunicator(Communicator):
     def abort(self, code: int = 1) -> None:
         raise CommError(f"rank 0: aborted with exit status {code}")
 
+    def duplicate(self) -> SingleCommunicator:
+        return SingleCommunicator()
+
 
 class _Slot:
     """One collective in flight: each rank's contribution, and who has taken the result."""
@@ -134,15 +137,24 @@ class LocalCommunicator(Communicator):
 
     name = "local"
 
-    def __init__(self, world: LocalWorld, rank: int):
+    def __init__(self, world: LocalWorld, rank: int, channel: int = 0):
         self.world = world
         self.rank = rank
         self.size = world.size
+        self.channel = channel  # a duplicate's collectives are numbered apart
         self._seq = 0
+        self._duplicates = 0
 
-    def _next(self) -> int:
+    def _next(self):
         self._seq += 1
-        return self._seq
+        return self._seq if not self.channel else (self.channel, self._seq)
+
+    def duplicate(self) -> LocalCommunicator:
+        """The same ranks, collectives numbered on a channel of their own (every rank's
+        k-th duplicate shares one)."""
+        self.barrier()
+        self._duplicates += 1
+        return LocalCommunicator(self.world, self.rank, self.channel * 1000 + self._duplicates)
 
     def allreduce_sum(self, buf: np.ndarray) -> None:
         check_buffer(buf, self.rank)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CommError
-from .communicator import Communicator, check_buffer
+from .communicator import Communicator, block_bounds, check_buffer
 
 __all__ = ["LAUNCHER_VARIABLES", "MpiCommunicator", "launched_by_mpi"]
 
@@ -119,9 +119,15 @@ class MpiCommunicator(Communicator):
         if self.wait == "block":
             self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
             return
-        # "poll": MPICH waits by spinning, so a blocked thread stays runnable and competes
-        # with the compute threads for the cores; sleeping between tests lets it off the CPU.
-        req = self._comm.Iallreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        self._finish(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM))
+
+    def _finish(self, req: Any) -> None:
+        """Wait for a non-blocking collective. MPICH waits by spinning, so a blocked thread
+        stays runnable and competes with the compute threads for the cores; sleeping between
+        tests lets it off the CPU."""
+        if self.wait == "block":
+            req.Wait()
+            return
         spin_until = time.perf_counter() + self.spin_s
         while time.perf_counter() < spin_until:  # quick completions: peers already there
             if req.Test():
@@ -130,6 +136,36 @@ class MpiCommunicator(Communicator):
         while not req.Test():
             time.sleep(nap)
             nap = min(2 * nap, self.poll_s)
+
+    def reduce_scatter_sum(self, buf: np.ndarray) -> None:
+        """MPI_Reduce_scatter in place; MPI leaves this rank's summed block at the start of
+        the buffer, so it is moved to its own place (a copy of 1/size of the buffer)."""
+        check_buffer(buf, self.rank)
+        if self.size == 1:
+            return
+        bounds = block_bounds(buf.size, self.size)
+        counts = [e - s for s, e in bounds]
+        flat = buf.reshape(-1)
+        self._finish(self._comm.Ireduce_scatter(self._MPI.IN_PLACE, flat, counts,
+                                                op=self._MPI.SUM))
+        start, stop = bounds[self.rank]
+        if start:
+            flat[start:stop] = flat[:stop - start].copy()
+
+    def allgather_blocks(self, buf: np.ndarray) -> None:
+        check_buffer(buf, self.rank)
+        if self.size == 1:
+            return
+        bounds = block_bounds(buf.size, self.size)
+        counts = [e - s for s, e in bounds]
+        self._finish(self._comm.Iallgatherv(
+            self._MPI.IN_PLACE, [buf.reshape(-1), (counts, [s for s, _ in bounds]),
+                                 self._MPI.FLOAT]))
+
+    def duplicate(self) -> MpiCommunicator:
+        """MPI_Comm_dup of this communicator, waiting alike (a collective)."""
+        return MpiCommunicator(self._comm.Dup(), wait=self.wait, poll_s=self.poll_s,
+                               spin_s=self.spin_s, chunk_bytes=self.chunk_bytes)
 
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         if isinstance(obj, np.ndarray):

@@ -123,9 +123,11 @@ class Tracer:
         return self.clock()
 
     def span(self, name: str, cat: str, row: str, start: float, end: float,
-             **args: Any) -> None:
-        """A complete event from `start` to `end` (clock seconds) on `row` (compute/comm)."""
-        it = self.iteration
+             iteration: int | None = None, **args: Any) -> None:
+        """A complete event from `start` to `end` (clock seconds) on `row` (compute/comm),
+        of `iteration` (default: the current one; a message of the previous iteration that
+        runs beside the next forward names its own)."""
+        it = self.iteration if iteration is None else iteration
         if not self.window.keeps(it):
             return
         self._add({"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": _TIDS[row],

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: park idle threads
 
@@ -36,7 +37,7 @@ from bench_layers import build  # noqa: E402 - same folder
 from busy_load import BusyLoad  # noqa: E402 - same folder
 
 from mgcaffe.kernels import winograd  # noqa: E402
-from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.choice.rules import LayerRules  # noqa: E402
 
 # name, parameter body, bottom shape (without batch), batch
 POINTWISE = [
@@ -126,19 +127,10 @@ COMPILED = {"winograd-loops": (False, True)}
 
 
 def build_with(settings: dict, body: str, shape, batch: int):
-    """A layer set up under class-attribute `settings` (they are read in setup/backward, so
-    they are stored on the instance too)."""
-    saved = {k: getattr(Convolution, k) for k in settings}
-    try:
-        for k, v in settings.items():
-            setattr(Convolution, k, v)
-        layer, bottom, top = build("Convolution", body, shape, batch)
-    finally:
-        for k, v in saved.items():
-            setattr(Convolution, k, v)
-    for k, v in settings.items():
-        setattr(layer, k, v)
-    return layer, bottom, top
+    """A layer set up under the default rules with Convolution's `settings` changed."""
+    rules = LayerRules()
+    rules = replace(rules, convolution=replace(rules.convolution, **settings))
+    return build("Convolution", body, shape, batch, rules)
 
 
 def main(argv=None) -> None:

@@ -1,15 +1,15 @@
 """Whole nets with one convolution choice off and on, alternated pass by pass.
 
 `--compare split` (the default): the convolutions' per-sample GEMMs split over threads or
-not (`Convolution.split_sample_gemms`, kernels.sample_gemm). `--compare shift`: the
-shifted-GEMM path (`Convolution.shift_gemm`, kernels.shift_conv) never (before) or by its
-rule (after), the net reshaped at each switch. `--compare keep`: the shifted layers keep
-their stacked input for backward (before) or rebuild it there (after). `--compare
-winograd`: the Winograd path (`Convolution.winograd`, kernels.winograd) never (before) or
-by its rule (after). Builds each net
-once (random input of the benchmark batch) and times forward + backward passes (as
-`mgcaffe time`: every layer's backward, parameter diffs cleared before each pass),
-switching pass by pass, so that a change in the machine's load hits both ways. Prints the
+not (ConvolutionRules.split_sample_gemms, kernels.sample_gemm). `--compare shift`: the
+shifted-GEMM path (`shift_gemm`, kernels.shift_conv) never (before) or by its rule (after).
+`--compare keep`: the shifted layers keep their stacked input for backward (before) or
+rebuild it there (after). `--compare winograd`: the Winograd path (`winograd`,
+kernels.winograd) never (before) or by its rule (after). Builds each net twice, once under
+each way's rules (random input of the benchmark batch, the same seed), and times forward +
+backward passes (as `mgcaffe time`: every layer's backward, parameter diffs cleared before
+each pass), alternating between the two pass by pass, so that a change in the machine's
+load hits both ways. Prints the
 best and the median pass of each way, their ratio, and the conv+ip GEMM rate of each way's
 median pass beside numpy's matmul rate measured in the same run. `--rss`: each way also
 once in a fresh process (two passes), its peak RSS. `--busy K` keeps K busy-loop
@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")  # as bench_layers.py: park idle threads
@@ -39,7 +40,7 @@ from busy_load import BusyLoad  # noqa: E402 - same folder
 
 from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
-from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.choice.rules import LayerRules  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
 from mgcaffe.net.profiling import timing_propagate_down  # noqa: E402
 from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: E402
@@ -52,16 +53,21 @@ NETS = {
                       (100, 3, 32, 32)),
     "lenet": ("models/lenet/lenet_train_test.prototxt", (64, 1, 28, 28)),
 }
-#: Per comparison: the Convolution class attribute switched, its "before" and "after" values.
+#: Per comparison: the ConvolutionRules field switched, its "before" and "after" values.
 SWITCHES = {"split": ("split_sample_gemms", False, True), "shift": ("shift_gemm", False, None),
             "keep": ("shift_keep_input", True, False), "winograd": ("winograd", False, None)}
 
 
-def build(name: str) -> Net:
+def build(name: str, compare: str, after: bool) -> Net:
+    """Net `name` with the compared rule set its `after` (or before) way."""
     path, shape = NETS[name]
     param = read_net_param(str(ROOT / path))
     param, _ = synthesize_data_layers(param, {"data": shape}, shape[0])
-    return Net(param, TRAIN, seed=0)
+    field, off, on = SWITCHES[compare]
+    rules = LayerRules()
+    rules = replace(rules, convolution=replace(rules.convolution,
+                                               **{field: on if after else off}))
+    return Net(param, TRAIN, seed=0, rules=rules)
 
 
 def one_pass(net, propagate) -> float:
@@ -74,14 +80,6 @@ def one_pass(net, propagate) -> float:
     return time.perf_counter() - start
 
 
-def set_way(net, compare: str, after: bool) -> None:
-    """Switch the compared attribute (and, for shift, reshape: the layers choose there)."""
-    attribute, off, on = SWITCHES[compare]
-    setattr(Convolution, attribute, on if after else off)
-    if compare in ("shift", "keep", "winograd"):
-        net.reshape()
-
-
 def peak_rss_child(name: str, compare: str, after: bool) -> float:
     """Peak RSS (MB) of a fresh process that builds `name` and runs two passes one way."""
     code = f"import bench_conv_split_net as b; b.child({name!r}, {compare!r}, {after!r})"
@@ -92,9 +90,7 @@ def peak_rss_child(name: str, compare: str, after: bool) -> float:
 
 def child(name: str, compare: str, after: bool) -> None:
     """Two passes of `name` one way, then print this process's peak RSS in MB (VmHWM)."""
-    attribute, off, on = SWITCHES[compare]
-    setattr(Convolution, attribute, on if after else off)
-    net = build(name)
+    net = build(name, compare, after)
     propagate = timing_propagate_down(net)
     for _ in range(2):
         one_pass(net, propagate)
@@ -122,18 +118,18 @@ def main(argv=None) -> None:
               + (" peak RSS MB before / after |" if args.rss else ""))
         print("|---|---|---|---|---|---|---|" + ("---|" if args.rss else ""))
         for name in args.nets.split(","):
-            net = build(name)
-            propagate = timing_propagate_down(net)
-            flops = sum(gemm_flops(net, propagate))
+            nets = {after: build(name, args.compare, after or args.same)
+                    for after in (False, True)}
+            propagate = timing_propagate_down(nets[True])
+            flops = sum(gemm_flops(nets[True], propagate))
             times = {False: [], True: []}
             for k in range(2 * args.passes + 2):  # the first pass of each way: a warm-up
                 after = bool(k % 2)
-                set_way(net, args.compare, after or args.same)
-                seconds = one_pass(net, propagate)
+                seconds = one_pass(nets[after], propagate)
                 if k >= 2:
                     times[after].append(seconds * 1e3)
-            set_way(net, args.compare, True)
-            net.close()
+            for net in nets.values():
+                net.close()
             off, on = statistics.median(times[False]), statistics.median(times[True])
             line = (f"| {name} | {min(times[False]):.0f} | {min(times[True]):.0f} | "
                     f"{off:.0f} | {on:.0f} | {on / off:.2f} | "

@@ -43,12 +43,15 @@ CASES = [
 ]
 
 
-def build(kind: str, body: str, shape, batch: int):
+def build(kind: str, body: str, shape, batch: int, rules=None):
+    """The layer (float32, seeded), its bottom and top, set up; `rules`: a LayerRules."""
     field = "convolution_param" if kind == "Convolution" else "inner_product_param"
     text = (f'name: "l" type: "{kind}" {field} {{ {body} weight_filler {{ type: "gaussian" '
             'std: 0.01 } }')
-    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()),
-                         LayerContext(dtype=np.float32, seed=0))
+    context = LayerContext(dtype=np.float32, seed=0)
+    if rules is not None:
+        context.rules = rules
+    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), context)
     bottom = [Blob((batch,) + shape, name="x")]
     bottom[0].data[...] = np.random.default_rng(1).standard_normal(bottom[0].shape)
     top = [Blob((), name="y")]

@@ -1,11 +1,12 @@
 """The non-GEMM layers of LeNet and CIFAR-10 quick: previous and current CPU paths side by side.
 
-Each case builds the layer twice, once with the previous path switched back on (class
-switches of the layer) and once as it is now, and times forward and backward alternately in
-one process, repetition by repetition, so that both see the same load. Prints best-of-R ms
-and after/before. Between calls it writes `--evict-mb` of memory, as the rest of a net does.
+Each case builds the layer twice, once with the previous path switched back on (its layer
+rules, or a class switch for a layer without rules) and once as it is now, and times forward
+and backward alternately in one process, repetition by repetition, so that both see the same
+load. Prints best-of-R ms and after/before. Between calls it writes `--evict-mb` of memory,
+as the rest of a net does.
 Usage: python benchmarks/bench_small_layers.py [--repeats R] [--only WORD] [--evict-mb MB].
-Pooling's "before" is its numpy path (`Pooling.compiled = False`), "after" the compiled loops
+Pooling's "before" is its numpy path (PoolingRules.compiled False), "after" the compiled loops
 (`--only pool` for the pooling cases alone); LRN's likewise (`LRN.compiled = False`,
 `--only LRN`).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 # See bench_layers.py: park OpenBLAS's idle threads quickly (before numpy loads it).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
@@ -24,23 +26,39 @@ from google.protobuf import text_format  # noqa: E402
 
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
-from mgcaffe.layer_types.convolution import Convolution  # noqa: E402
+from mgcaffe.layer_types.choice.rules import LayerRules  # noqa: E402
 from mgcaffe.layer_types.inner_product import InnerProduct  # noqa: E402
 from mgcaffe.layer_types.lrn import LRN  # noqa: E402
-from mgcaffe.layer_types.pooling import Pooling  # noqa: E402
 from mgcaffe.layer_types.scale_bias import ScaleLayer  # noqa: E402
 from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
 
-#: The previous paths, as class attribute settings per layer class.
+#: The previous paths, per layer type: (the LayerRules field, or the class of a layer
+#: without rules, whose attributes are switched), the settings.
 BEFORE = {
-    Pooling: {"compiled": False},  # the numpy passes (MAX backward by index, AVE GEMM)
-    LRN: {"compiled": False},  # the numpy passes
-    SoftmaxWithLossLayer: {"plain_path": False},
-    Convolution: {"per_sample_upto_rows": 0},
-    ScaleLayer: {"fused_rows": False},
-    InnerProduct: {"weight_major_upto": 0, "overwrite_block_elements": 0, "dx_block_rows": 0},
+    # the numpy passes (MAX backward by index, AVE GEMM)
+    "Pooling": ("pooling", {"compiled": False}),
+    "LRN": (LRN, {"compiled": False}),  # the numpy passes
+    "SoftmaxWithLoss": (SoftmaxWithLossLayer, {"plain_path": False}),
+    "Convolution": ("convolution", {"per_sample_upto_rows": 0}),
+    "Scale": (ScaleLayer, {"fused_rows": False}),
+    "InnerProduct": (InnerProduct, {"weight_major_upto": 0, "overwrite_block_elements": 0,
+                                    "dx_block_rows": 0}),
 }
+
+
+def rules_of(settings: dict) -> LayerRules:
+    """LayerRules with the rule changes of `settings` (BEFORE's form)."""
+    rules = LayerRules()
+    for where, values in settings.values():
+        if isinstance(where, str):
+            rules = replace(rules, **{where: replace(getattr(rules, where), **values)})
+    return rules
+
+
+def class_switches(settings: dict) -> dict:
+    """{class: {attribute: value}} for the layers of `settings` that have no rules."""
+    return {where: values for where, values in settings.values() if not isinstance(where, str)}
 
 #: ResNet-50's Scale after each BatchNorm: in place, with a bias.
 SCALE = 'type: "Scale" scale_param { bias_term: true }'
@@ -118,15 +136,16 @@ CASES = [
 
 
 def build(text: str, shapes, settings: dict, in_place: bool = False):
-    """The layer, bottoms and tops, built with the class switches in `settings`."""
+    """The layer, bottoms and tops, built with the rules and class switches in `settings`."""
     param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
+    rules, switches = rules_of(settings), class_switches(settings)
     saved = {}
-    for cls, values in settings.items():
+    for cls, values in switches.items():
         saved[cls] = {k: getattr(cls, k) for k in values}
         for k, v in values.items():
             setattr(cls, k, v)
     try:
-        layer = create_layer(param, LayerContext(dtype=np.float32, seed=0))
+        layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, rules=rules))
         rng = np.random.default_rng(1)
         bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
         bottom[0].data[...] = rng.standard_normal(shapes[0])
@@ -139,7 +158,7 @@ def build(text: str, shapes, settings: dict, in_place: bool = False):
             for k, v in values.items():
                 setattr(cls, k, v)
     # The switches are class attributes read at call time: keep them on the instance.
-    for cls, values in settings.items():
+    for cls, values in switches.items():
         if isinstance(layer, cls):
             for k, v in values.items():
                 setattr(layer, k, v)

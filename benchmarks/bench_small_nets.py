@@ -6,7 +6,7 @@ forward+backward passes between the two, so both see the same load. Prints the m
 best pass per net and way, and the per-layer medians where the two differ most.
 Usage: python benchmarks/bench_small_nets.py PROTOTXT... [--iterations N] [--threads T]
 [--before CLASS,...] (the prototxt files of bench_vs_caffe.py's --out folder: Input layers,
-force_backward; --before: switch back only these layer classes, e.g. ScaleLayer).
+force_backward; --before: switch back only these layer types, e.g. Scale).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 import numpy as np  # noqa: E402
-from bench_small_layers import BEFORE  # noqa: E402 - same folder
+from bench_small_layers import BEFORE, class_switches, rules_of  # noqa: E402 - same folder
 
 from mgcaffe.cpu import threads  # noqa: E402
 from mgcaffe.formats.protoio import read_net_param  # noqa: E402
@@ -27,18 +27,20 @@ from mgcaffe.net import Net  # noqa: E402
 
 
 def build(path: str, settings: dict) -> Net:
-    saved = {cls: {k: getattr(cls, k) for k in values} for cls, values in settings.items()}
-    for cls, values in settings.items():
+    """The net under the rules and class switches of `settings` (BEFORE's form)."""
+    switches = class_switches(settings)
+    saved = {cls: {k: getattr(cls, k) for k in values} for cls, values in switches.items()}
+    for cls, values in switches.items():
         for k, v in values.items():
             setattr(cls, k, v)
     try:
-        net = Net(read_net_param(path), TRAIN, seed=1)
+        net = Net(read_net_param(path), TRAIN, seed=1, rules=rules_of(settings))
     finally:
         for cls, values in saved.items():
             for k, v in values.items():
                 setattr(cls, k, v)
     for layer in net.layers:  # switches read at call time: keep them on the instances
-        for cls, values in settings.items():
+        for cls, values in switches.items():
             if isinstance(layer, cls):
                 for k, v in values.items():
                     setattr(layer, k, v)
@@ -67,15 +69,15 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--threads", default=None, help="as mgcaffe's --threads")
     parser.add_argument("--before", default=None,
-                        help="comma-separated layer class names: switch back only these")
+                        help="comma-separated layer types: switch back only these")
     args = parser.parse_args(argv)
     threads.configure(args.threads)
     before = BEFORE
     if args.before:
         names = set(args.before.split(","))
-        before = {cls: v for cls, v in BEFORE.items() if cls.__name__ in names}
+        before = {kind: v for kind, v in BEFORE.items() if kind in names}
         if len(before) != len(names):
-            parser.error(f"--before: choose from {', '.join(c.__name__ for c in BEFORE)}")
+            parser.error(f"--before: choose from {', '.join(BEFORE)}")
     for path in args.prototxt:
         nets = [build(path, before), build(path, {})]
         count = len(nets[1].layers)

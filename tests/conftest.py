@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 
 import mgcaffe.layer_types.lrn  # noqa: F401 - reads MGCAFFE_LRN_LOOPS before it is set
-import mgcaffe.layer_types.pooling  # noqa: F401 - reads MGCAFFE_POOLING_LOOPS before it is set
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# The processes that tests start (MPI ranks, CLI runs) pool and normalise with numpy:
-# importing numba and loading the compiled loops cost each ~1 s of CPU, and the loops give
-# the same bits (tests/layer_types/test_pooling_compiled.py, test_lrn_compiled.py: within a
-# few ulps for beta 0.75); this process keeps them.
+# The `mgcaffe` commands that tests run (MPI ranks, CLI runs, in this process too) pool and
+# normalise with numpy: importing numba and loading the compiled loops cost each process ~1 s
+# of CPU, and the loops give the same bits (tests/layer_types/test_pooling_compiled.py,
+# test_lrn_compiled.py: within a few ulps for beta 0.75); nets built here directly keep them.
 os.environ.setdefault("MGCAFFE_POOLING_LOOPS", "0")
 os.environ.setdefault("MGCAFFE_LRN_LOOPS", "0")
 

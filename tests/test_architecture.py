@@ -43,6 +43,9 @@ FORBIDDEN = {
     "mgcaffe.comm": ["mgcaffe.solvers", "mgcaffe.net", "mgcaffe.layer_types",
                      "mgcaffe.kernels", "mgcaffe.data"],
     "mgcaffe.layer_types": ["mgcaffe.net", "mgcaffe.solvers", "mgcaffe.comm"],
+    # a layer's path choice is a pure function: no runner, no thread, no array of a layer
+    "mgcaffe.layer_types.choice": ["mgcaffe.cpu", "mgcaffe.blob", "mgcaffe.backend",
+                                   "mgcaffe.layer_types.base", "threading", "cupy"],
     "mgcaffe.kernels": ["mgcaffe.layer_types", "mgcaffe.data"],
     "mgcaffe.cpu": ["mgcaffe.kernels", "mgcaffe.comm"],
     "mgcaffe.net": ["mgcaffe.comm", "mgcaffe.testing"],

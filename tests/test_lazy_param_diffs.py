@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.training.trainer import attach
 from mgcaffe.layer_types.base import TRAIN
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
@@ -91,7 +91,7 @@ layer { name: "rnn" type: "RNN" bottom: "seq" bottom: "cont" top: "rnn"
 layer { name: "rnn_loss" type: "Reduction" bottom: "rnn" top: "rnn_loss" loss_weight: 0.5 }
 """
 
-# Convolution layouts (class switches): every path that writes a weight gradient.
+# Convolution layouts (rules): every path that writes a weight gradient.
 LAYOUTS = {
     "default": {},
     "per_sample": {"per_sample_from": 0, "per_sample_from_pointwise": 0,
@@ -104,10 +104,9 @@ LAYOUTS = {
 
 
 @pytest.fixture(params=sorted(LAYOUTS))
-def layout(request, monkeypatch):
-    for name, value in LAYOUTS[request.param].items():
-        monkeypatch.setattr(Convolution, name, value)
-    return request.param
+def layout(request):
+    """(name, the layer rules that put the net's convolutions on it)."""
+    return request.param, changed(convolution=LAYOUTS[request.param])
 
 
 def net_param():
@@ -121,8 +120,8 @@ def poison(net):
             blob._diff[...] = np.nan
 
 
-def make_net(lazy, flatten):
-    net = Net(net_param(), TRAIN, seed=3)
+def make_net(lazy, flatten, rules=None):
+    net = Net(net_param(), TRAIN, seed=3, rules=rules)
     net.lazy_param_diff_clear = lazy
     if flatten:
         net.flatten_param_diffs()
@@ -176,7 +175,8 @@ def test_assigning_reshaping_and_new_storage_end_the_lazy_mark():
 def test_two_accumulated_passes_match_the_eager_clear_bit_for_bit(layout, flatten):
     """iter_size 2 by hand, 3 iterations: every parameter gradient (shared, frozen,
     skipped, each conv layout) equals the eager fill's, bit for bit, and is finite."""
-    lazy, eager = make_net(True, flatten), make_net(False, flatten)
+    rules = layout[1]
+    lazy, eager = make_net(True, flatten, rules), make_net(False, flatten, rules)
     side = lazy.layer_id("side")
     assert not lazy.layer_need_backward[side]  # its diffs are never written
     for _ in range(3):

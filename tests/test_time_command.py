@@ -47,8 +47,15 @@ def test_time_deploy_net_logs_caffe_lines_and_writes_profile(repo_root, tmp_path
     assert re.search(r"\]      conv1\tforward: [0-9.e+-]+ ms\.", err)
     assert re.search(r"\]        ip2\tbackward: [0-9.e+-]+ ms\.", err)
     assert err.count("forward-backward time: ") == 2
+    # The paths the convolutions took, by their rules: conv1's 5x5 kernel on 1 channel has
+    # 25 column rows (<= 32) and 24x24 outputs (>= 256); conv2's 8x8 outputs (<= 256).
+    assert re.search(r"\]      conv1\tpath: im2col-per-sample \(25 <= 32 column rows", err)
+    assert re.search(r"\]      conv2\tpath: im2col-batch-last \(64 <= 256 positions", err)
+    assert "relu1\tpath" not in err  # one implementation: no line
 
     raw = json.loads(out.read_text())
+    assert [layer.get("path") for layer in raw["layers"][:2]] == ["im2col-per-sample",
+                                                                  "im2col-batch-last"]
     assert raw["model"] == "LeNet" and raw["batch_size"] == 4 and raw["dtype_bytes"] == 4
     assert [(layer["name"], layer["params"]) for layer in raw["layers"]] == \
         list(LENET_PARAMS.items())
@@ -193,3 +200,14 @@ def test_time_runs_every_backward_once_untimed_before_timing(monkeypatch, repo_r
                "--iterations", "1", "--batch-size", "2", "--threads", "1"])
     assert rc == 0
     assert seen and seen[0] >= 1
+
+
+@pytest.mark.parametrize("loops, path", [("0", "offset-passes"), ("1", "compiled-loops")])
+def test_the_pooling_loops_switch_is_read_by_the_command(repo_root, monkeypatch, capsys,
+                                                         loops, path):
+    pytest.importorskip("numba", reason="the compiled pooling loops need numba")
+    monkeypatch.setenv("MGCAFFE_POOLING_LOOPS", loops)
+    rc = main(["time", "--model", str(repo_root / "models/lenet/lenet.prototxt"),
+               "--iterations", "1", "--batch-size", "2"])
+    assert rc == 0
+    assert re.search(rf"\]      pool1\tpath: {path} ", capsys.readouterr().err)

@@ -609,6 +609,8 @@ def _pool_rows(check: Check, ck, name, shape, text, rng) -> list[dict]:
     from mgcaffe.backend import to_host
     from mgcaffe.blob import Blob
     from mgcaffe.layer_types import LayerContext, create_layer
+    from mgcaffe.layer_types.choice.pooling import PoolingRules
+    from mgcaffe.layer_types.choice.rules import LayerRules
     from mgcaffe.proto import caffe_pb2
 
     xp = check.xp
@@ -616,15 +618,15 @@ def _pool_rows(check: Check, ck, name, shape, text, rng) -> list[dict]:
                               caffe_pb2.LayerParameter())
     host_x = rng.integers(-8, 8, size=shape).astype(np.float32)  # ties: first max must win
     built = {}
+    # The twin gathers offset by offset, as the layer's generic path does; the CPU's
+    # default scatter by winner index (and its compiled loops) add overlapping windows in
+    # another order, so their bits may differ (1,297 of 200,704 cells for GoogleNet's
+    # pool2): the reference is the generic path.
+    generic = LayerRules(pooling=PoolingRules(max_backward_by_index=False, compiled=False))
     for where, module in (("cpu", np), ("gpu", xp)):
-        layer = create_layer(param, LayerContext(xp=module, dtype=np.float32, seed=0))
-        if where == "cpu":
-            # The twin gathers offset by offset, as the layer's generic path does; the CPU's
-            # default scatter by winner index (and its compiled loops) add overlapping
-            # windows in another order, so their bits may differ (1,297 of 200,704 cells
-            # for GoogleNet's pool2): the reference is the generic path.
-            layer.max_backward_by_index = False
-            layer.compiled = False
+        rules = generic if where == "cpu" else LayerRules()
+        layer = create_layer(param, LayerContext(xp=module, dtype=np.float32, seed=0,
+                                                 rules=rules))
         bottom = Blob(shape, xp=module, dtype=np.float32, name="x")
         bottom.data[...] = module.asarray(host_x)
         top = [Blob((), xp=module, dtype=np.float32, name=f"t{i}") for i in range(2)]

@@ -23,6 +23,7 @@ from ..layer_types.base import TEST
 from ..net import Net
 from ..proto import caffe_pb2
 from ..solvers.base import select_device
+from ._engine import layer_rules
 from ._flags import device_from_flag, split_list
 
 NAME = "extract_features"
@@ -86,7 +87,7 @@ def run(args) -> int:
         raise DataError(f"database type {args.db_type!r}: only lmdb is supported")
     if args.num_batches < 0:
         raise NetError(f"NUM_BATCHES: expected >= 0, found {args.num_batches}")
-    net = Net(args.model, TEST, device=_device(args.mode, args.device_id))
+    net = Net(args.model, TEST, device=_device(args.mode, args.device_id), rules=layer_rules())
     net.copy_from(args.weights)
     for name in blobs:
         if name not in net.blobs:

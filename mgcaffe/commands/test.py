@@ -24,6 +24,7 @@ from ..net.weights import report_initialised
 from ..proto import caffe_pb2
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
+from ._engine import layer_rules
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "test"
@@ -60,7 +61,8 @@ def run(args) -> int:
         log.info("Use GPU with device ID %d", device.index)
     else:
         log.info("Use CPU.")
-    net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device)
+    net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device,
+              rules=layer_rules())
     require_layers(net, args.model, "score")
     report_initialised(net, load_weights(net, args.weights), args.weights)
     log.info("Running for %d iterations.", args.iterations)

@@ -4,7 +4,8 @@
                  [--synthetic-data [--synthetic-shape NAME=N,C,H,W ...] [--num-classes 10]]
                  [--batch-size N] [--profile-out P.json]
 
-Logs Caffe's lines (`Average Forward pass: X ms.`, per layer `     conv1\tforward: X ms.`)
+Logs Caffe's lines (`Average Forward pass: X ms.`, per layer `     conv1\tforward: X ms.`),
+for a layer with several implementations the one it took (`     conv1\tpath: NAME (why)`),
 and with --profile-out writes the per-learnable-layer profile the planner reads (see
 `mgcaffe.net.profiling`). On a deploy net the backward still computes parameter gradients and
 every bottom diff except the data input's. --synthetic-data replaces data layers that read
@@ -29,6 +30,7 @@ from ..net.synthetic_data import (
     parse_shape_override,
     synthesize_data_layers,
 )
+from ._engine import layer_rules
 from ._flags import add_device_argument, device_from_flag, stages
 
 NAME = "time"
@@ -80,7 +82,7 @@ def build_net(args):
     device = device_from_flag(args.gpu) or CPU
     phase = TRAIN if args.phase == "TRAIN" else TEST
     net = Net(param, phase, level=args.level, stages=tuple(stages(args)), device=device,
-              seed=args.seed)
+              seed=args.seed, rules=layer_rules())
     fill_labels(net, labels, args.num_classes, args.seed)
     return net
 
@@ -116,9 +118,12 @@ def run(args) -> int:
         on_iteration=lambda j, s: log.info("Iteration: %d forward-backward time: %g ms.",
                                            j, s * 1e3))
     log.info("Average time per layer: ")
-    for name, f, b in zip(result["layer_names"], result["forward"], result["backward"]):
+    for name, f, b, path in zip(result["layer_names"], result["forward"], result["backward"],
+                                result["paths"]):
         log.info("%10s\tforward: %g ms.", name, f * 1e3)
         log.info("%10s\tbackward: %g ms.", name, b * 1e3)
+        if path is not None:  # a layer with several implementations: the one it took
+            log.info("%10s\tpath: %s", name, path)
     log.info("Average Forward pass: %g ms.", result["forward_time"] * 1e3)
     log.info("Average Backward pass: %g ms.", result["backward_time"] * 1e3)
     log.info("Average Forward-Backward: %g ms.", result["forward_backward_time"] * 1e3)

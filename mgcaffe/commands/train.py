@@ -26,6 +26,7 @@ from ..errors import CommError, MgcaffeError, SolverError
 from ..formats.outputs import check_output_path
 from ..proto import caffe_pb2
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
+from ._engine import layer_rules
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "train"
@@ -102,6 +103,7 @@ def build_solver(args, **solver_options) -> Solver:
                           f"found {param.type!r}")
     if "device" not in solver_options:  # a rank's own GPU (distributed) was chosen already
         solver_options["device"] = device_from_flag(args.gpu)
+    solver_options.setdefault("rules", layer_rules())
     solver = cls(param, solver_path=path, **solver_options)
     log.info("Use CPU." if solver.device.kind == "cpu" else f"Using GPUs {solver.device.index}")
     return solver

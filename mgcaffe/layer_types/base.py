@@ -24,6 +24,8 @@ from ..blob import Blob
 from ..errors import LayerError
 from ..proto import caffe_pb2
 from ..seeding import stable_hash
+from .choice import Choice, Target, target_for
+from .choice.rules import LayerRules
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -70,6 +72,9 @@ class LayerContext:
     work over the cores (None: the process-wide default; unused on the GPU).
     workspace: a `Workspace` shared by the layers of one net for their per-call temporaries
     (None: each layer keeps its own; see `Layer.scratch`).
+    rules: the `choice.rules.LayerRules` by which layers with several paths choose one.
+    target: the `choice.Target` they choose for (None: the one `xp` implies, with the
+    compiled loops that load in this process).
     """
 
     phase: int = TRAIN
@@ -81,6 +86,8 @@ class LayerContext:
     extra: dict = field(default_factory=dict)
     chunk_runner: Any = None
     workspace: Workspace | None = None
+    rules: LayerRules = field(default_factory=LayerRules)
+    target: Target | None = None
 
 
 class Layer:
@@ -112,6 +119,8 @@ class Layer:
         self.param_propagate_down: list[bool] = []
         self.loss_weights: list[float] = []
         self._rng = None
+        #: The implementation a layer with several took in its last reshape (choice/).
+        self.choice: Choice | None = None
 
     # -- contract -------------------------------------------------------------------------
     def layer_setup(self, bottom: list[Blob], top: list[Blob]) -> None:
@@ -235,9 +244,15 @@ class Layer:
         """A zeroed blob of this layer's dtype on its device."""
         return Blob(shape, xp=self.xp, dtype=self.dtype, name=name or self.name)
 
+    def choice_target(self) -> Target:
+        """What this layer's path choice is made for: the context's target, else its xp's."""
+        return self.ctx.target if self.ctx.target is not None else target_for(self.xp)
+
     def error(self, message: str) -> LayerError:
         """A LayerError whose message starts with this layer's name and type."""
         return LayerError(f"layer {self.name!r} ({self.type}): {message}")
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+        choice = getattr(self, "choice", None)
+        path = f" path={choice.path}" if isinstance(choice, Choice) else ""
+        return f"<{type(self).__name__} {self.name!r}{path}>"

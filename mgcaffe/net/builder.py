@@ -19,6 +19,7 @@ from ..blob import Blob
 from ..errors import MgcaffeError, NetError
 from ..formats.protoio import blobproto_to_array
 from ..layer_types.base import Layer, LayerContext, Workspace
+from ..layer_types.choice.rules import LayerRules
 from ..layer_types.registry import create_layer
 from ..proto import caffe_pb2
 
@@ -163,14 +164,14 @@ def wrap_layer_error(layer_param, stage: str, exc: Exception) -> NetError | None
 class _Builder:
     """Appends layers one by one (Caffe's Net::Init loop); see `build_graph`."""
 
-    def __init__(self, param, phase, xp, dtype, seed, rank, world_size):
+    def __init__(self, param, phase, xp, dtype, seed, rank, world_size, rules):
         self.param = param
         self.phase = phase
         self.xp = xp
         self.dtype = dtype
         # One scratch workspace per net: the layers' per-call temporaries share its buffers.
         self.ctx_args = dict(xp=xp, dtype=dtype, seed=seed, rank=rank, world_size=world_size,
-                             workspace=Workspace(xp))
+                             workspace=Workspace(xp), rules=rules)
         self.g = Graph()
         self.blob_index: dict[str, int] = {}
         self.available: set[str] = set()
@@ -421,9 +422,11 @@ class _Builder:
 
 
 def build_graph(param: caffe_pb2.NetParameter, phase: int, *, xp, dtype, seed=None, rank=0,
-                world_size=1) -> Graph:
-    """Create and set up every layer of a filtered, split-inserted NetParameter."""
-    return _Builder(param, phase, xp, dtype, seed, rank, world_size).build()
+                world_size=1, rules: LayerRules | None = None) -> Graph:
+    """Create and set up every layer of a filtered, split-inserted NetParameter; `rules`:
+    the layers' path rules (default LayerRules())."""
+    return _Builder(param, phase, xp, dtype, seed, rank, world_size,
+                    rules if rules is not None else LayerRules()).build()
 
 
 def name_index(names) -> OrderedDict:

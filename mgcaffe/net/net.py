@@ -29,6 +29,7 @@ from ..cpu.layer_way import call_layer
 from ..errors import NetError
 from ..formats.protoio import filter_net, read_net_param, write_caffemodel
 from ..layer_types.base import TEST, TRAIN
+from ..layer_types.choice.rules import LayerRules
 from ..proto import caffe_pb2
 from . import debug as net_debug
 from .builder import build_graph, insert_splits, name_index, wrap_layer_error
@@ -68,7 +69,9 @@ class Net:
     `Net(model, phase=TRAIN, weights=None, ...)`; pycaffe's older positional form
     `Net(model, weights_path, phase)` is accepted too. `model` is a prototxt path or a
     NetParameter. `device` defaults to the CPU (the pycaffe-style `mgcaffe.Net` uses the
-    process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`).
+    process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`). `rules`: how the
+    layers with several implementations choose one (`layer_types.choice.rules.LayerRules`;
+    default its measured defaults).
     """
 
     # pycaffe's per-layer callbacks (before_forward etc.), each called with the layer index.
@@ -83,7 +86,7 @@ class Net:
 
     def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
                  device: Device | None = None, dtype=np.float32, seed: int | None = None,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, rules: LayerRules | None = None):
         if isinstance(phase, (str, os.PathLike)):  # pycaffe's Net(model, weights, phase)
             phase, weights = weights, phase
             if phase is None:
@@ -109,7 +112,7 @@ class Net:
         self.name = self.net_param.name
         self.debug_info = bool(param.debug_info)  # Caffe's per-layer lines (net_debug.py)
         g = build_graph(self.net_param, phase, xp=self.xp, dtype=self.dtype, seed=seed,
-                        rank=rank, world_size=world_size)
+                        rank=rank, world_size=world_size, rules=rules)
         self._adopt(g)
         for lp in self.net_param.layer:
             del lp.blobs[:]  # weights given inside the model now live in the Blobs only

@@ -5,7 +5,10 @@
 of `mgcaffe.comm.model.profile` (learnable layers from the input side):
 
     {"model", "batch_size", "dtype_bytes", "forward_time",
-     "layers": [{"name", "params", "backward_time"}, ...]}
+     "layers": [{"name", "params", "backward_time", "path"}, ...]}
+
+(`path`: the implementation a layer with several took, e.g. "im2col-per-sample"; only for
+such layers, and ignored by the planner.)
 
 A learnable layer's `backward_time` is measured end to end, as the planner needs it: the time
 from the previous gradient becoming ready (learnable layer k+1's, or the start of backward)
@@ -61,11 +64,20 @@ def end_to_end_backward_times(net, backward: list[float]) -> list[float]:
     return times
 
 
+def _with_path(entry: dict, layer) -> dict:
+    """A profile entry, with the layer's chosen path where it has one."""
+    choice = getattr(layer, "choice", None)
+    if choice is not None:
+        entry["path"] = choice.path
+    return entry
+
+
 def profile_net(net, iterations: int = 50, *, model: str | None = None, warmup: int = 1,
                 on_iteration: Callable[[int, float], None] | None = None) -> dict:
     """Time `iterations` forward+backward passes of `net`, layer by layer.
 
-    Returns {"layer_names", "forward" and "backward" (average seconds per layer),
+    Returns {"layer_names", "paths" (each layer's `choice`, None for a layer with one way),
+    "forward" and "backward" (average seconds per layer),
     "forward_time", "backward_time", "forward_backward_time" (average seconds per pass),
     "total_time", "iterations", "profile"}. `on_iteration(j, seconds)` is called after each
     timed iteration (j from 1). Parameter diffs are cleared before each pass (untimed).
@@ -121,11 +133,13 @@ def profile_net(net, iterations: int = 50, *, model: str | None = None, warmup: 
         "batch_size": batch_size_of(net),
         "dtype_bytes": int(np.dtype(net.dtype).itemsize),
         "forward_time": forward_time,
-        "layers": [{"name": ll.name, "params": ll.count, "backward_time": t}
+        "layers": [_with_path({"name": ll.name, "params": ll.count, "backward_time": t},
+                              net.layers[ll.layer_id])
                    for ll, t in zip(net.learnable_layers, layer_backward)],
     }
     return {
         "layer_names": list(net.layer_names),
+        "paths": [getattr(layer, "choice", None) for layer in net.layers],
         "forward": forward,
         "backward": backward,
         "forward_time": forward_time,

@@ -43,6 +43,7 @@ from ..backend import CPU, Device, gpu_available, to_host
 from ..errors import SolverError
 from ..formats.protoio import read_net_param, require_layers
 from ..formats.snapshot_lock import acquire
+from ..layer_types.choice.rules import LayerRules
 from ..net import Net
 from ..net.weights import report_initialised, weights_bytes
 from ..proto import caffe_pb2
@@ -88,8 +89,9 @@ class Solver:
     """Caffe's Solver. Subclasses set `type`, `history_sets` and `compute_update_value`.
 
     `Solver(path_or_param, *, device=None, rank=0, world_size=1, gradient_sync=None,
-    iteration_hooks=(), action_function=None, dtype=np.float32)`; `solver_path` names the
-    file a given SolverParameter came from (relative net paths, messages). pycaffe attributes:
+    iteration_hooks=(), action_function=None, dtype=np.float32, rules=None)`; `solver_path`
+    names the file a given SolverParameter came from (relative net paths, messages); `rules`
+    the layers' path rules of its nets (`layer_types.choice.rules.LayerRules`). pycaffe attributes:
     `net`, `test_nets`, `iter`, `param`; methods `step`, `solve`, `snapshot`, `restore`.
     """
 
@@ -99,7 +101,8 @@ class Solver:
 
     def __init__(self, source, *, device: Device | None = None, rank: int = 0,
                  world_size: int = 1, gradient_sync=None, iteration_hooks=(),
-                 action_function=None, dtype=np.float32, solver_path: str | None = None):
+                 action_function=None, dtype=np.float32, solver_path: str | None = None,
+                 rules: LayerRules | None = None):
         param, path = load_solver_param(source)
         path = path or solver_path  # a message read from `solver_path` by get_solver
         self.source = path or "<solver>"
@@ -114,6 +117,8 @@ class Solver:
         self.rank, self.world_size = int(rank), int(world_size)
         self.device = select_device(param, device, self.source)
         self.dtype = np.dtype(dtype)
+        #: The layers' path rules every net of this solver is built with.
+        self.rules = rules
         self.gradient_sync = gradient_sync
         self.iteration_hooks = list(iteration_hooks)
         self.action_function = action_function
@@ -162,7 +167,7 @@ class Solver:
         net_param.state.CopyFrom(state)
         return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage),
                    device=self.device, dtype=self.dtype, seed=self._seed, rank=self.rank,
-                   world_size=self.world_size)
+                   world_size=self.world_size, rules=self.rules)
 
     def _init_train_net(self):
         p = self.param

@@ -11,18 +11,20 @@ import numpy as np
 
 from ..blob import Blob
 from ..layer_types.base import TRAIN, LayerContext
+from ..layer_types.choice.rules import LayerRules
 from ..layer_types.registry import create_layer
 
 
 def make_layer(param, bottom_shapes_or_arrays, phase=TRAIN, seed=0, dtype=np.float64,
-               top_count=None):
+               top_count=None, rules: LayerRules | None = None):
     """Create and set up a layer on numpy with the given bottoms; returns (layer, bottom, top).
 
     `bottom_shapes_or_arrays` holds arrays (used as data) or shapes (filled with standard
-    normal values from `seed`).
+    normal values from `seed`). `rules`: the layers' path rules (default LayerRules()).
     """
     rng = np.random.default_rng(seed)
-    ctx = LayerContext(phase=phase, xp=np, dtype=dtype, seed=seed)
+    ctx = LayerContext(phase=phase, xp=np, dtype=dtype, seed=seed,
+                       rules=rules if rules is not None else LayerRules())
     layer = create_layer(param, ctx)
     bottom = []
     for i, item in enumerate(bottom_shapes_or_arrays):

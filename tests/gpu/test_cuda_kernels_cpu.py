@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from im2col_reference import GEOMETRIES
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.kernels import col2im, conv_output_size, im2col
@@ -134,12 +135,11 @@ def test_col2im_source_matches_generic_exactly(host_kernel, dtype, kernel, pad, 
 def pooling_layer(text, shape, dtype, with_mask):
     param = text_format.Parse(f'name: "pool" type: "Pooling" pooling_param {{ {text} }}',
                               caffe_pb2.LayerParameter())
-    layer = create_layer(param, LayerContext(dtype=dtype, seed=0))
     # The twin gathers offset by offset, as the layer's generic (device) path does; the CPU's
     # default scatter by winner index (and the compiled loops') adds in another order
     # (tests/layer_types/test_pooling).
-    layer.max_backward_by_index = False
-    layer.compiled = False
+    rules = changed(pooling={"max_backward_by_index": False, "compiled": False})
+    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, rules=rules))
     rng = np.random.default_rng(2)
     bottom = Blob(shape, dtype=dtype, name="x")
     # Few distinct values: ties everywhere, so the first-maximum rule is exercised.

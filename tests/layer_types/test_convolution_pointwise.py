@@ -5,27 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conv_layers import conv_rules
 from google.protobuf import text_format
 
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
-@pytest.fixture(autouse=True)
-def direct_always(monkeypatch):
-    """Every 1x1 convolution takes the direct path, whatever its plane size."""
-    monkeypatch.setattr(Convolution, "direct_from", 0)
-
-
-@pytest.fixture(autouse=True, params=["in GEMM", "scratch and add"])
-def weight_diff_way(request, monkeypatch):
-    """Run every test with the weight gradient added inside the GEMM (beta = 1) and with a
-    scratch product and an add (Convolution picks one per weight shape)."""
-    in_gemm = request.param == "in GEMM"
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", in_gemm)
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
-    return request.param
+@pytest.fixture(params=["in GEMM", "scratch and add"])
+def rules(request):
+    """Every 1x1 convolution on the direct path, whatever its plane size; each test with
+    the weight gradient added inside the GEMM (beta = 1) and with a scratch product and an
+    add (Convolution picks one per weight shape)."""
+    return conv_rules(direct_from=0, weight_diff_in_gemm=request.param == "in GEMM",
+                      weight_diff_in_gemm_from=0)
 
 
 def conv_param(body: str) -> caffe_pb2.LayerParameter:
@@ -47,9 +40,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("body,shape,stride,group", CASES)
-def test_forward_matches_naive(body, shape, stride, group, naive_conv):
-    layer, bottom, top = make_layer(conv_param(body), [shape])
-    assert layer._direct
+def test_forward_matches_naive(body, shape, stride, group, naive_conv, rules):
+    layer, bottom, top = make_layer(conv_param(body), [shape], rules=rules)
+    assert layer.choice.path == "direct"
     layer.forward(bottom, top)
     b = layer.blobs[1].data if len(layer.blobs) > 1 else None
     expected = naive_conv(bottom[0].data, layer.blobs[0].data, b, stride, (0, 0), (1, 1),
@@ -59,18 +52,18 @@ def test_forward_matches_naive(body, shape, stride, group, naive_conv):
 
 
 @pytest.mark.parametrize("body,shape,stride,group", CASES)
-def test_gradients_match_central_differences(body, shape, stride, group):
+def test_gradients_match_central_differences(body, shape, stride, group, rules):
     """Every element of the bottom, weight and bias, against (f(x+e) - f(x-e)) / 2e of the
     objective sum(top * R) in float64."""
-    layer, bottom, top = make_layer(conv_param(body), [shape])
+    layer, bottom, top = make_layer(conv_param(body), [shape], rules=rules)
     # every element, from stale diffs (lazily cleared NaN params, junk bottom diffs)
     check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7,
                           max_checks=10**6)
 
 
 @pytest.mark.parametrize("body,shape,stride,group", CASES[::2] + CASES[3:5])
-def test_param_diffs_accumulate_over_two_backwards(body, shape, stride, group):
-    layer, bottom, top = make_layer(conv_param(body), [shape])
+def test_param_diffs_accumulate_over_two_backwards(body, shape, stride, group, rules):
+    layer, bottom, top = make_layer(conv_param(body), [shape], rules=rules)
     layer.forward(bottom, top)
     top[0].diff[...] = np.random.default_rng(3).standard_normal(top[0].shape)
     start = [np.random.default_rng(4 + i).standard_normal(p.shape)
@@ -94,9 +87,9 @@ def test_param_diffs_accumulate_over_two_backwards(body, shape, stride, group):
     np.testing.assert_allclose(bottom[0].diff, first_bottom, rtol=1e-12)
 
 
-def test_strided_bottom_diff_is_zero_off_the_sampled_grid():
+def test_strided_bottom_diff_is_zero_off_the_sampled_grid(rules):
     layer, bottom, top = make_layer(conv_param("num_output: 2 kernel_size: 1 stride: 2"),
-                                    [(1, 2, 5, 5)])
+                                    [(1, 2, 5, 5)], rules=rules)
     layer.forward(bottom, top)
     top[0].diff[...] = 1.0
     bottom[0].diff[...] = 9.0
@@ -109,10 +102,10 @@ def test_strided_bottom_diff_is_zero_off_the_sampled_grid():
                                np.repeat(expected[:, None], mask.sum(), axis=1), rtol=1e-12)
 
 
-def test_float32_matches_float64():
+def test_float32_matches_float64(rules):
     body = "num_output: 8 kernel_size: 1 stride: 2 group: 2"
-    l64, b64, t64 = make_layer(conv_param(body), [(2, 4, 7, 6)])
-    l32, b32, t32 = make_layer(conv_param(body), [(2, 4, 7, 6)], dtype=np.float32)
+    l64, b64, t64 = make_layer(conv_param(body), [(2, 4, 7, 6)], rules=rules)
+    l32, b32, t32 = make_layer(conv_param(body), [(2, 4, 7, 6)], dtype=np.float32, rules=rules)
     for p32, p64 in zip(l32.blobs, l64.blobs):
         p32.data[...] = p64.data
     b32[0].data[...] = b64[0].data

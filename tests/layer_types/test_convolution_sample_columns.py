@@ -11,7 +11,6 @@ import pytest
 from conv_layers import threaded_conv
 
 from mgcaffe.kernels import im2col_loops, sample_columns
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.testing.gradient_check import check_layer_gradients
 
 pytest.importorskip("numba")
@@ -31,7 +30,7 @@ def build(body, shape, on=True, threads=2, dtype=np.float64, seed=0, bottoms=1):
     """A layer forced onto (or off) the per-sample columns (conv_layers.threaded_conv)."""
     layer, bottom, top = threaded_conv(body, shape, {"sample_columns": on, "winograd": False},
                                        threads, dtype, seed, bottoms)
-    assert (layer._sample_cols is not None) == on
+    assert (layer.choice.path == "sample-columns") == on
     return layer, bottom, top
 
 
@@ -129,15 +128,14 @@ def test_float32_repeats_bit_for_bit_on_any_thread_count(conv_passes):
 ])
 def test_the_rule(body, shape, taken):
     layer, _, _ = threaded_conv(body, shape, {}, dtype=np.float32)
-    assert (layer._sample_cols is not None) == taken
+    assert (layer.choice.path == "sample-columns") == taken
 
 
 def test_forced_winograd_or_shifted_gemms_win_over_the_rule():
     for switch in ("winograd", "shift_gemm"):
         layer, _, _ = threaded_conv("num_output: 96 kernel_size: 3 pad: 1", (8, 32, 28, 28),
                                     {switch: True}, dtype=np.float32)
-        assert layer._sample_cols is None
-        assert (layer._wino if switch == "winograd" else layer._shift) is not None
+        assert layer.choice.path.startswith("winograd" if switch == "winograd" else "shift")
 
 
 def test_without_numba_the_layer_keeps_the_im2col_path(monkeypatch):
@@ -146,18 +144,18 @@ def test_without_numba_the_layer_keeps_the_im2col_path(monkeypatch):
     layer, bottom, top = threaded_conv("num_output: 32 kernel_size: 5 pad: 2",
                                        (100, 32, 16, 16), {"sample_columns": True},
                                        dtype=np.float32)
-    assert layer._sample_cols is None
+    assert layer.choice.path != "sample-columns"
     layer.forward(bottom, top)
     assert np.isfinite(top[0].data).all()
 
 
-def test_a_reshape_to_a_small_batch_leaves_the_path(monkeypatch):
-    monkeypatch.setattr(Convolution, "sample_columns_from_bytes", 1 << 15)
-    layer, bottom, top = threaded_conv("num_output: 3 kernel_size: 3 pad: 1", (8, 2, 8, 8), {})
-    assert layer._sample_cols is not None
+def test_a_reshape_to_a_small_batch_leaves_the_path():
+    layer, bottom, top = threaded_conv("num_output: 3 kernel_size: 3 pad: 1", (8, 2, 8, 8),
+                                       {"sample_columns_from_bytes": 1 << 15})
+    assert layer.choice.path == "sample-columns"
     bottom[0].reshape((1, 2, 8, 8))
     layer.reshape(bottom, top)
-    assert layer._sample_cols is None
+    assert layer.choice.path != "sample-columns"
     layer.forward(bottom, top)
     assert top[0].shape == (1, 3, 8, 8)
 

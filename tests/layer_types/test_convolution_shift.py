@@ -9,7 +9,7 @@ import pytest
 from conv_layers import threaded_conv
 
 from mgcaffe.kernels import shift_conv
-from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.layer_types.choice.convolution import ConvolutionRules
 from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
@@ -29,10 +29,10 @@ CASES = [
 def build(body, shape, shift=True, stack=True, threads=2, dtype=np.float64, seed=0,
           bottoms=1, keep=True):
     """A layer forced onto (or off) the shifted path (conv_layers.threaded_conv)."""
-    switches = {"shift_gemm": shift, "shift_stack": stack, "shift_keep_input": keep}
-    layer, bottom, top = threaded_conv(body, shape, switches, threads, dtype, seed, bottoms)
+    rules = {"shift_gemm": shift, "shift_stack": stack, "shift_keep_input": keep}
+    layer, bottom, top = threaded_conv(body, shape, rules, threads, dtype, seed, bottoms)
     if shift is not None:
-        assert (layer._shift is not None) == shift
+        assert (layer.choice.path == "shift") == shift
     return layer, bottom, top
 
 
@@ -82,7 +82,7 @@ def test_wide_output_splits_blocks_and_reduction():
     """The WIDE case really takes several column blocks and reduction parts; its weight
     gradient against einsum over sliding windows (float64)."""
     layer, bottom, top = build(*WIDE)
-    g = layer._shift
+    g = layer.path.geometry
     assert len(shift_conv._blocks(g.length)) > 1 and shift_conv.reduction_parts(g) > 1
     layer.forward(bottom, top)
     top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)
@@ -96,13 +96,13 @@ def test_wide_output_splits_blocks_and_reduction():
 
 def rule_picks(body, shape):
     layer, bottom, top = build(body, shape, shift=None)
-    return layer._shift is not None
+    return layer.choice.path == "shift"
 
 
 def test_the_shifted_path_is_off_by_default():
     layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28),
-                               shift=Convolution.shift_gemm)
-    assert layer._shift is None
+                               shift=ConvolutionRules().shift_gemm)
+    assert layer.choice.path != "shift"
 
 
 def test_rule_takes_mid_size_planes_with_enough_channels():
@@ -125,24 +125,29 @@ def test_rule_leaves_the_rest_on_the_old_paths(body, shape, why):
 
 def test_stride_is_never_forced_onto_the_shifted_path():
     layer, bottom, top = build("num_output: 2 kernel_size: 3 stride: 2", (1, 2, 7, 7),
-                               shift=False)
-    layer.shift_gemm = True
-    layer.reshape(bottom, top)
-    assert layer._shift is None
+                               shift=None)
+    assert layer.choice.path == "im2col-batch-last"
+    layer, bottom, top = threaded_conv("num_output: 2 kernel_size: 3 stride: 2", (1, 2, 7, 7),
+                                       {"shift_gemm": True})
+    assert layer.choice.path == "im2col-batch-last"
 
 
 def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
-    """Old path -> shifted: the column matrix is dropped; and back: the stacked input."""
-    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 5, 5),
-                               shift=False)
-    assert any(role.startswith("columns") for role in layer._buffers)
-    layer.shift_gemm = True
-    layer.reshape(bottom, top)
-    assert not any(role.startswith("columns") for role in layer._buffers)
+    """Under the rule, a plane the shifted path takes and one it leaves to im2col: the
+    reshape from one to the other drops the stacked input, and back the column matrix."""
+    body, taken, left = "num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28), (8, 32, 7, 7)
+    layer, bottom, top = build(body, taken, shift=None)
+    assert layer.choice.path == "shift"
     assert any(role.startswith("shift_input") for role in layer._buffers)
-    layer.shift_gemm = False
+    bottom[0].reshape(*left)
     layer.reshape(bottom, top)
+    assert layer.choice.path == "im2col-batch-last"
+    assert any(role.startswith("columns") for role in layer._buffers)
     assert not any(role.startswith("shift_input") for role in layer._buffers)
+    bottom[0].reshape(*taken)
+    layer.reshape(bottom, top)
+    assert layer.choice.path == "shift"
+    assert not any(role.startswith("columns") for role in layer._buffers)
 
 
 @pytest.mark.parametrize("body,shape", [CASES[2], WIDE])

@@ -12,7 +12,6 @@ from mgcaffe.cpu import parallel
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.kernels import sample_gemm
 from mgcaffe.layer_types import convolution
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
@@ -26,28 +25,23 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def per_sample_always(monkeypatch):
-    """Every case takes a per-sample layout (kxk, padded 1x1) or the direct one (1x1)."""
-    monkeypatch.setattr(Convolution, "per_sample_from", 0)
-    monkeypatch.setattr(Convolution, "per_sample_from_pointwise", 0)
-    monkeypatch.setattr(Convolution, "direct_from", 0)
+#: Every case takes a per-sample layout (kxk, padded 1x1) or the direct one (1x1).
+PER_SAMPLE = {"per_sample_from": 0, "per_sample_from_pointwise": 0, "direct_from": 0}
 
 
 @pytest.fixture(params=["in GEMM", "scratch and add"])
-def weight_diff_way(request, monkeypatch):
-    """The weight gradient added inside the GEMM (split into column blocks) or not."""
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", request.param == "in GEMM")
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
-    return request.param
+def weight_diff_way(request):
+    """The weight gradient added inside the GEMM (split into column blocks) or not: rules."""
+    return {"weight_diff_in_gemm": request.param == "in GEMM", "weight_diff_in_gemm_from": 0}
 
 
-def build(body, shape, threads=3, split=True, dtype=np.float64, seed=0):
+def build(body, shape, threads=3, split=True, dtype=np.float64, seed=0, rules=None):
     """A layer on a per-sample or direct layout (conv_layers.threaded_conv), its per-sample
-    GEMMs split over the runner's threads or not."""
-    layer, bottom, top = threaded_conv(body, shape, {"split_sample_gemms": split}, threads,
-                                       dtype, seed)
-    assert layer._direct or layer._per_sample
+    GEMMs split over the runner's threads or not; `rules`: more rules to change."""
+    layer, bottom, top = threaded_conv(body, shape, {**PER_SAMPLE, "split_sample_gemms": split,
+                                                     **(rules or {})},
+                                       threads, dtype, seed)
+    assert layer.choice.path in ("direct", "im2col-per-sample")
     return layer, bottom, top
 
 
@@ -63,7 +57,7 @@ def test_forward_matches_naive(body, shape, naive_layer_top):
 def test_gradients_match_central_differences(body, shape, weight_diff_way):
     """Every element of the bottom, weight and bias against (f(x+e) - f(x-e)) / 2e of
     sum(top * R) in float64; the diffs start lazily cleared over stale memory."""
-    layer, bottom, top = build(body, shape)
+    layer, bottom, top = build(body, shape, rules=weight_diff_way)
     # every element, from stale diffs (lazily cleared NaN params, junk bottom diffs)
     check_layer_gradients(layer, bottom, top, eps=1e-6, rtol=1e-6, atol=1e-7,
                           max_checks=10**6)
@@ -77,7 +71,8 @@ def test_same_results_on_any_thread_count_and_unsplit(body, shape, weight_diff_w
     plus twice the gradient."""
     results = []
     for threads, split in ((2, True), (3, True), (2, False)):
-        results.append(conv_passes(*build(body, shape, threads, split, dtype=np.float32)))
+        results.append(conv_passes(*build(body, shape, threads, split, dtype=np.float32,
+                                          rules=weight_diff_way)))
     for a, b in zip(results[0], results[1]):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(results[0], results[2]):
@@ -102,21 +97,21 @@ def test_several_samples_to_a_chunk_give_the_same_bits(body, shape, weight_diff_
     monkeypatch.setattr(convolution, "for_each_gemm", recording)
     results = []
     for flops in (0, 1e9):
-        monkeypatch.setattr(Convolution, "sample_chunk_flops", flops)
         grains.append(set())
-        results.append(conv_passes(*build(body, shape, threads=2, dtype=np.float32)))
+        results.append(conv_passes(*build(body, shape, threads=2, dtype=np.float32,
+                                          rules={**weight_diff_way,
+                                                 "sample_chunk_flops": flops})))
     assert grains == [{1}, {shape[0] // 8}]  # the forward's and the backward's GEMMs
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
 
 
-def test_weight_diff_blocks_cover_a_wide_gradient(monkeypatch):
+def test_weight_diff_blocks_cover_a_wide_gradient():
     """A weight gradient wider than one column block (64) is summed block by block: every
     block against einsum by hand."""
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm", True)
-    monkeypatch.setattr(Convolution, "weight_diff_in_gemm_from", 0)
     layer, bottom, top = build("num_output: 3 kernel_size: 5 pad: 2 bias_term: false",
-                               (3, 8, 4, 4))
+                               (3, 8, 4, 4), rules={"weight_diff_in_gemm": True,
+                                                    "weight_diff_in_gemm_from": 0})
     assert layer.blobs[0].count // 3 > 64
     layer.forward(bottom, top)
     top[0].diff[...] = np.random.default_rng(2).standard_normal(top[0].shape)

@@ -14,7 +14,8 @@ from conv_layers import threaded_conv
 
 from mgcaffe.errors import LayerError
 from mgcaffe.kernels import winograd, winograd4_loops, winograd_loops
-from mgcaffe.layer_types.convolution import Convolution
+from mgcaffe.layer_types.choice.convolution import ConvolutionRules
+from mgcaffe.layer_types.conv_fast_paths import WINOGRAD_SLOTS
 from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
@@ -51,11 +52,17 @@ def transforms(request, monkeypatch):
 def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1, tile=2):
     """A layer forced onto (or off) the Winograd path (conv_layers.threaded_conv), its
     output tile `tile` (None: the rule's)."""
-    switches = {"winograd": wino, "winograd_tile": tile}
-    layer, bottom, top = threaded_conv(body, shape, switches, threads, dtype, seed, bottoms)
+    rules = {"winograd": wino, "winograd_tile": tile}
+    layer, bottom, top = threaded_conv(body, shape, rules, threads, dtype, seed, bottoms)
     if wino is not None:
-        assert (layer._wino is not None) == wino
+        assert layer.choice.path.startswith("winograd") == wino
     return layer, bottom, top
+
+
+def winograd_tile(layer):
+    """The output tile of a layer on the Winograd path."""
+    assert layer.choice.path.startswith("winograd"), layer.choice
+    return layer.choice.option("tile")
 
 
 def naive_gradients(layer, x, dy):
@@ -92,7 +99,7 @@ def test_forward_and_gradients_match_the_naive_reference(body, shape, naive_laye
     """float64: top, bottom diff, weight diff (lazily cleared over NaN: overwritten) and bias
     diff (stale values: accumulated) against the loop reference, to ~1e-10."""
     layer, bottom, top = build(body, shape, tile=tile)
-    assert layer._wino.tile == tile
+    assert winograd_tile(layer) == tile
     layer.forward(bottom, top)
     expected = naive_layer_top(layer, bottom[0].data)
     assert top[0].shape == expected.shape
@@ -231,7 +238,7 @@ def test_slab_strides_are_whole_lines_and_barely_longer():
 
 def rule_picks(body, shape):
     layer, bottom, top = build(body, shape, wino=None)
-    return layer._wino is not None
+    return layer.choice.path.startswith("winograd")
 
 
 @pytest.mark.parametrize("body,shape,why", [
@@ -241,23 +248,26 @@ def rule_picks(body, shape):
     ("num_output: 4 kernel_h: 3 kernel_w: 1", (1, 32, 14, 14), "3x1"),
 ])
 def test_other_geometries_never_take_the_path_even_forced(body, shape, why):
-    layer, bottom, top = build(body, shape, wino=False)
-    layer.winograd = True
-    layer.reshape(bottom, top)
-    assert layer._wino is None, why
+    layer, bottom, top = threaded_conv(body, shape, {"winograd": True})
+    assert not layer.choice.path.startswith("winograd"), why
 
 
 def test_a_reshape_that_switches_paths_frees_the_other_paths_arrays():
-    layer, bottom, top = build("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 5, 5),
-                               wino=False)
-    assert any(role.startswith("columns") for role in layer._buffers)
-    layer.winograd = True
-    layer.reshape(bottom, top)
-    assert not any(role.startswith("columns") for role in layer._buffers)
+    """Under the rule, a plane Winograd takes and one it leaves to im2col: the reshape from
+    one to the other drops the transformed input, and back the column matrix."""
+    body, taken, left = "num_output: 4 kernel_size: 3 pad: 1", (8, 32, 28, 28), (8, 32, 7, 7)
+    layer, bottom, top = build(body, taken, wino=None)
+    assert layer.choice.path.startswith("winograd")
     assert any(role.startswith("winograd_input") for role in layer._buffers)
-    layer.winograd = False
+    bottom[0].reshape(*left)
     layer.reshape(bottom, top)
+    assert layer.choice.path == "im2col-batch-last"
+    assert any(role.startswith("columns") for role in layer._buffers)
     assert not any(role.startswith("winograd_input") for role in layer._buffers)
+    bottom[0].reshape(*taken)
+    layer.reshape(bottom, top)
+    assert layer.choice.path.startswith("winograd")
+    assert not any(role.startswith("columns") for role in layer._buffers)
 
 
 def test_transform_matrices_give_the_1d_f23_convolution():
@@ -289,13 +299,13 @@ def test_transform_matrices_give_the_1d_f43_convolution():
 ])
 def test_outputs_that_4x4_tiles_cover_take_f43_where_compiled(body, shape, why, transforms):
     layer, bottom, top = build(body, shape, tile=None)
-    assert layer._wino.tile == (4 if transforms == "loops" else 2), why
+    assert winograd_tile(layer) == (4 if transforms == "loops" else 2), why
 
 
 def test_outputs_4x4_tiles_would_waste_on_take_f23():
     for shape in [(1, 2, 14, 14), (1, 2, 13, 13), (1, 2, 7, 7)]:  # 16x16/14x14 computed: 1.31
         layer, bottom, top = build("num_output: 4 kernel_size: 3 pad: 1", shape, tile=None)
-        assert layer._wino.tile == 2, shape
+        assert winograd_tile(layer) == 2, shape
 
 
 def test_f43_forced_without_the_compiled_transforms_is_a_clear_error(transforms):
@@ -309,12 +319,12 @@ def test_large_case_takes_the_per_sample_forward(tile):
     """... judged by output positions per sample (the tiles' count times their area)."""
     layer, bottom, top = build(*LARGE, tile=tile)
     small = winograd.Geometry((3, 2, 7, 7), (1, 1), 4, 1, tile)
-    assert layer._wino.per_sample * tile ** 2 >= winograd.PER_SAMPLE_FROM > \
+    assert layer.path.geometry.per_sample * tile ** 2 >= winograd.PER_SAMPLE_FROM > \
         small.per_sample * tile ** 2
 
 
 def test_the_rule_decides_by_default():
-    assert Convolution.winograd is None
+    assert ConvolutionRules().winograd is None
 
 
 @pytest.mark.parametrize("body,shape", [
@@ -551,6 +561,6 @@ def test_the_compiled_transforms_ask_for_no_fallback_temporaries(transforms):
     layer.forward(bottom, top)
     top[0].diff[...] = 1.0
     layer.backward(top, [True], bottom)
-    fallback = {layer._wino_slots[name] for name in ("padded", "columns", "tiles")}
+    fallback = {WINOGRAD_SLOTS[name] for name in ("padded", "columns", "tiles")}
     held = fallback & set(layer._scratch)
     assert held == (set() if transforms == "loops" else fallback)

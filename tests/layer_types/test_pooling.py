@@ -8,26 +8,28 @@ import math
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.errors import LayerError
-from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy", "offset-passes"])
-def pooling_path(request, monkeypatch):
-    """Every test runs on the CPU's compiled loops (MAX, and here AVE on every plane size), on
-    its numpy paths (MAX backward by winner index, AVE of small planes as a GEMM) and on the
-    offset-by-offset passes (the device path, large planes)."""
-    monkeypatch.setattr(Pooling, "compiled", request.param == "compiled")
-    if request.param != "numpy":
-        monkeypatch.setattr(Pooling, "ave_gemm_below", 0)
-    if request.param == "offset-passes":
-        monkeypatch.setattr(Pooling, "max_backward_by_index", False)
-    return request.param
+#: Rules for each of the CPU's ways: the compiled loops (MAX, and here AVE on every plane
+#: size), its numpy paths (MAX backward by winner index, AVE of small planes as a GEMM) and
+#: the offset-by-offset passes (the device path, large planes).
+WAYS = {"compiled": {"compiled": True, "ave_gemm_below": 0},
+        "numpy": {"compiled": False},
+        "offset-passes": {"compiled": False, "ave_gemm_below": 0,
+                          "max_backward_by_index": False}}
+
+
+@pytest.fixture(params=list(WAYS))
+def pooling_path(request):
+    """Every test runs on each way of WAYS: (its name, the rules)."""
+    return request.param, changed(pooling=WAYS[request.param])
 
 
 def pool_param(body: str, name: str = "pool", n_top: int = 1) -> caffe_pb2.LayerParameter:
@@ -94,9 +96,10 @@ CASES = [
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("body,shape,kernel,stride,pad,ceil_mode", CASES)
-def test_forward_matches_naive(method, body, shape, kernel, stride, pad, ceil_mode):
+def test_forward_matches_naive(method, body, shape, kernel, stride, pad, ceil_mode, pooling_path):
     n_top = 2 if method == "MAX" else 1
-    layer, bottom, top = make_layer(pool_param(f"pool: {method} {body}", n_top=n_top), [shape])
+    layer, bottom, top = make_layer(pool_param(f"pool: {method} {body}", n_top=n_top), [shape],
+                                    rules=pooling_path[1])
     layer.forward(bottom, top)
     expected, mask = naive_pool(bottom[0].data, kernel, stride, pad, method, ceil_mode)
     assert top[0].shape == expected.shape
@@ -107,18 +110,20 @@ def test_forward_matches_naive(method, body, shape, kernel, stride, pad, ceil_mo
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("body,shape,kernel,stride,pad,ceil_mode", CASES)
-def test_gradients(method, body, shape, kernel, stride, pad, ceil_mode):
+def test_gradients(method, body, shape, kernel, stride, pad, ceil_mode, pooling_path):
     if method == "MAX" and stride[0] > kernel[0]:
         # Empty windows output -FLT_MAX, which swamps the checker's objective in float64;
         # test_max_backward_routes_to_the_mask covers this case.
         pytest.skip("MAX with empty windows")
-    layer, bottom, top = make_layer(pool_param(f"pool: {method} {body}"), [shape], seed=7)
+    layer, bottom, top = make_layer(pool_param(f"pool: {method} {body}"), [shape], seed=7,
+                                    rules=pooling_path[1])
     check_layer_gradients(layer, bottom, top, max_checks=60)
 
 
 @pytest.mark.parametrize("body,shape,kernel,stride,pad,ceil_mode", CASES)
-def test_max_backward_routes_to_the_mask(body, shape, kernel, stride, pad, ceil_mode):
-    layer, bottom, top = make_layer(pool_param(f"pool: MAX {body}"), [shape], seed=8)
+def test_max_backward_routes_to_the_mask(body, shape, kernel, stride, pad, ceil_mode, pooling_path):
+    layer, bottom, top = make_layer(pool_param(f"pool: MAX {body}"), [shape], seed=8,
+                                    rules=pooling_path[1])
     layer.forward(bottom, top)
     _, mask = naive_pool(bottom[0].data, kernel, stride, pad, "MAX", ceil_mode)
     top[0].diff[...] = np.random.default_rng(9).standard_normal(top[0].shape)
@@ -138,16 +143,16 @@ def test_max_backward_routes_to_the_mask(body, shape, kernel, stride, pad, ceil_
     ("kernel_size: 3 stride: 1 pad: 1", (1, 1, 28, 28), (28, 28)),  # inception pool branch
     ("global_pooling: true", (2, 3, 7, 5), (1, 1)),
 ])
-def test_output_shapes(body, shape, out_hw):
-    _, _, top = make_layer(pool_param(body), [shape])
+def test_output_shapes(body, shape, out_hw, pooling_path):
+    _, _, top = make_layer(pool_param(body), [shape], rules=pooling_path[1])
     assert top[0].shape == shape[:2] + out_hw
 
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
-def test_global_pooling(method):
+def test_global_pooling(method, pooling_path):
     layer, bottom, top = make_layer(
         pool_param(f"pool: {method} global_pooling: true", n_top=2 if method == "MAX" else 1),
-        [(2, 3, 4, 5)])
+        [(2, 3, 4, 5)], rules=pooling_path[1])
     layer.forward(bottom, top)
     x = bottom[0].data.reshape(2, 3, -1)
     if method == "MAX":
@@ -158,10 +163,10 @@ def test_global_pooling(method):
     check_layer_gradients(layer, bottom, top, max_checks=60, top_indices=[0])
 
 
-def test_max_ties_keep_the_first_cell_in_scan_order():
+def test_max_ties_keep_the_first_cell_in_scan_order(pooling_path):
     x = np.ones((1, 1, 4, 4))
     layer, bottom, top = make_layer(pool_param("pool: MAX kernel_size: 3 stride: 1 pad: 1",
-                                               n_top=2), [x])
+                                               n_top=2), [x], rules=pooling_path[1])
     layer.forward(bottom, top)
     # Each window's first in-image cell: row max(y-1, 0), column max(z-1, 0).
     expected = np.array([[max(y - 1, 0) * 4 + max(z - 1, 0) for z in range(4)]
@@ -174,14 +179,14 @@ def test_max_ties_keep_the_first_cell_in_scan_order():
     np.testing.assert_array_equal(bottom[0].diff.ravel(), counts)
 
 
-def test_max_windows_of_only_minus_inf_or_nan_send_no_gradient():
+def test_max_windows_of_only_minus_inf_or_nan_send_no_gradient(pooling_path):
     # Caffe: no cell is > -FLT_MAX, so the output is -FLT_MAX, the mask -1, and backward
     # sends nothing (the CPU's scatter by index must skip these windows, not add at index 0).
     x = np.random.default_rng(4).standard_normal((2, 1, 4, 4))
     x[0, 0, :2, :2] = -np.inf
     x[1, 0, 2:, 2:] = np.nan
     layer, bottom, top = make_layer(pool_param("pool: MAX kernel_size: 2 stride: 2",
-                                               n_top=2), [x])
+                                               n_top=2), [x], rules=pooling_path[1])
     layer.forward(bottom, top)
     _, mask = naive_pool(x, (2, 2), (2, 2), (0, 0), "MAX")
     np.testing.assert_array_equal(top[1].data, mask)
@@ -200,40 +205,45 @@ def test_max_windows_of_only_minus_inf_or_nan_send_no_gradient():
 def test_the_cpu_paths_are_the_ones_under_test(pooling_path):
     for method in ("AVE", "MAX"):
         layer, _, _ = make_layer(pool_param(f"pool: {method} kernel_size: 3 stride: 2"),
-                                 [(1, 1, 8, 8)])
-        assert (layer._loops is not None) == (pooling_path == "compiled")
-        assert (layer._ave_matrix is not None) == (pooling_path == "numpy" and method == "AVE")
-    assert Pooling.max_backward_by_index == (pooling_path != "offset-passes")
+                                 [(1, 1, 8, 8)], rules=pooling_path[1])
+        way = pooling_path[0]
+        expected = {"compiled": "compiled-loops", "offset-passes": "offset-passes",
+                    "numpy": "window-gemm" if method == "AVE" else "offset-passes"}[way]
+        assert layer.choice.path == expected
+        if method == "MAX" and way != "compiled":
+            assert layer.choice.option("max_backward") == (
+                "gather" if way == "offset-passes" else "index-scatter")
 
 
-def test_max_never_picks_padding():
+def test_max_never_picks_padding(pooling_path):
     x = -np.arange(1.0, 10.0).reshape(1, 1, 3, 3)
     layer, bottom, top = make_layer(pool_param("pool: MAX kernel_size: 2 stride: 2 pad: 1"),
-                                    [x])
+                                    [x], rules=pooling_path[1])
     layer.forward(bottom, top)
     assert np.all(top[0].data < 0)
     np.testing.assert_array_equal(top[0].data[0, 0], [[-1, -2], [-4, -5]])
 
 
-def test_ave_counts_padding_but_not_overhang():
+def test_ave_counts_padding_but_not_overhang(pooling_path):
     x = np.ones((1, 1, 3, 3))
     layer, bottom, top = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 1 pad: 1"),
-                                    [x])
+                                    [x], rules=pooling_path[1])
     layer.forward(bottom, top)
     np.testing.assert_allclose(top[0].data[0, 0], [[4 / 9, 6 / 9, 4 / 9], [6 / 9, 1, 6 / 9],
                                                    [4 / 9, 6 / 9, 4 / 9]])
     # 4x4 input, kernel 3, stride 2, ceil: the last window overhangs the unpadded input; Caffe
     # divides by the part inside the (zero) padded extent: here 2 rows, not 3.
     x = np.ones((1, 1, 4, 4))
-    layer, bottom, top = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 2"), [x])
+    layer, bottom, top = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 2"), [x],
+                                    rules=pooling_path[1])
     layer.forward(bottom, top)
     np.testing.assert_allclose(top[0].data[0, 0], [[1, 1], [1, 1]])
 
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
-def test_bottom_diff_overwritten_and_propagate_down_respected(method):
+def test_bottom_diff_overwritten_and_propagate_down_respected(method, pooling_path):
     layer, bottom, top = make_layer(pool_param(f"pool: {method} kernel_size: 3 stride: 2"),
-                                    [(1, 2, 7, 7)])
+                                    [(1, 2, 7, 7)], rules=pooling_path[1])
     layer.forward(bottom, top)
     top[0].diff[...] = np.random.default_rng(1).standard_normal(top[0].shape)
     bottom[0].diff[...] = 5.0
@@ -247,9 +257,9 @@ def test_bottom_diff_overwritten_and_propagate_down_respected(method):
     np.testing.assert_allclose(first.sum(), top[0].diff.sum(), rtol=1e-12)
 
 
-def test_float32():
+def test_float32(pooling_path):
     layer, bottom, top = make_layer(pool_param("pool: MAX kernel_size: 3 stride: 2", n_top=2),
-                                    [(2, 3, 9, 9)], dtype=np.float32)
+                                    [(2, 3, 9, 9)], dtype=np.float32, rules=pooling_path[1])
     layer.forward(bottom, top)
     expected, mask = naive_pool(bottom[0].data, (3, 3), (2, 2), (0, 0), "MAX")
     np.testing.assert_array_equal(top[0].data, expected.astype(np.float32))
@@ -257,9 +267,9 @@ def test_float32():
     assert top[0].data.dtype == np.float32 and top[1].data.dtype == np.float32
 
 
-def test_reshape_follows_new_input_shapes():
+def test_reshape_follows_new_input_shapes(pooling_path):
     layer, bottom, top = make_layer(pool_param("pool: AVE kernel_size: 3 stride: 2 pad: 1"),
-                                    [(1, 1, 6, 6)])
+                                    [(1, 1, 6, 6)], rules=pooling_path[1])
     bottom[0].reshape(2, 3, 9, 7)
     bottom[0].data[...] = np.random.default_rng(3).standard_normal((2, 3, 9, 7))
     layer.reshape(bottom, top)
@@ -279,6 +289,6 @@ def test_reshape_follows_new_input_shapes():
     ("kernel_size: 2 pad: 1 pad_h: 1 pad_w: 1", (1, 1, 4, 4), 1, "pad is pad OR"),
     ("kernel_size: 5", (1, 1, 3, 3), 1, "empty output"),
 ])
-def test_errors_name_the_layer(body, shape, n_top, message):
+def test_errors_name_the_layer(body, shape, n_top, message, pooling_path):
     with pytest.raises(LayerError, match=f"'bad_pool'.*{message}"):
-        make_layer(pool_param(body, name="bad_pool", n_top=n_top), [shape])
+        make_layer(pool_param(body, name="bad_pool", n_top=n_top), [shape], rules=pooling_path[1])

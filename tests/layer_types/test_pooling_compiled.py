@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
@@ -47,9 +48,10 @@ def pooling(text, shape, dtype, compiled, threads, n_top=1, method="MAX"):
         f'name: "pool" type: "Pooling" {tops} pooling_param {{ pool: {method} {text} }}',
         caffe_pb2.LayerParameter())
     runner = ChunkRunner(threads, chunk_elements=4096, serial_below=0, adaptive=False)
-    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, chunk_runner=runner))
-    layer.compiled = compiled
-    layer.ave_gemm_below = 0  # AVE's reference: the offset passes (the loop's order)
+    # AVE's reference: the offset passes (the loop's order), not the window GEMM
+    rules = changed(pooling={"compiled": compiled, "ave_gemm_below": 0})
+    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, chunk_runner=runner,
+                                             rules=rules))
     bottom = Blob(shape, dtype=dtype, name="x")
     top = [Blob((), dtype=dtype, name=f"t{i}") for i in range(n_top)]
     return layer, bottom, top
@@ -76,7 +78,7 @@ def run_both(text, shape, dtype, threads, method, n_top, special, seed=0):
         layer, bottom, top = pooling(text, shape, dtype, compiled, threads, n_top, method)
         bottom.data[...] = x
         layer.setup([bottom], top)
-        assert (layer._loops is not None) == compiled
+        assert (layer.choice.path == "compiled-loops") == compiled
         layer.forward([bottom], top)
         top[0].diff[...] = np.random.default_rng(seed + 1).standard_normal(top[0].shape)
         bottom.diff[...] = np.nan  # stale: must be overwritten everywhere
@@ -140,7 +142,7 @@ def test_without_numba_the_numpy_path_runs(monkeypatch):
     layer, bottom, top = pooling("kernel_size: 3 stride: 2", (2, 3, 9, 9), np.float64, True, 1)
     bottom.data[...] = data(bottom.shape, np.float64, 3, special=False)
     layer.setup([bottom], top)
-    assert layer._loops is None and layer.compiled
+    assert layer.choice.path == "offset-passes" and layer.rules.compiled
     layer.forward([bottom], top)
     x = bottom.data
     np.testing.assert_array_equal(top[0].data[:, :, 0, 0], x[:, :, :3, :3].max(axis=(2, 3)))

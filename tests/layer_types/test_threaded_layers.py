@@ -11,21 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.proto import caffe_pb2
 
 WHOLE = ChunkRunner(1, chunk_elements=10**9, serial_below=0)
 THREADED = ChunkRunner(3, chunk_elements=7, serial_below=0)
 
 
-def run_layer(text, shapes, runner, *, n_top=1, in_place=False, seed=0):
+def run_layer(text, shapes, runner, *, n_top=1, in_place=False, seed=0, rules=None):
     """Forward and backward of a float32 layer on seeded data: (tops, top masks, diffs)."""
     param = text_format.Parse(text, caffe_pb2.LayerParameter())
-    layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, chunk_runner=runner))
+    layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, chunk_runner=runner,
+                                             rules=rules or changed()))
     rng = np.random.default_rng(seed)
     bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
     top = bottom if in_place else [Blob((), name=f"t{i}") for i in range(n_top)]
@@ -91,11 +92,11 @@ def test_concat(axis):
 @pytest.mark.parametrize("body", ["kernel_size: 3 pad: 1 stride: 2", "kernel_size: 1",
                                   "kernel_size: 2 group: 2"])
 @pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
-def test_convolution(monkeypatch, layout, body, kind):
+def test_convolution(layout, body, kind):
     threshold = 1 if layout == "per sample" else 10**9
-    monkeypatch.setattr(Convolution, "per_sample_from", threshold)
-    monkeypatch.setattr(Convolution, "per_sample_from_pointwise", threshold)
-    monkeypatch.setattr(Convolution, "batch_last_upto", 10**9 if layout == "batch last" else 0)
+    rules = changed(convolution={"per_sample_from": threshold,
+                                 "per_sample_from_pointwise": threshold,
+                                 "batch_last_upto": 10**9 if layout == "batch last" else 0})
     text = (f'name: "c" type: "{kind}" convolution_param {{ num_output: 4 {body} '
             'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" } }')
-    assert_same(text, [(5, 4, 6, 5)])
+    assert_same(text, [(5, 4, 6, 5)], rules=rules)

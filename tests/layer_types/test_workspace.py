@@ -10,14 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.base import Workspace
-from mgcaffe.layer_types.convolution import Convolution
 from mgcaffe.layer_types.lrn import LRN
-from mgcaffe.layer_types.pooling import Pooling
 from mgcaffe.proto import caffe_pb2
 
 SLOTS = 4
@@ -29,9 +28,10 @@ def poison(workspace):
         workspace.array(slot, (1 << 16,), np.uint8)[...] = 0xFF
 
 
-def run_layer(text, shape, workspace, runner, n_top=1):
+def run_layer(text, shape, workspace, runner, n_top=1, rules=None):
     param = text_format.Parse(text, caffe_pb2.LayerParameter())
-    ctx = LayerContext(dtype=np.float32, seed=0, chunk_runner=runner, workspace=workspace)
+    ctx = LayerContext(dtype=np.float32, seed=0, chunk_runner=runner, workspace=workspace,
+                       rules=rules or changed())
     layer = create_layer(param, ctx)
     rng = np.random.default_rng(0)
     bottom = [Blob(shape, name="x")]
@@ -70,15 +70,14 @@ LAYERS = [
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("text, shape, n_top, layout", LAYERS)
-def test_a_poisoned_workspace_changes_nothing(monkeypatch, text, shape, n_top, layout,
-                                              threads):
+def test_a_poisoned_workspace_changes_nothing(text, shape, n_top, layout, threads):
     per_sample = 1 if layout == "per sample" else 10**9
-    monkeypatch.setattr(Convolution, "per_sample_from", per_sample)
-    monkeypatch.setattr(Convolution, "per_sample_from_pointwise", per_sample)
-    monkeypatch.setattr(Convolution, "batch_last_upto", 10**9 if layout == "batch last" else 0)
+    rules = changed(convolution={"per_sample_from": per_sample,
+                                 "per_sample_from_pointwise": per_sample,
+                                 "batch_last_upto": 10**9 if layout == "batch last" else 0})
     runner = ChunkRunner(threads, chunk_elements=5, serial_below=0)
-    private = run_layer(text, shape, None, runner, n_top)
-    shared = run_layer(text, shape, Workspace(np), runner, n_top)
+    private = run_layer(text, shape, None, runner, n_top, rules)
+    shared = run_layer(text, shape, Workspace(np), runner, n_top, rules)
     for expected, got in zip(private, shared):
         np.testing.assert_array_equal(got, expected)
 
@@ -97,7 +96,7 @@ def test_workspace_slots_grow_and_reuse_memory():
 
 def test_layers_sharing_a_workspace_hold_less_scratch_than_their_own(monkeypatch):
     # Pooling's and LRN's numpy passes (their compiled loops keep no scratch between calls).
-    monkeypatch.setattr(Pooling, "compiled", False)
+    rules = changed(pooling={"compiled": False})
     monkeypatch.setattr(LRN, "compiled", False)
     shape = (4, 8, 12, 12)
     texts = ['name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 '
@@ -107,7 +106,8 @@ def test_layers_sharing_a_workspace_hold_less_scratch_than_their_own(monkeypatch
         total = 0
         for text in texts * 2:  # two layers of each kind
             layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()),
-                                 LayerContext(dtype=np.float32, workspace=workspace))
+                                 LayerContext(dtype=np.float32, workspace=workspace,
+                                              rules=rules))
             bottom, top = [Blob(shape, name="x")], [Blob((), name="y")]
             layer.setup(bottom, top)
             layer.forward(bottom, top)

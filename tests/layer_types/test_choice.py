@@ -1,0 +1,223 @@
+"""The path choices of Convolution, Deconvolution and Pooling as tables: geometry, target and
+rules in, a path name out. Rows are the benchmark nets' own layers; each comment says which
+rule (choice/convolution.py, choice/pooling.py) decides the row."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mgcaffe.errors import LayerError
+from mgcaffe.layer_types.choice import LOOPS, Choice, Target, cpu_with
+from mgcaffe.layer_types.choice.convolution import (
+    ConvGeometry,
+    ConvolutionRules,
+    choose_convolution,
+    choose_deconvolution,
+)
+from mgcaffe.layer_types.choice.pooling import PoolingGeometry, PoolingRules, choose_pooling
+from mgcaffe.layer_types.choice.rules import LayerRules
+
+LOADED = cpu_with(*LOOPS)   # numba importable: every compiled loop set loads
+BARE = cpu_with()           # no numba, no direct BLAS call
+GPU = Target(gpu=True)
+
+
+def conv(num, channels, outputs, kernel, in_hw, pad=0, stride=1, group=1, dilation=1,
+         dtype="float32"):
+    """A 2-D (or N-D, by len(in_hw)) convolution's geometry, Caffe's output size."""
+    axes = len(in_hw)
+    kernel, pad, stride, dilation = ((v,) * axes if isinstance(v, int) else v
+                                     for v in (kernel, pad, stride, dilation))
+    out = tuple((s + 2 * p - (d * (k - 1) + 1)) // st + 1
+                for s, k, p, st, d in zip(in_hw, kernel, pad, stride, dilation))
+    return ConvGeometry(num, channels, outputs, group, kernel, pad, stride, dilation,
+                        tuple(in_hw), out, dtype)
+
+
+DEFAULT = ConvolutionRules()
+CONVOLUTIONS = [
+    # LeNet b64 conv1: 25 column rows (<= 32), 24x24 outputs (>= 256): per sample
+    ("lenet conv1", conv(64, 1, 20, 5, (28, 28)), LOADED, DEFAULT, "im2col-per-sample"),
+    # LeNet conv2: 8x8 outputs (<= 256): batch last
+    ("lenet conv2", conv(64, 20, 50, 5, (12, 12)), LOADED, DEFAULT, "im2col-batch-last"),
+    # CIFAR-10 quick b100 conv1: columns 3*25*1024*4 B = 300 KB a sample (<= 4 MB), 30 MB
+    # the batch (>= 24 MB): per-sample columns
+    ("cifar conv1", conv(100, 3, 32, 5, (32, 32), pad=2), LOADED, DEFAULT, "sample-columns"),
+    # ... without the compiled loops: 1024 positions, 75 rows: whole batch
+    ("cifar conv1 bare", conv(100, 3, 32, 5, (32, 32), pad=2), BARE, DEFAULT,
+     "im2col-whole-batch"),
+    ("cifar conv1 rule off", conv(100, 3, 32, 5, (32, 32), pad=2), LOADED,
+     replace(DEFAULT, sample_columns=False), "im2col-whole-batch"),
+    # CIFAR-10 conv3: 8x8, 6.5 MFLOP a sample (< 16), 20 MB of columns (< 24): batch last
+    ("cifar conv3", conv(100, 32, 64, 5, (8, 8), pad=2), LOADED, DEFAULT, "im2col-batch-last"),
+    # AlexNet b8 conv1: 55x55 = 3025 positions (>= 2048): per sample
+    ("alexnet conv1", conv(8, 3, 96, 11, (227, 227), stride=4), LOADED, DEFAULT,
+     "im2col-per-sample"),
+    # AlexNet conv2: 27x27 = 729 positions, 5x5 (no Winograd), 48 channels a group
+    ("alexnet conv2", conv(8, 96, 256, 5, (27, 27), pad=2, group=2), LOADED, DEFAULT,
+     "im2col-whole-batch"),
+    # AlexNet conv3: 13x13 = 169 in the compiled rule's [169, 3200), 392 tiles (>= 196), 196
+    # computed per 169 kept (<= 1.2); 4x4 tiles would compute 256 (> 1.1): F(2x2)
+    ("alexnet conv3", conv(8, 256, 384, 3, (13, 13), pad=1), LOADED, DEFAULT, "winograd-f2"),
+    # ... with the numpy transforms the rule starts at 512 positions: batch last
+    ("alexnet conv3 bare", conv(8, 256, 384, 3, (13, 13), pad=1), BARE, DEFAULT,
+     "im2col-batch-last"),
+    ("alexnet conv3 rule off", conv(8, 256, 384, 3, (13, 13), pad=1), LOADED,
+     replace(DEFAULT, winograd=False), "im2col-batch-last"),
+    # GoogleNet b8 conv2/3x3: 56x56, whole 4x4 tiles (waste 1.0): F(4x4)
+    ("googlenet conv2/3x3", conv(8, 64, 192, 3, (56, 56), pad=1), LOADED, DEFAULT,
+     "winograd-f4"),
+    # inception_3a/3x3 without loops: 784 positions in the numpy rule's [512, 2048): F(2x2)
+    ("inception_3a/3x3 bare", conv(8, 96, 128, 3, (28, 28), pad=1), BARE, DEFAULT,
+     "winograd-f2"),
+    # inception_3a/5x5: 16 channels, 20 MFLOP a sample (>= 16): per-sample columns
+    ("inception_3a/5x5", conv(8, 16, 32, 5, (28, 28), pad=2), LOADED, DEFAULT,
+     "sample-columns"),
+    # inception_4a/5x5: 14x14, 7.5 MFLOP (< 16), 2.5 MB of columns (< 24): batch last
+    ("inception_4a/5x5", conv(8, 16, 48, 5, (14, 14), pad=2), LOADED, DEFAULT,
+     "im2col-batch-last"),
+    # 1x1 with 56x56 or 28x28 outputs (>= 196): direct, strided or not
+    ("conv2/3x3_reduce", conv(8, 64, 64, 1, (56, 56)), LOADED, DEFAULT, "direct"),
+    ("res3a_branch1 1x1/2", conv(4, 256, 512, 1, (56, 56), stride=2), LOADED, DEFAULT,
+     "direct"),
+    # 1x1 with 7x7 or 4x4 outputs (< 196): batch last
+    ("res5a_branch1 1x1/2", conv(4, 1024, 2048, 1, (14, 14), stride=2), LOADED, DEFAULT,
+     "im2col-batch-last"),
+    ("loss1/conv", conv(8, 512, 128, 1, (4, 4)), LOADED, DEFAULT, "im2col-batch-last"),
+    # ResNet-50 res5a_branch2b: 7x7 (< 169): no Winograd
+    ("res5a_branch2b", conv(4, 512, 512, 3, (7, 7), pad=1), LOADED, DEFAULT,
+     "im2col-batch-last"),
+    # The shifted GEMMs are off by default; by their rule: a 28x28 plane, 32 channels, full
+    # output 8*30*30 = 7200 (>= 6000), waste 1.15 (Winograd yields to the opted-in rule)
+    ("shift rule", conv(8, 32, 4, 3, (28, 28), pad=1), LOADED,
+     replace(DEFAULT, shift_gemm=None), "shift"),
+    ("shift default", conv(8, 32, 4, 3, (28, 28), pad=1), LOADED, DEFAULT, "winograd-f4"),
+    ("shift forced strided", conv(1, 2, 2, 3, (7, 7), stride=2), LOADED,
+     replace(DEFAULT, shift_gemm=True), "im2col-batch-last"),
+    # Other counts of spatial axes
+    ("3-D", conv(2, 3, 4, 3, (6, 7, 5), pad=1), LOADED, DEFAULT, "nd"),
+    ("1-D", conv(2, 3, 4, 3, (9,)), LOADED, DEFAULT, "nd"),
+    # The GPU: the same size rules under its own names, no CPU-only path
+    ("gpu 1x1", conv(8, 64, 64, 1, (56, 56)), GPU, DEFAULT, "gpu-direct"),
+    ("gpu alexnet conv1", conv(8, 3, 96, 11, (227, 227), stride=4), GPU, DEFAULT,
+     "gpu-im2col-per-sample"),
+    ("gpu alexnet conv2", conv(8, 96, 256, 5, (27, 27), pad=2, group=2), GPU, DEFAULT,
+     "gpu-im2col-whole-batch"),
+    ("gpu alexnet conv3", conv(8, 256, 384, 3, (13, 13), pad=1), GPU, DEFAULT,
+     "gpu-im2col-batch-last"),
+    ("gpu cifar conv1", conv(100, 3, 32, 5, (32, 32), pad=2), GPU,
+     replace(DEFAULT, sample_columns=True, winograd=True), "gpu-im2col-whole-batch"),
+    ("gpu 3-D", conv(2, 3, 4, 3, (6, 7, 5), pad=1), GPU, DEFAULT, "gpu-nd"),
+]
+
+
+@pytest.mark.parametrize("name, geometry, target, rules, path", CONVOLUTIONS,
+                         ids=[row[0] for row in CONVOLUTIONS])
+def test_convolution_table(name, geometry, target, rules, path):
+    choice = choose_convolution(geometry, target, rules)
+    assert choice.path == path, str(choice)
+    assert choice.reason
+
+
+def test_the_winograd_tile_is_an_option_and_forcing_f4_needs_its_loops():
+    g = conv(8, 64, 192, 3, (56, 56), pad=1)
+    assert choose_convolution(g, LOADED, DEFAULT).option("tile") == 4
+    forced = replace(DEFAULT, winograd_tile=2)
+    assert choose_convolution(g, LOADED, forced).path == "winograd-f2"
+    only_f2 = cpu_with("winograd-f2")
+    assert choose_convolution(g, only_f2, DEFAULT).path == "winograd-f2"
+    with pytest.raises(LayerError, match="winograd_tile 4 needs the compiled"):
+        choose_convolution(g, only_f2, replace(DEFAULT, winograd_tile=4))
+
+
+@pytest.mark.parametrize("outputs, channels, kernel, rules, expected", [
+    (8, 4, 1, DEFAULT, True),        # 8 x 4: at least as many rows as columns
+    (4, 8, 1, DEFAULT, False),       # 4 x 8, 32 elements (< 2^18)
+    (512, 512, 3, DEFAULT, True),    # 512 x 4608 = 2.4M elements (>= 2^18)
+    (8, 4, 1, replace(DEFAULT, weight_diff_in_gemm=False), False),
+])
+def test_the_weight_gradient_in_the_gemm_is_an_option(outputs, channels, kernel, rules,
+                                                      expected):
+    g = conv(2, channels, outputs, kernel, (9, 9))
+    assert choose_convolution(g, LOADED, rules).option("weight_diff_in_gemm") is expected
+    assert choose_convolution(g, GPU, rules).option("weight_diff_in_gemm") is False
+
+
+def test_deconvolution_paths():
+    g = conv(2, 4, 3, 3, (5, 5))
+    assert choose_deconvolution(g, LOADED, DEFAULT).path == "col2im"
+    assert choose_deconvolution(g, GPU, DEFAULT).path == "gpu-col2im"
+    assert choose_deconvolution(conv(2, 4, 3, 3, (5, 5, 5)), LOADED, DEFAULT).path == "nd"
+
+
+def test_loop_sets_are_asked_only_where_a_rule_needs_them():
+    """Asking may import numba: a 1x1 or a few-channel 3x3 never asks for Winograd's."""
+    asked = []
+    target = Target(loops=lambda name: asked.append(name) or False)
+    choose_convolution(conv(8, 64, 64, 1, (56, 56)), target, DEFAULT)
+    assert asked == []
+    choose_convolution(conv(8, 16, 16, 3, (28, 28), pad=1), target, DEFAULT)
+    assert asked == ["sample-columns"]
+    assert Target(gpu=True, loops=lambda name: pytest.fail(name)).has("pooling") is False
+
+
+def test_a_choice_prints_its_path_reason_and_options():
+    choice = choose_convolution(conv(8, 64, 192, 3, (56, 56), pad=1), LOADED, DEFAULT)
+    assert str(choice).startswith("winograd-f4 (64 channels/group, 3136 positions")
+    assert str(choice).endswith(", tile=4)")
+    assert str(Choice("x", "why")) == "x (why)"
+    with pytest.raises(ValueError, match="unknown loop sets"):
+        cpu_with("no-such-loops")
+
+
+def pool(method, in_hw, kernel, stride=1, pad=0, out=None):
+    if out is None:
+        out = tuple(-(-(s + 2 * pad - kernel) // stride) + 1 for s in in_hw)
+    return PoolingGeometry(method, tuple(in_hw), tuple(out), (kernel, kernel), (pad, pad))
+
+
+POOL_DEFAULT = PoolingRules()
+POOLINGS = [
+    # LeNet pool1: MAX 2/2 on 24x24: the compiled loops where they load
+    ("lenet pool1", pool("MAX", (24, 24), 2, 2), LOADED, POOL_DEFAULT, "compiled-loops"),
+    ("lenet pool1 bare", pool("MAX", (24, 24), 2, 2), BARE, POOL_DEFAULT, "offset-passes"),
+    ("lenet pool1 loops off", pool("MAX", (24, 24), 2, 2), LOADED,
+     replace(POOL_DEFAULT, compiled=False), "offset-passes"),
+    # CIFAR-10 pool3: AVE 3/2 on 8x8: 64 x 16 cells (<= 65536): one GEMM
+    ("cifar pool3", pool("AVE", (8, 8), 3, 2), LOADED, POOL_DEFAULT, "window-gemm"),
+    ("cifar pool3 gemm off", pool("AVE", (8, 8), 3, 2), BARE,
+     replace(POOL_DEFAULT, ave_gemm_below=0), "offset-passes"),
+    # AVE on 56x56: 3136 x 784 cells: loops or passes
+    ("ave 56x56", pool("AVE", (56, 56), 3, 2), LOADED, POOL_DEFAULT, "compiled-loops"),
+    # GoogleNet pool5: AVE over the whole 7x7 plane: a reduction; MAX leaves it to the loops
+    ("googlenet pool5", pool("AVE", (7, 7), 7), LOADED, POOL_DEFAULT, "whole-plane"),
+    ("global max", pool("MAX", (7, 7), 7), LOADED, POOL_DEFAULT, "compiled-loops"),
+    ("global max bare", pool("MAX", (7, 7), 7), BARE, POOL_DEFAULT, "whole-plane"),
+    ("stochastic", pool("STOCHASTIC", (8, 8), 3, 2), LOADED, POOL_DEFAULT, "stochastic"),
+    # The GPU: its own names; no window GEMM, no loops
+    ("gpu cifar pool3", pool("AVE", (8, 8), 3, 2), GPU, POOL_DEFAULT, "gpu-offset-passes"),
+    ("gpu global max", pool("MAX", (7, 7), 7), GPU, POOL_DEFAULT, "gpu-whole-plane"),
+    ("gpu stochastic", pool("STOCHASTIC", (8, 8), 3, 2), GPU, POOL_DEFAULT, "gpu-stochastic"),
+]
+
+
+@pytest.mark.parametrize("name, geometry, target, rules, path", POOLINGS,
+                         ids=[row[0] for row in POOLINGS])
+def test_pooling_table(name, geometry, target, rules, path):
+    assert choose_pooling(geometry, target, rules).path == path
+
+
+def test_max_backward_by_index_is_an_option_of_the_offset_passes():
+    g = pool("MAX", (24, 24), 2, 2)
+    assert choose_pooling(g, BARE, POOL_DEFAULT).option("max_backward") == "index-scatter"
+    gather = replace(POOL_DEFAULT, max_backward_by_index=False)
+    assert choose_pooling(g, BARE, gather).option("max_backward") == "gather"
+
+
+def test_the_environment_switches_turn_the_pooling_loops_off():
+    assert LayerRules.from_environment({}) == LayerRules()
+    off = LayerRules.from_environment({"MGCAFFE_POOLING_LOOPS": "0"})
+    assert off.pooling.compiled is False and off.convolution == ConvolutionRules()
+    assert LayerRules.from_environment({"MGCAFFE_POOLING_LOOPS": "1"}).pooling.compiled

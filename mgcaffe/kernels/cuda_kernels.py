@@ -1,4 +1,4 @@
-"""CUDA twins of the generic kernels: im2col, col2im, and MAX pooling forward/backward.
+"""CUDA twins of the generic kernels: im2col, col2im, MAX and AVE pooling forward/backward.
 
 Each function takes and returns CuPy arrays and computes exactly what its generic twin does:
 - `im2col`, `col2im`: the functions of `mgcaffe.kernels.im2col` (same signatures, layout and
@@ -8,7 +8,10 @@ Each function takes and returns CuPy arrays and computes exactly what its generi
   winner (first maximum in window scan order, never a padded cell), the same winner tag
   (1 + the kernel offset i*kw + j; 0 when the window reads no input), the same mask values
   (the flat index h*W + w of the winner, as a float; -1 for none) and the same order of
-  gradient accumulation.
+  gradient accumulation;
+- `ave_pool_forward`, `ave_pool_backward`: the AVE offset passes of the Pooling layer (the
+  window summed in offset order, times 1 / Caffe's clipped area; each input cell's gradient
+  gathered in increasing kernel offset).
 
 Why hand-written kernels here (STYLE.md: only where no cheap array expression exists): the
 generic im2col first copies the input into a zero-padded image, then gathers through a 6-D
@@ -30,8 +33,8 @@ import numpy as np
 from ..backend import get_array_module
 from .im2col import _pairs, col_geometry, conv_output_size
 
-__all__ = ["col2im", "im2col", "kernel_source", "max_pool_backward", "max_pool_forward",
-           "use_cuda_kernels"]
+__all__ = ["ave_pool_backward", "ave_pool_forward", "col2im", "im2col", "kernel_source",
+           "max_pool_backward", "max_pool_forward", "use_cuda_kernels"]
 
 #: Element types the kernels are compiled for (numpy dtype -> CUDA type).
 _REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -199,11 +202,85 @@ extern "C" __global__ void mgcaffe_max_pool_backward(
 }
 """
 
+_AVE_POOL_FORWARD_SOURCE = r"""
+typedef REAL real;
+extern "C" __global__ void mgcaffe_ave_pool_forward(
+    const real* x, real* top, long long total, int height, int width, int out_h, int out_w,
+    int kernel_h, int kernel_w, int pad_h, int pad_w, int stride_h, int stride_w) {
+  // One thread per output cell: the window's input cells summed row by row (the generic
+  // path's offset order; padded cells add nothing), times 1 / the window's area clipped to
+  // the padded input (Caffe's divisor; 0 for a window that starts past it).
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int ox = (int)(index % out_w);
+    long long rest = index / out_w;
+    const int oy = (int)(rest % out_h);
+    const long long plane = rest / out_h;
+    const int y0 = oy * stride_h - pad_h;
+    const int x0 = ox * stride_w - pad_w;
+    const int area = (min(y0 + kernel_h, height + pad_h) - y0)
+                     * (min(x0 + kernel_w, width + pad_w) - x0);
+    const real* image = x + plane * height * width;
+    real sum = 0;
+    for (int i = 0; i < kernel_h; ++i) {
+      const int y = y0 + i;
+      if (y < 0 || y >= height) continue;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int xx = x0 + j;
+        if (xx < 0 || xx >= width) continue;
+        sum += image[y * width + xx];
+      }
+    }
+    const real inverse = area > 0 ? (real)1 / (real)area : (real)0;
+    top[index] = sum * inverse;
+  }
+}
+"""
+
+_AVE_POOL_BACKWARD_SOURCE = r"""
+typedef REAL real;
+extern "C" __global__ void mgcaffe_ave_pool_backward(
+    const real* top_diff, real* bottom_diff, long long total, int height, int width,
+    int out_h, int out_w, int kernel_h, int kernel_w, int pad_h, int pad_w, int stride_h,
+    int stride_w) {
+  // One thread per input cell: it sums top_diff / area of every window that reads it, the
+  // windows visited so that their kernel offset for this cell increases (the generic
+  // path's order of accumulation).
+  for (long long index = blockIdx.x * (long long)blockDim.x + threadIdx.x; index < total;
+       index += (long long)blockDim.x * gridDim.x) {
+    const int xx = (int)(index % width) + pad_w;
+    long long rest = index / width;
+    const int y = (int)(rest % height) + pad_h;
+    const long long plane = rest / height;
+    const int oy_start = (y < kernel_h) ? 0 : (y - kernel_h) / stride_h + 1;
+    const int oy_end = min(y / stride_h + 1, out_h);
+    const int ox_start = (xx < kernel_w) ? 0 : (xx - kernel_w) / stride_w + 1;
+    const int ox_end = min(xx / stride_w + 1, out_w);
+    const long long base = plane * out_h * out_w;
+    real sum = 0;
+    for (int oy = oy_end - 1; oy >= oy_start; --oy) {
+      const int y0 = oy * stride_h - pad_h;
+      const int area_h = min(y0 + kernel_h, height + pad_h) - y0;
+      for (int ox = ox_end - 1; ox >= ox_start; --ox) {
+        const int x0 = ox * stride_w - pad_w;
+        const int area = area_h * (min(x0 + kernel_w, width + pad_w) - x0);
+        const real inverse = area > 0 ? (real)1 / (real)area : (real)0;
+        const real sent = top_diff[base + (long long)oy * out_w + ox] * inverse;
+        sum += sent;
+      }
+    }
+    bottom_diff[index] = sum;
+  }
+}
+"""
+
 _SOURCES = {
     "mgcaffe_im2col": _IM2COL_SOURCE,
     "mgcaffe_col2im": _COL2IM_SOURCE,
     "mgcaffe_max_pool_forward": _MAX_POOL_FORWARD_SOURCE,
     "mgcaffe_max_pool_backward": _MAX_POOL_BACKWARD_SOURCE,
+    "mgcaffe_ave_pool_forward": _AVE_POOL_FORWARD_SOURCE,
+    "mgcaffe_ave_pool_backward": _AVE_POOL_BACKWARD_SOURCE,
 }
 
 #: Kernels by (name, dtype, index dtype), compiled on their first launch.
@@ -377,5 +454,40 @@ def max_pool_backward(top_diff, winner, kernel, pad, stride, bottom_diff):
     total = int(bottom_diff.size)
     _launch(_kernel(xp, "mgcaffe_max_pool_backward", top_diff.dtype, winner.dtype), total,
             (top_diff, winner, bottom_diff, np.int64(total))
+            + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    return bottom_diff
+
+
+def ave_pool_forward(x, kernel, pad, stride, out_hw, out):
+    """CUDA twin of Pooling's AVE forward over x (N, C, H, W): `out` (N, C, out_h, out_w),
+    C-contiguous, gets each window's sum over input cells times 1 / its area clipped to the
+    padded input (Caffe's divisor). `out_hw` is the layer's pooled size."""
+    xp = _cupy_of(x, "ave_pool_forward")
+    kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
+    _check_pool("ave_pool_forward", x.shape, out_hw, {"out": out})
+    if not out.flags.c_contiguous:
+        raise ValueError("ave_pool_forward: out must be C-contiguous")
+    x = xp.ascontiguousarray(x)
+    height, width = int(x.shape[2]), int(x.shape[3])
+    total = int(out.size)
+    _launch(_kernel(xp, "mgcaffe_ave_pool_forward", x.dtype), total,
+            (x, out, np.int64(total)) + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    return out
+
+
+def ave_pool_backward(top_diff, kernel, pad, stride, bottom_diff):
+    """CUDA twin of Pooling's AVE backward: `bottom_diff` (N, C, H, W) is overwritten with
+    the sum, over the windows that read each input cell, of their top gradient / area."""
+    xp = _cupy_of(top_diff, "ave_pool_backward")
+    kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
+    out_hw = tuple(int(d) for d in top_diff.shape[2:])
+    _check_pool("ave_pool_backward", bottom_diff.shape, out_hw, {"top_diff": top_diff})
+    if not bottom_diff.flags.c_contiguous:
+        raise ValueError("ave_pool_backward: bottom_diff must be C-contiguous")
+    top_diff = xp.ascontiguousarray(top_diff)
+    height, width = int(bottom_diff.shape[2]), int(bottom_diff.shape[3])
+    total = int(bottom_diff.size)
+    _launch(_kernel(xp, "mgcaffe_ave_pool_backward", top_diff.dtype), total,
+            (top_diff, bottom_diff, np.int64(total))
             + _i32(height, width, *out_hw, *kernel, *pad, *stride))
     return bottom_diff

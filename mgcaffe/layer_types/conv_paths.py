@@ -12,7 +12,9 @@ im2col layouts (Convolution): "whole batch" is one GEMM per group over columns
 im2col and col2im copy runs of W_out*N rather than W_out; "per sample" one GEMM per sample
 and group, each writing its sample's output in place, with no transposing copies (a
 pointwise kernel's columns are then the input itself). Each layer keeps the columns of its
-last forward per bottom, so backward needs no second im2col.
+last forward per bottom, so backward needs no second im2col. `gpu-im2col-cuda` is the whole
+batch layout with im2col and col2im as CUDA kernels (the choice's `cuda_kernels` option,
+which the layer's im2col/col2im helpers follow).
 """
 
 from __future__ import annotations
@@ -341,8 +343,11 @@ def _both(paths: dict) -> dict:
 
 
 #: Convolution's GEMM paths by name (conv_fast_paths has the CPU-only ones).
-CONVOLUTION_PATHS = _both({"nd": NdPath, "direct": DirectPath,
-                           "im2col-per-sample": Im2colPath, "im2col-batch-last": Im2colPath,
-                           "im2col-whole-batch": Im2colPath})
+CONVOLUTION_PATHS = {**_both({"nd": NdPath, "direct": DirectPath,
+                                 "im2col-per-sample": Im2colPath,
+                                 "im2col-batch-last": Im2colPath,
+                                 "im2col-whole-batch": Im2colPath}),
+                     # the whole-batch layout, im2col and col2im as CUDA kernels
+                     "gpu-im2col-cuda": Im2colPath}
 #: Deconvolution's paths by name.
 DECONVOLUTION_PATHS = _both({"nd": DeconvNdPath, "col2im": DeconvCol2imPath})

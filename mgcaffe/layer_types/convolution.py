@@ -24,7 +24,7 @@ from ..blob import Blob
 from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..errors import LayerError
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, im2col
+from ..kernels import col2im, conv_output_size, cuda_kernels, im2col
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.sample_gemm import for_each_gemm
 from . import conv_fast_paths, conv_paths
@@ -228,12 +228,18 @@ class _ConvolutionBase(Layer):
         return self.kernel, self.pad, self.stride, self.dilation
 
     def im2col(self, image, out):
-        """im2col of an (N, C, H, W) image into `out`, on this layer's chunk runner."""
+        """im2col of an (N, C, H, W) image into `out`, on this layer's chunk runner (as a
+        CUDA kernel where the choice says `cuda_kernels`)."""
+        if self.choice.option("cuda_kernels"):
+            return cuda_kernels.im2col(image, *self.geometry(), out=out)
         return im2col(image, *self.geometry(), out=out,
                       padded=self.padded_buffer(image.shape), runner=self.ctx.chunk_runner)
 
     def col2im(self, columns, image):
-        """col2im of `columns` overwriting `image` (N, C, H, W), on this layer's runner."""
+        """col2im of `columns` overwriting `image` (N, C, H, W), on this layer's runner (as a
+        CUDA kernel where the choice says `cuda_kernels`)."""
+        if self.choice.option("cuda_kernels"):
+            return cuda_kernels.col2im(columns, image.shape, *self.geometry(), out=image)
         return col2im(columns, image.shape, *self.geometry(), out=image,
                       runner=self.ctx.chunk_runner)
 

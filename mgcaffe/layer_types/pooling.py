@@ -113,7 +113,8 @@ class Pooling(Layer):
         self._shape = (shape, kernel)
         self.out_hw = tuple(out)
         self.kernel_now = kernel  # the kernel in effect (the whole plane for global pooling)
-        geometry = PoolingGeometry(_METHODS[self.method], (h, w), self.out_hw, kernel, self.pad)
+        geometry = PoolingGeometry(_METHODS[self.method], (h, w), self.out_hw, kernel, self.pad,
+                                   self.dtype.name)
         self.choice = choose_pooling(geometry, self.choice_target(), self.rules)
         self.path = pooling_paths.PATHS[self.choice.path](self, self.choice, shape, len(top))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import pool_loops
+from ..kernels import cuda_kernels, pool_loops
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
 from . import pooling_stochastic
@@ -389,6 +389,39 @@ class OffsetPassesPath(PoolingPath):
                        cache_sized=False, runner=self.runner())
 
 
+class CudaKernelsPath(PoolingPath):
+    """MAX and AVE on a GPU, one CUDA kernel per pass (kernels.cuda_kernels): forward a
+    thread per output cell, backward a thread per input cell gathering from the windows
+    that read it (no atomics; the offset passes' order of accumulation)."""
+
+    def __init__(self, layer, choice, shape, tops):
+        super().__init__(layer, choice, shape, tops)
+        n, c = shape[:2]
+        if self.max:
+            self.winner = layer.xp.zeros((n, c) + layer.out_hw,
+                                         dtype=tag_type(layer.kernel_now))
+
+    def geometry(self):
+        layer = self.layer
+        return layer.kernel_now, layer.pad, layer.stride
+
+    def forward(self, bottom, top):
+        x, out = bottom[0].data, top[0].data
+        if self.max:
+            cuda_kernels.max_pool_forward(x, *self.geometry(), self.layer.out_hw, out,
+                                          self.winner, top[1].data if len(top) > 1 else None)
+        else:
+            cuda_kernels.ave_pool_forward(x, *self.geometry(), self.layer.out_hw, out)
+
+    def backward(self, top, propagate_down, bottom):
+        top_diff, bottom_diff = top[0].diff, bottom[0].diff
+        if self.max:
+            cuda_kernels.max_pool_backward(top_diff, self.winner, *self.geometry(),
+                                           bottom_diff)
+        else:
+            cuda_kernels.ave_pool_backward(top_diff, *self.geometry(), bottom_diff)
+
+
 def _both(paths: dict) -> dict:
     """Each device path under its CPU name and its `gpu-` name (the same array code)."""
     return {**paths, **{f"gpu-{name}": cls for name, cls in paths.items()}}
@@ -397,4 +430,5 @@ def _both(paths: dict) -> dict:
 #: Pooling's paths by name.
 PATHS = {**_both({"stochastic": StochasticPath, "whole-plane": WholePlanePath,
                   "offset-passes": OffsetPassesPath}),
-         "window-gemm": WindowGemmPath, "compiled-loops": CompiledLoopsPath}
+         "window-gemm": WindowGemmPath, "compiled-loops": CompiledLoopsPath,
+         "gpu-cuda-kernels": CudaKernelsPath}

@@ -178,6 +178,43 @@ def test_max_pool_sources_match_the_pooling_layer(host_kernel, dtype, text, shap
     np.testing.assert_array_equal(grad, bottom.diff)
 
 
+AVE_POOLS = [(text.replace("MAX", "AVE"), shape) for text, shape in POOLS] + [
+    ("pool: AVE kernel_size: 3 stride: 2 pad: 1", (2, 3, 8, 8)),  # CIFAR-10's pool2/pool3
+    ("pool: AVE kernel_size: 5 stride: 3", (1, 2, 14, 14)),       # GoogleNet's loss pools
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("text, shape", AVE_POOLS)
+def test_ave_pool_sources_match_the_offset_passes(host_kernel, dtype, text, shape):
+    param = text_format.Parse(f'name: "pool" type: "Pooling" pooling_param {{ {text} }}',
+                              caffe_pb2.LayerParameter())
+    # The offset passes, as on a GPU without the kernels (not the window GEMM or the loops).
+    rules = changed(pooling={"compiled": False, "ave_gemm_below": 0})
+    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, rules=rules))
+    bottom = Blob(shape, dtype=dtype, name="x")
+    bottom.data[...] = np.random.default_rng(4).standard_normal(shape)
+    top = [Blob((), dtype=dtype, name="t")]
+    layer.setup([bottom], top)
+    assert layer.choice.path == "offset-passes"
+    layer.forward([bottom], top)
+    n, c, h, w = shape
+    out_hw = top[0].shape[2:]
+    geometry = (*layer.kernel_now, *layer.pad, *layer.stride)
+    out = np.full(top[0].shape, np.nan, dtype=dtype)
+    host_kernel("mgcaffe_ave_pool_forward", dtype)(
+        ptr(bottom.data), ptr(out), C_LL(out.size), *ints(h, w, *out_hw, *geometry))
+    # Same additions in the same order, the same multiply: the same bits.
+    np.testing.assert_array_equal(out, top[0].data)
+
+    top[0].diff[...] = np.random.default_rng(5).standard_normal(top[0].shape)
+    layer.backward(top, [True], [bottom])
+    grad = np.full(shape, np.nan, dtype=dtype)
+    host_kernel("mgcaffe_ave_pool_backward", dtype)(
+        ptr(top[0].diff), ptr(grad), C_LL(grad.size), *ints(h, w, *out_hw, *geometry))
+    np.testing.assert_array_equal(grad, bottom.diff)
+
+
 def test_int8_and_int16_winner_tags_are_exercised():
     dtypes = {pooling_layer(text, shape, np.float32, with_mask=False)[0]._winner.dtype
               for text, shape in POOLS}
@@ -193,6 +230,8 @@ def test_use_cuda_kernels_is_false_for_numpy():
     lambda x: ck.im2col(x, (3, 3)),
     lambda x: ck.col2im(x.reshape(1, -1), (1, 1, 1, 1), (1, 1)),
     lambda x: ck.max_pool_forward(x, (2, 2), (0, 0), (1, 1), (1, 1), x, x),
+    lambda x: ck.ave_pool_forward(x, (2, 2), (0, 0), (1, 1), (1, 1), x),
+    lambda x: ck.ave_pool_backward(x, (2, 2), (0, 0), (1, 1), x),
 ])
 def test_twins_refuse_numpy_arrays_with_a_clear_message(call):
     with pytest.raises(TypeError, match="CUDA kernels take CuPy arrays"):

@@ -37,6 +37,7 @@ def conv(num, channels, outputs, kernel, in_hw, pad=0, stride=1, group=1, dilati
 
 
 DEFAULT = ConvolutionRules()
+GPU_ARRAYS = replace(DEFAULT, gpu_kernels=False)  # a GPU without the CUDA im2col/col2im
 CONVOLUTIONS = [
     # LeNet b64 conv1: 25 column rows (<= 32), 24x24 outputs (>= 256): per sample
     ("lenet conv1", conv(64, 1, 20, 5, (28, 28)), LOADED, DEFAULT, "im2col-per-sample"),
@@ -99,16 +100,24 @@ CONVOLUTIONS = [
     # Other counts of spatial axes
     ("3-D", conv(2, 3, 4, 3, (6, 7, 5), pad=1), LOADED, DEFAULT, "nd"),
     ("1-D", conv(2, 3, 4, 3, (9,)), LOADED, DEFAULT, "nd"),
-    # The GPU: the same size rules under its own names, no CPU-only path
+    # The GPU: CUDA im2col/col2im and one GEMM per group, any 1x1 kernel direct ...
     ("gpu 1x1", conv(8, 64, 64, 1, (56, 56)), GPU, DEFAULT, "gpu-direct"),
+    ("gpu 1x1 small plane", conv(64, 832, 384, 1, (7, 7)), GPU, DEFAULT, "gpu-direct"),
     ("gpu alexnet conv1", conv(8, 3, 96, 11, (227, 227), stride=4), GPU, DEFAULT,
-     "gpu-im2col-per-sample"),
-    ("gpu alexnet conv2", conv(8, 96, 256, 5, (27, 27), pad=2, group=2), GPU, DEFAULT,
-     "gpu-im2col-whole-batch"),
-    ("gpu alexnet conv3", conv(8, 256, 384, 3, (13, 13), pad=1), GPU, DEFAULT,
-     "gpu-im2col-batch-last"),
+     "gpu-im2col-cuda"),
     ("gpu cifar conv1", conv(100, 3, 32, 5, (32, 32), pad=2), GPU,
-     replace(DEFAULT, sample_columns=True, winograd=True), "gpu-im2col-whole-batch"),
+     replace(DEFAULT, sample_columns=True, winograd=True), "gpu-im2col-cuda"),
+    ("gpu float16", conv(8, 96, 256, 5, (27, 27), pad=2, group=2, dtype="float16"), GPU,
+     DEFAULT, "gpu-im2col-whole-batch"),
+    # ... and with the kernels off, the CPU's size rules under the GPU's names
+    ("gpu arrays 1x1 small plane", conv(64, 832, 384, 1, (7, 7)), GPU, GPU_ARRAYS,
+     "gpu-im2col-batch-last"),
+    ("gpu arrays alexnet conv1", conv(8, 3, 96, 11, (227, 227), stride=4), GPU, GPU_ARRAYS,
+     "gpu-im2col-per-sample"),
+    ("gpu arrays alexnet conv2", conv(8, 96, 256, 5, (27, 27), pad=2, group=2), GPU,
+     GPU_ARRAYS, "gpu-im2col-whole-batch"),
+    ("gpu arrays alexnet conv3", conv(8, 256, 384, 3, (13, 13), pad=1), GPU, GPU_ARRAYS,
+     "gpu-im2col-batch-last"),
     ("gpu 3-D", conv(2, 3, 4, 3, (6, 7, 5), pad=1), GPU, DEFAULT, "gpu-nd"),
 ]
 
@@ -149,6 +158,9 @@ def test_deconvolution_paths():
     g = conv(2, 4, 3, 3, (5, 5))
     assert choose_deconvolution(g, LOADED, DEFAULT).path == "col2im"
     assert choose_deconvolution(g, GPU, DEFAULT).path == "gpu-col2im"
+    assert choose_deconvolution(g, GPU, DEFAULT).option("cuda_kernels") is True
+    assert choose_deconvolution(g, GPU, GPU_ARRAYS).option("cuda_kernels") is None
+    assert choose_deconvolution(g, LOADED, DEFAULT).option("cuda_kernels") is None
     assert choose_deconvolution(conv(2, 4, 3, 3, (5, 5, 5)), LOADED, DEFAULT).path == "nd"
 
 
@@ -196,8 +208,13 @@ POOLINGS = [
     ("global max", pool("MAX", (7, 7), 7), LOADED, POOL_DEFAULT, "compiled-loops"),
     ("global max bare", pool("MAX", (7, 7), 7), BARE, POOL_DEFAULT, "whole-plane"),
     ("stochastic", pool("STOCHASTIC", (8, 8), 3, 2), LOADED, POOL_DEFAULT, "stochastic"),
-    # The GPU: its own names; no window GEMM, no loops
-    ("gpu cifar pool3", pool("AVE", (8, 8), 3, 2), GPU, POOL_DEFAULT, "gpu-offset-passes"),
+    # The GPU: its own names; no window GEMM, no loops; MAX and AVE as CUDA kernels
+    ("gpu cifar pool3", pool("AVE", (8, 8), 3, 2), GPU, POOL_DEFAULT, "gpu-cuda-kernels"),
+    ("gpu lenet pool1", pool("MAX", (24, 24), 2, 2), GPU, POOL_DEFAULT, "gpu-cuda-kernels"),
+    ("gpu kernels off", pool("MAX", (24, 24), 2, 2), GPU,
+     replace(POOL_DEFAULT, gpu_kernels=False), "gpu-offset-passes"),
+    ("gpu float16", replace(pool("AVE", (8, 8), 3, 2), dtype="float16"), GPU, POOL_DEFAULT,
+     "gpu-offset-passes"),
     ("gpu global max", pool("MAX", (7, 7), 7), GPU, POOL_DEFAULT, "gpu-whole-plane"),
     ("gpu stochastic", pool("STOCHASTIC", (8, 8), 3, 2), GPU, POOL_DEFAULT, "gpu-stochastic"),
 ]

@@ -16,8 +16,13 @@ The 2-D CPU paths of Convolution, asked in this order (the first that takes the 
   columns ordered sample-major or, for small planes, batch last.
 - `nd`: any other number of spatial axes, the generic N-D im2col (convolution_nd.py).
 
-On a GPU the layer runs the same array code through `gpu-direct`, `gpu-im2col-*` and
-`gpu-nd`, chosen by the same size rules; the CPU-only paths never apply there.
+On a GPU: `gpu-direct` for any 1x1, pad 0, dilation 1 kernel (batched GEMMs on the input);
+other 2-D kernels `gpu-im2col-cuda`: im2col and col2im as one CUDA kernel each
+(kernels.cuda_kernels) and one GEMM per group over the whole batch's columns, a fixed number
+of device calls whatever the batch (float32 and float64; option `cuda_kernels`). With the
+kernels off (`gpu_kernels`) or another dtype, the same array code as the CPU through
+`gpu-im2col-*` and `gpu-direct` by the CPU's size rules; `gpu-nd` for other than 2 spatial
+axes. The CPU-only paths never apply there.
 The measurements behind each threshold are in benchmarks/README.md ("Convolution paths").
 """
 
@@ -156,6 +161,18 @@ class ConvolutionRules:
     #: ... always from this many weight elements per group, else only when the weight has
     #: at least as many rows as columns (the orientation OpenBLAS runs fast).
     weight_diff_in_gemm_from: int = 1 << 18
+    #: On a GPU, im2col and col2im as CUDA kernels and every 1x1 kernel direct (float32,
+    #: float64); False: the CPU's layouts and size rules under `gpu-` names.
+    gpu_kernels: bool = True
+
+
+#: Blob types the CUDA im2col/col2im kernels are compiled for.
+CUDA_KERNEL_TYPES = ("float32", "float64")
+
+
+def _gpu_kernels(g: ConvGeometry, target: Target, rules: ConvolutionRules) -> bool:
+    """Whether the CUDA im2col/col2im kernels serve this layer."""
+    return target.gpu and rules.gpu_kernels and g.dtype in CUDA_KERNEL_TYPES
 
 
 def choose_convolution(g: ConvGeometry, target: Target, rules: ConvolutionRules) -> Choice:
@@ -167,7 +184,7 @@ def choose_convolution(g: ConvGeometry, target: Target, rules: ConvolutionRules)
         return Choice("gpu-nd" if target.gpu else "nd",
                       f"{len(g.in_hw)} spatial axes: the generic N-D im2col")
     if target.gpu:
-        return _gemm_layout(g, target, rules, "gpu-")
+        return _gpu_layout(g, target, rules)
     return (_winograd(g, target, rules) or _sample_columns(g, target, rules)
             or _shift(g, target, rules) or _gemm_layout(g, target, rules, ""))
 
@@ -180,8 +197,11 @@ def choose_deconvolution(g: ConvGeometry, target: Target, rules: ConvolutionRule
     if len(g.in_hw) != 2:
         return Choice(prefix + "nd", f"{len(g.in_hw)} spatial axes: the generic N-D im2col")
     weight_rows, weight_cols = g.channels // g.group, g.num_output // g.group * prod(g.kernel)
-    return Choice(prefix + "col2im", "2 spatial axes: one GEMM per group and col2im",
-                  _weight_diff_option(weight_rows, weight_cols, target, rules))
+    options = _weight_diff_option(weight_rows, weight_cols, target, rules)
+    if _gpu_kernels(g, target, rules):
+        return Choice("gpu-col2im", "2 spatial axes: one GEMM per group and col2im, im2col "
+                      "and col2im as CUDA kernels", options + (("cuda_kernels", True),))
+    return Choice(prefix + "col2im", "2 spatial axes: one GEMM per group and col2im", options)
 
 
 def _weight_diff_option(rows: int, cols: int, target: Target, rules: ConvolutionRules):
@@ -189,6 +209,18 @@ def _weight_diff_option(rows: int, cols: int, target: Target, rules: Convolution
     on = (rules.weight_diff_in_gemm and not target.gpu
           and (rows >= cols or rows * cols >= rules.weight_diff_in_gemm_from))
     return (("weight_diff_in_gemm", bool(on)),)
+
+
+def _gpu_layout(g: ConvGeometry, target: Target, rules: ConvolutionRules) -> Choice:
+    """A 2-D convolution on a GPU: `gpu-direct` or `gpu-im2col-cuda` with the CUDA kernels,
+    else the CPU's size rules under `gpu-` names."""
+    if not _gpu_kernels(g, target, rules):
+        return _gemm_layout(g, target, rules, "gpu-")
+    options = _weight_diff_option(g.num_output // g.group, g.rows_per_group, target, rules)
+    if g.kernel == (1, 1) and g.pad == (0, 0) and g.dilation == (1, 1):
+        return Choice("gpu-direct", "1x1 kernel: batched GEMMs on the input", options)
+    return Choice("gpu-im2col-cuda", "im2col and col2im as CUDA kernels, one GEMM per group "
+                  "over the batch", options + (("cuda_kernels", True),))
 
 
 def _gemm_layout(g: ConvGeometry, target: Target, rules: ConvolutionRules,

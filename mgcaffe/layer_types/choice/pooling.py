@@ -10,7 +10,10 @@
   input (kernels.windows); on the CPU MAX backward scatters each top diff to its winner's
   flat index (`max_backward` option `index-scatter`) rather than gathering offset by offset.
 
-On a GPU: `gpu-stochastic`, `gpu-whole-plane`, `gpu-offset-passes` (the same array code).
+On a GPU: `gpu-stochastic` and `gpu-whole-plane` (the same array code); MAX and AVE as
+`gpu-cuda-kernels`, one CUDA kernel per pass (kernels.cuda_kernels: a thread per output cell
+forward, per input cell backward; float32 and float64), else `gpu-offset-passes` (the
+offset passes' array code, one pass per kernel offset over the whole batch).
 The measurements behind the rules are in benchmarks/README.md ("Pooling paths").
 """
 
@@ -31,6 +34,7 @@ class PoolingGeometry:
     out_hw: tuple[int, int]
     kernel: tuple[int, int]
     pad: tuple[int, int]
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,13 @@ class PoolingRules:
     #: The compiled MAX forward with stride 1 down the rows takes the row maxima first, then
     #: the maxima of kh rows (the same winners, fewer passes).
     separable_max: bool = True
+    #: MAX and AVE on a GPU as one CUDA kernel per pass (float32 and float64 blobs); False:
+    #: the offset passes, a few array calls per kernel offset.
+    gpu_kernels: bool = True
+
+
+#: Blob types the CUDA pooling kernels are compiled for.
+CUDA_KERNEL_TYPES = ("float32", "float64")
 
 
 def choose_pooling(g: PoolingGeometry, target: Target, rules: PoolingRules) -> Choice:
@@ -69,7 +80,10 @@ def choose_pooling(g: PoolingGeometry, target: Target, rules: PoolingRules) -> C
         return Choice("compiled-loops", "numba loops load",
                       (("separable_max", rules.separable_max),))
     if target.gpu:
-        return Choice("gpu-offset-passes", "one pass per kernel offset")
+        if rules.gpu_kernels and g.dtype in CUDA_KERNEL_TYPES:
+            return Choice("gpu-cuda-kernels", f"{g.method}: one CUDA kernel per pass")
+        why = "CUDA kernels off" if not rules.gpu_kernels else f"no CUDA kernel for {g.dtype}"
+        return Choice("gpu-offset-passes", f"{why}: one pass per kernel offset")
     why = "compiled loops off" if not rules.compiled else "no compiled loops"
     options = ()
     if g.method == "MAX":

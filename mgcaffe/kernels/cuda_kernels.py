@@ -33,8 +33,8 @@ import numpy as np
 from ..backend import get_array_module
 from .im2col import _pairs, col_geometry, conv_output_size
 
-__all__ = ["ave_pool_backward", "ave_pool_forward", "col2im", "im2col", "kernel_source",
-           "max_pool_backward", "max_pool_forward", "use_cuda_kernels"]
+__all__ = ["add_sources", "ave_pool_backward", "ave_pool_forward", "col2im", "im2col",
+           "kernel_source", "max_pool_backward", "max_pool_forward", "use_cuda_kernels"]
 
 #: Element types the kernels are compiled for (numpy dtype -> CUDA type).
 _REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -295,6 +295,15 @@ def use_cuda_kernels(xp, dtype=None) -> bool:
     if xp is np or getattr(xp, "__name__", "") != "cupy":
         return False
     return dtype is None or np.dtype(dtype) in _REAL_TYPES
+
+
+def add_sources(sources: dict[str, str]) -> None:
+    """Register more kernels (name -> CUDA C source with REAL, and INDEX where it has
+    winner tags) with `kernel_source` and the launch helpers of this module."""
+    clash = set(sources) & set(_SOURCES)
+    if clash:
+        raise ValueError(f"kernels already registered: {sorted(clash)}")
+    _SOURCES.update(sources)
 
 
 def kernel_source(name: str, dtype, index_dtype=None) -> str:

@@ -197,7 +197,11 @@ class Layer:
         for blob, w in zip(top, self.loss_weights):
             if w != 0:
                 value = blob.data.sum()
-                total = total + (w * float(value) if self.xp is np else value * w)
+                if self.xp is np:
+                    total += w * float(value)
+                else:  # no device calls for a weight of 1 and a first term
+                    term = value if w == 1 else value * w
+                    total = term if isinstance(total, float) and total == 0 else total + term
         return total
 
     def check_on_device(self, bad, error) -> None:

@@ -371,7 +371,15 @@ class _ConvolutionBase(Layer):
 
     def add_bias_diff(self, top_diff):
         """bias.diff += top_diff (N, O, P) summed over N and P, as a GEMV against ones (what
-        Caffe does; several times faster than a numpy sum over two axes)."""
+        Caffe does; several times faster than a numpy sum over two axes). On a GPU one
+        reduction, written into the diff where it was cleared lazily."""
+        if self.xp is not np:
+            diff, overwrite = self.blobs[1].diff_for_write()
+            if overwrite:
+                top_diff.sum(axis=(0, 2), out=diff)
+            else:
+                diff += top_diff.sum(axis=(0, 2))
+            return
         ones = self.buffer("ones", (top_diff.shape[2],))
         ones[...] = 1
         self.blobs[1].add_to_diff((top_diff @ ones).sum(axis=0))
@@ -379,9 +387,9 @@ class _ConvolutionBase(Layer):
     def add_weight_diff(self, a3, b3_transposed):
         """weight.diff += a3 @ b3_transposed, group by group (Caffe accumulates).
 
-        The product is formed transposed, (b3_transposed^T @ a3^T)^T: OpenBLAS runs these
-        long-reduction GEMMs with a few output rows faster when the short side is the
-        output's columns."""
+        On the CPU the product is formed transposed, (b3_transposed^T @ a3^T)^T: OpenBLAS
+        runs these long-reduction GEMMs with a few output rows faster when the short side is
+        the output's columns."""
         weight = self.blobs[0]
         g = self.group
         rows, cols = weight.shape[0] // g, weight.count // weight.shape[0]
@@ -390,6 +398,12 @@ class _ConvolutionBase(Layer):
         if self._weight_diff_in_gemm():
             for k in range(g):
                 self.accumulate(a3[k], b3_transposed[k], grad[k], overwrite)
+            return
+        if self.xp is not np:  # one batched GEMM, into the diff where it was cleared lazily
+            if overwrite:
+                self.xp.matmul(a3, b3_transposed, out=grad)
+            else:
+                grad += self.xp.matmul(a3, b3_transposed)
             return
         grad_t = self.scratch(2, (g, cols, rows))
         self.xp.matmul(b3_transposed.transpose(0, 2, 1), a3.transpose(0, 2, 1), out=grad_t)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
+from ..kernels import cuda_softmax_loss
 from ..proto import caffe_pb2
 from .base import Layer
+from .choice import Choice
 from .layer_util import canonical_axis, count
 from .loss_base import LossLayer, normalization_mode, normalizer
 from .registry import register_layer
@@ -64,6 +66,9 @@ class SoftmaxWithLossLayer(LossLayer):
     bottom[0]: scores, softmax over `softmax_param.axis` (default 1); bottom[1]: labels (a
     float blob of integer values, one per outer*inner position). Optional top[1]: the
     probabilities. Normalisation VALID by default (legacy `normalize`); ignore_label.
+
+    On a GPU the layer's `choice` is `gpu-cuda-kernels` (float32, float64: one CUDA kernel
+    forward and one backward, kernels/cuda_softmax_loss.py) or `gpu-array-code`.
     """
 
     type = "SoftmaxWithLoss"
@@ -93,6 +98,23 @@ class SoftmaxWithLossLayer(LossLayer):
             top[1].reshape(bottom[0].shape)
         if self._prob is None or self._prob.shape != bottom[0].shape:
             self._prob = self.xp.zeros(bottom[0].shape, dtype=self.dtype)
+        if self.choice_target().gpu:
+            self.choice = choose_softmax_loss_gpu(self.dtype)
+
+    def _kernels(self) -> bool:
+        choice = getattr(self, "choice", None)
+        return choice is not None and choice.path == "gpu-cuda-kernels"
+
+    def _label_error(self, bottom, channels):
+        """The error for the first label out of range (read from the host; after the deferred
+        device check found one)."""
+        raw = to_host(bottom[1].data).reshape(-1).astype(np.int64)
+        valid = raw != self.ignore_label if self.ignore_label is not None else True
+        label = int(raw[valid & ((raw < 0) | (raw >= channels))][0])
+        return self.error(f"label {label} is out of range for {channels} classes "
+                          f"(expected 0 <= label < {channels}"
+                          + (f" or ignore_label {self.ignore_label})"
+                             if self.ignore_label is not None else ")"))
 
     def _labels(self, bottom):
         """(labels as ints with ignored ones set to 0, valid mask), both (outer, inner)."""
@@ -145,10 +167,30 @@ class SoftmaxWithLossLayer(LossLayer):
         top[0].data[...] = -picked.sum() / self._normalizer
         self._saved_labels = labels
 
+    def _forward_kernels(self, bottom, top):
+        """Forward as one CUDA kernel and one reduction of its statistics (no host wait: the
+        label check is read back with the loss)."""
+        xp = self.xp
+        outer, channels, inner = self._dims
+        stats = self.scratch(0, (3, outer * inner))
+        cuda_softmax_loss.softmax_loss_forward(bottom[0].data, bottom[1].data, self._prob,
+                                               stats, self._dims, self.ignore_label)
+        sums = stats.sum(axis=1)
+        valid_count = sums[cuda_softmax_loss.STAT_VALID] \
+            if self.ignore_label is not None else None
+        self._normalizer = normalizer(self, self.mode, outer, inner, valid_count)
+        xp.divide(sums[cuda_softmax_loss.STAT_LOSS], self._normalizer, out=top[0].data)
+        self.check_on_device(sums[cuda_softmax_loss.STAT_BAD],
+                             lambda: self._label_error(bottom, channels))
+        if len(top) > 1:
+            xp.copyto(top[1].data, self._prob)
+
     def forward(self, bottom, top):
         xp = self.xp
         if len(top) == 1 and self._plain():
             return self._forward_plain(bottom, top)
+        if self._kernels():
+            return self._forward_kernels(bottom, top)
         prob = self._prob.reshape(self._dims)
         softmax_into(xp, bottom[0].data.reshape(self._dims), prob)
         labels, valid = self._labels(bottom)
@@ -168,6 +210,12 @@ class SoftmaxWithLossLayer(LossLayer):
             return
         xp = self.xp
         outer, channels, inner = self._dims
+        if self._kernels():
+            scale = xp.divide(top[0].diff, self._normalizer).reshape(1)
+            cuda_softmax_loss.softmax_loss_backward(self._prob, bottom[1].data, scale,
+                                                    bottom[0].diff, self._dims,
+                                                    self.ignore_label)
+            return
         if self._plain() and self._saved_labels.ndim == 1:
             # Caffe's order: dx = prob, dx[label] -= 1, dx *= weight / normalizer.
             dx = bottom[0].diff.reshape(outer, channels)
@@ -181,3 +229,12 @@ class SoftmaxWithLossLayer(LossLayer):
         dx -= one_hot
         dx *= self._saved_valid[:, None, :]
         dx *= top[0].diff / self._normalizer
+
+
+def choose_softmax_loss_gpu(dtype) -> Choice:
+    """SoftmaxWithLoss's way on a GPU for blobs of `dtype`: the CUDA kernels where they are
+    compiled for it, else the array code."""
+    name = np.dtype(dtype).name
+    if name in ("float32", "float64"):
+        return Choice("gpu-cuda-kernels", "one CUDA kernel forward, one backward")
+    return Choice("gpu-array-code", f"no CUDA kernel for {name}")

@@ -322,7 +322,10 @@ class Net:
             for hook in self._before_forward:
                 hook(i)
             last, layer_loss = self.forward_step(i, end)
-            loss += layer_loss
+            if isinstance(loss, float) and loss == 0 and not isinstance(layer_loss, float):
+                loss = layer_loss  # a device value: no device call for 0 + it
+            else:
+                loss += layer_loss
             if self.debug_info:
                 net_debug.forward(self, i)
             for hook in self._after_forward:
@@ -343,9 +346,9 @@ class Net:
         if self.xp is np or (not checks and isinstance(loss, float)):
             return float(loss)
         xp = self.xp
-        values = [xp.asarray(loss, dtype=np.float64).reshape(1)]
-        values += [flag.astype(np.float64).reshape(1) for flag, _ in checks]
-        host = to_host(xp.concatenate(values))
+        values = [xp.asarray(loss).reshape(1)] + [flag.reshape(1) for flag, _ in checks]
+        # one device call converts and gathers them, one copy brings them
+        host = to_host(xp.concatenate(values, dtype=np.float64))
         for (_, error), bad in zip(checks, host[1:]):
             if bad:
                 raise error()

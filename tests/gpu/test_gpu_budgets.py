@@ -9,10 +9,6 @@ import pytest
 from mgcaffe.testing import cupy_double
 from mgcaffe.testing.cupy_double.budget import measure
 
-#: SoftmaxWithLoss and the loss read-back still take some 30 array calls per iteration.
-LAUNCHES_OVER = pytest.mark.xfail(strict=True, reason="SoftmaxWithLoss and the loss "
-                                  "read-back: launches over 3x the layer passes")
-
 
 @pytest.fixture(scope="module")
 def counts():
@@ -34,8 +30,7 @@ def test_host_syncs_and_copies_of_an_iteration(counts, name):
     assert r["d2h_bytes"] <= 16  # that read: two float64
 
 
-@pytest.mark.parametrize("name", [pytest.param("lenet", marks=LAUNCHES_OVER),
-                                  pytest.param("cifar10_quick", marks=LAUNCHES_OVER)])
+@pytest.mark.parametrize("name", ["lenet", "cifar10_quick"])
 def test_launches_of_an_iteration_within_3x_the_layer_passes(counts, name):
     r = counts(name)
     assert r["launches"] <= r["launch_budget"], r["top_launches"]

@@ -368,7 +368,10 @@ def make_array_api(state, names):
             if sync:
                 counters.sync("boolean mask indexing")
             result = self._a[key]
-            if gather or not isinstance(result, np.ndarray):
+            if not gather and not isinstance(result, np.ndarray):
+                # CuPy: integer indexing down to one element is a 0-d view, no kernel.
+                result = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+            if gather:
                 state.launch("take")
                 return wrap(np.array(result), ())
             return wrap(result, (self,))

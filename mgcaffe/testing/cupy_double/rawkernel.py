@@ -22,8 +22,11 @@ __all__ = ["HOST_PRELUDE", "compile_for_host"]
 
 HOST_PRELUDE = r"""
 #include <algorithm>
+#include <cmath>
 using std::min;
 using std::max;
+using std::exp;
+using std::log;
 #define __global__
 struct mgcaffe_dim3 { unsigned int x; };
 static const mgcaffe_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};

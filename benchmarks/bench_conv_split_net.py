@@ -71,7 +71,7 @@ def build(name: str, compare: str, after: bool) -> Net:
 
 
 def one_pass(net, propagate) -> float:
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     start = time.perf_counter()
     for i in range(len(net.layers)):
         net.forward_layer(i)

@@ -106,7 +106,7 @@ def _worker(a, comm, rank, size) -> int:
     if a.single:
         net, times = solver.net, []
         for i in range(a.iters + 1):
-            net.clear_param_diffs()
+            net.clear_param_diffs_for_pass()
             t0 = time.perf_counter()
             net.forward_backward()
             if i:  # the first pass allocates and warms caches

@@ -1,7 +1,8 @@
 """Parameter-diff clearing: the eager fill against the lazy mark, side by side in one process.
 
 One net, its diffs flattened into one buffer as in distributed training; each repetition
-times clear_param_diffs + forward + backward, alternating the eager fill
+times the solver's clear (clear_param_diffs_for_pass) + forward + backward, alternating the
+eager fill
 (`lazy_param_diff_clear = False`: fill, then the GEMMs add with beta = 1) and the lazy mark
 (the first GEMM writes with beta = 0). Reports best and median ms of each and their ratio.
 
@@ -44,7 +45,8 @@ def one(net, lazy: bool) -> tuple[float, float]:
     """(clear ms, clear + forward + backward ms)."""
     net.lazy_param_diff_clear = lazy
     t0 = time.perf_counter()
-    net.clear_param_diffs()
+    way = net.clear_param_diffs_for_pass()
+    assert way == ("lazy" if lazy else "eager"), way
     t1 = time.perf_counter()
     net.forward()
     net.backward()

@@ -49,7 +49,7 @@ def build(path: str, settings: dict) -> Net:
 
 def one_pass(net: Net, layer_times: np.ndarray) -> float:
     """One forward+backward (diffs cleared untimed, as `mgcaffe time`); per-layer seconds."""
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     start = time.perf_counter()
     for i in range(len(net.layers)):
         t = time.perf_counter()

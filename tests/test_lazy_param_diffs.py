@@ -1,6 +1,6 @@
-"""Lazily cleared parameter diffs (Blob.clear_diff_lazily, Net.clear_param_diffs).
+"""Lazily cleared parameter diffs (Blob.clear_diff_lazily, Net.clear_param_diffs_for_pass).
 
-clear_param_diffs only marks the diffs zero; the first backward writer overwrites (GEMM
+The solver's clear only marks the diffs zero; the first backward writer overwrites (GEMM
 beta = 0) and every other access fills the zeros first. The checks: the Blob rules, and
 whole nets/solvers/two thread-ranks against the same run with the eager fill
 (`lazy_param_diff_clear = False`), bit for bit. After each lazy clear the raw diff memory
@@ -181,7 +181,7 @@ def test_two_accumulated_passes_match_the_eager_clear_bit_for_bit(layout, flatte
     assert not lazy.layer_need_backward[side]  # its diffs are never written
     for _ in range(3):
         for net in (lazy, eager):
-            net.clear_param_diffs()
+            net.clear_param_diffs_for_pass()
         assert lazy.learnable_params[0].diff_is_lazy_zero
         assert not any(b.diff_is_lazy_zero for b in eager.learnable_params)
         poison(lazy)
@@ -205,7 +205,7 @@ def test_two_accumulated_passes_match_the_eager_clear_bit_for_bit(layout, flatte
 def test_the_flat_buffer_read_directly_holds_the_zeros():
     net = make_net(True, flatten=True)
     net.forward_backward()
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     poison(net)
     buffer = net.param_diff_buffer  # what the gradient sync or a user reads
     assert buffer.size and not buffer.any()
@@ -216,7 +216,7 @@ def test_pycaffe_and_python_side_readers_see_zeros_after_a_lazy_clear():
     net = make_net(True, flatten=False)
     net.forward_backward()
     assert net.params["ip1"][0].diff.any()
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     poison(net)
     for name, blobs in net.params.items():
         for k, blob in enumerate(blobs):
@@ -238,7 +238,7 @@ def test_the_largest_gradients_are_written_without_a_fill(monkeypatch):
     monkeypatch.setattr(Blob, "diff", property(watching, Blob.diff.fset))
     weight = net.params["ip1"][0]
     weight.name = "ip1_weight"
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     net.forward_backward()
     assert "ip1_weight" not in filled
     assert weight.diff.any()
@@ -258,13 +258,14 @@ def solver(lazy, solver_type, iter_size=2):
 
 def poisoned_clear(net, lazy):
     net.lazy_param_diff_clear = lazy
-    clear = net.clear_param_diffs
+    clear = net.clear_param_diffs_for_pass
 
-    def clear_and_poison():
-        clear()
+    def clear_and_poison(user_code=False):
+        way = clear(user_code)
         poison(net)
+        return way
 
-    net.clear_param_diffs = clear_and_poison
+    net.clear_param_diffs_for_pass = clear_and_poison
 
 
 @pytest.mark.parametrize("solver_type", ["SGD", "Adam"])

@@ -781,7 +781,7 @@ def layer_times(check: Check, net, passes: int) -> tuple[list[float], list[float
     n = len(net.layers)
     forward, backward = [0.0] * n, [0.0] * n
     for _ in range(passes):
-        net.clear_param_diffs()
+        net.clear_param_diffs_for_pass()
         clock = check.clock()
         marks = [clock.mark()]
         for i in range(n):
@@ -807,7 +807,7 @@ def time_model(check: Check, model: str) -> dict:
     build_s = time.monotonic() - t0
 
     def iteration():
-        net.clear_param_diffs()
+        net.clear_param_diffs_for_pass()
         net.forward_backward()
 
     t0 = time.monotonic()

@@ -34,6 +34,7 @@ from ..proto import caffe_pb2
 from . import debug as net_debug
 from .builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .norm_chain import find_chains
+from .param_diffs import ParamDiffs
 from .weights import (
     HDF5,
     copy_trained_layers,
@@ -145,10 +146,10 @@ class Net:
         self.params_weight_decay = g.params_weight_decay
         self.param_owners = g.param_owner
         self._param_blobs = g.params  # every layer's parameter blobs, sharers included
-        self._param_diff_buffer = None  # set by flatten_param_diffs
-        self.flat_param_ids: tuple[int, ...] = ()
-        self._loose_param_ids = tuple(range(len(g.learnable_params)))  # diffs not in it
+        self._diffs = ParamDiffs(g.learnable_params, g.param_owner, g.params, self.xp,
+                                 self.dtype)
         self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
+        self._has_python_layer = any(layer.type == "Python" for layer in g.layers)
         self.learnable_layers = []
         self._learnable_of_layer: list[int | None] = [None] * len(g.layers)
         for layer_id, name in enumerate(g.layer_names):
@@ -432,17 +433,23 @@ class Net:
                         on_learnable_done: Callable[[int], None] | None) -> None:
         learnable = self._learnable_of_layer
         i = start
-        while i >= end:
-            for hook in self._before_backward:
-                hook(i)
-            first = self.backward_step(i, end)
-            for hook in self._after_backward:
-                hook(i)
-            for j in range(i, first - 1, -1):
-                if on_learnable_done is not None and learnable[j] is not None:
-                    self._settle_diffs(learnable[j])
-                    on_learnable_done(learnable[j])
-            i = first - 1
+        try:
+            while i >= end:
+                for hook in self._before_backward:
+                    hook(i)
+                first = self.backward_step(i, end)
+                for hook in self._after_backward:
+                    hook(i)
+                for j in range(i, first - 1, -1):
+                    if on_learnable_done is not None and learnable[j] is not None:
+                        k = learnable[j]
+                        self._diffs.settle_layer(self.learnable_layers[k - 1].param_ids)
+                        on_learnable_done(k)
+                i = first - 1
+        finally:
+            # what the backward did not write (frozen, skipped, or a failure half-way) is
+            # zeros now: an array the user holds reads what a fresh read would
+            self._diffs.settle()
 
     def backward(self, diffs=None, start: str | None = None, end: str | None = None,
                  on_learnable_done: Callable[[int], None] | None = None, **top_diffs):
@@ -491,7 +498,8 @@ class Net:
         slice of the buffer, all-reduced in place). Current values are kept, sharers keep
         aliasing their owner's diff, the other diffs stay as they are. Layers write into
         parameter diffs in place (`+=`, `out=`), so they write into the buffer; reshaping a
-        flattened blob to another shape would give it a diff of its own again."""
+        flattened blob to another shape would give it a diff of its own again. Arrays held
+        from before (`net.params[...][0].diff`) are no longer the blobs' diffs."""
         ids = self.reduced_param_ids() if order is None else [int(p) for p in order]
         count = len(self.learnable_params)
         bad = [p for p in ids if not 0 <= p < count]
@@ -501,55 +509,59 @@ class Net:
         if len(set(ids)) != len(ids):
             raise NetError(f"net {self.name!r}: flatten_param_diffs: the order repeats a "
                            f"parameter id: {ids}")
-        blobs = [self.learnable_params[p] for p in ids]
-        flat = self.xp.zeros(sum(b.count for b in blobs), dtype=self.dtype)
-        offset = 0
-        for blob in blobs:
-            blob.use_diff_storage(flat[offset:offset + blob.count].reshape(blob.shape))
-            offset += blob.count
-        # Sharers aliased the owners' old diffs: point them at the new ones.
-        for i, owner in enumerate(self.param_owners):
-            if owner >= 0:
-                self._param_blobs[i].share_diff(self._param_blobs[owner])
-        self._param_diff_buffer = flat
-        self.flat_param_ids = tuple(ids)
-        self._loose_param_ids = tuple(sorted(set(range(count)) - set(ids)))
-        return flat
+        return self._diffs.flatten(ids)
 
-    #: Clear parameter diffs lazily (Blob.clear_diff_lazily): the first backward writer
-    #: overwrites (GEMM beta = 0) instead of a fill and a read; any other access fills.
-    #: False: fill at once (the reference the tests compare against).
+    @property
+    def flat_param_ids(self) -> tuple[int, ...]:
+        """The `learnable_params` indices in the flat buffer, in its order (() before)."""
+        return self._diffs.flat_ids
+
+    #: Whether the solver's per-iteration clear (clear_param_diffs_for_pass) may clear
+    #: lazily (Blob.clear_diff_lazily): the first backward writer then overwrites (GEMM
+    #: beta = 0) instead of a fill and a read. False: a fill every time (the reference the
+    #: tests compare against).
     lazy_param_diff_clear = True
 
     @property
     def param_diff_buffer(self):
         """The flat buffer of flatten_param_diffs (None before), its lazily cleared diffs
         zeroed first: code reading the buffer directly sees what `blob.diff` would."""
-        if self._param_diff_buffer is not None:
-            for i in self.flat_param_ids:
-                self.learnable_params[i].diff  # noqa: B018 - the property fills lazy zeros
-        return self._param_diff_buffer
+        return self._diffs.buffer
 
-    def _settle_diffs(self, k: int) -> None:
-        """Fill learnable layer k's diffs still cleared lazily (a skipped backward, a frozen
-        input): the gradient sync then reduces the buffer's memory directly."""
-        for i in self.learnable_layers[k - 1].param_ids:
-            self.learnable_params[i].diff  # noqa: B018 - the property fills lazy zeros
+    @property
+    def runs_user_code(self) -> bool:
+        """Whether a forward or backward of this net runs code of the user's: a Python
+        layer or a per-layer callback (before_forward etc.)."""
+        return self._has_python_layer or bool(self._before_forward or self._after_forward
+                                              or self._before_backward or self._after_backward)
 
     def clear_param_diffs(self) -> None:
-        """Zero every owned parameter diff (the solver does this once per iteration). Lazily
-        by default (`lazy_param_diff_clear`); else one fill of the buffer for the diffs
-        flatten_param_diffs gathered."""
-        if self.lazy_param_diff_clear:
-            for blob in self.learnable_params:
-                blob.clear_diff_lazily()
-            return
-        if self._param_diff_buffer is not None:
-            for i in self.flat_param_ids:  # no lazy marks left under the fill
-                self.learnable_params[i].diff_for_write()
-            self._param_diff_buffer.fill(0)
-        for i in self._loose_param_ids:
-            self.learnable_params[i].diff.fill(0)
+        """Zero every owned parameter diff, at once (pycaffe's clear_param_diffs): an array
+        held from `net.params[name][i].diff` reads zeros when this returns."""
+        self._diffs.clear()
+
+    def clear_param_diffs_for_pass(self, user_code: bool = False) -> str:
+        """Zero every owned parameter diff for a forward and backward that follow at once
+        (the solver, once per iteration); returns how ("lazy" or "eager").
+
+        Lazily (the first backward writer overwrites, no fill and no read) where
+        `lazy_param_diff_clear` allows it and no code of the user's can look at the diffs
+        before the backward has written them: neither the caller's (`user_code`, e.g.
+        pycaffe's on_start callbacks) nor this net's (`runs_user_code`). What the backward
+        does not write is filled at its end, so afterwards every diff, held or read afresh,
+        holds its gradient. Call backward (forward_backward) before anything else reads."""
+        return self._diffs.clear_for_pass(self.lazy_param_diff_clear,
+                                          user_code or self.runs_user_code)
+
+    def settle_param_diffs(self) -> None:
+        """Fill the diffs still cleared lazily (an iteration that ended before its backward
+        did): afterwards every diff array, held or read afresh, reads the same."""
+        self._diffs.settle()
+
+    @property
+    def param_diff_clear_way(self) -> str | None:
+        """How the last clear_param_diffs_for_pass cleared ("lazy"/"eager"; None before)."""
+        return self._diffs.last_way
 
     def update(self) -> None:
         """Caffe's Net::Update: data -= diff for every owned parameter blob."""

@@ -91,7 +91,7 @@ def profile_net(net, iterations: int = 50, *, model: str | None = None, warmup: 
     backward = [0.0] * n
 
     def one_pass(record: bool) -> tuple[float, float]:
-        net.clear_param_diffs()
+        net.clear_param_diffs_for_pass()
         synchronize(xp)
         start = time.perf_counter()
         i = 0
@@ -124,6 +124,7 @@ def profile_net(net, iterations: int = 50, *, model: str | None = None, warmup: 
         if on_iteration is not None:
             on_iteration(j + 1, f + b)
     total = time.perf_counter() - begin
+    net.settle_param_diffs()  # (the passes ran layer by layer: no backward settled them)
     forward = [t / iterations for t in forward]
     backward = [t / iterations for t in backward]
     forward_time = forward_total / iterations

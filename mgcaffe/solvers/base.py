@@ -25,7 +25,10 @@ Outside control (the distributed trainer, signals) plugs in without the solver k
 SetActionFunction), and each object in `iteration_hooks` may define
 `before_iteration(solver)`, `gradients_ready(solver)` (after backward and gradient sync,
 before the update), `after_iteration(solver)` and `should_stop() -> bool`. pycaffe's
-`solver.add_callback(on_start, on_gradients_ready)` is one such hook.
+`solver.add_callback(on_start, on_gradients_ready)` is one such hook. A hook whose
+before_iteration reads parameter diffs only afresh (`blob.diff`, `net.param_diff_buffer`,
+never an array kept from an earlier read) says so with `reads_param_diffs_afresh = True`:
+the iteration's clear may then stay lazy (Net.clear_param_diffs_for_pass).
 """
 
 from __future__ import annotations
@@ -281,15 +284,30 @@ class Solver:
 
     def step(self, iters: int) -> None:
         """Run `iters` iterations (pycaffe's solver.step)."""
-        p = self.param
         stop_iter = self.iter + int(iters)
         start_iter = self.iter
         self._losses = []
         self._smoothed_loss = 0.0
-        timer, iterations_last = time.perf_counter(), self.iter
+        try:
+            self._steps(stop_iter, start_iter, time.perf_counter())
+        finally:  # an iteration left half-way: no diff stays cleared lazily
+            self.net.settle_param_diffs()
+
+    def _user_code_before_backward(self) -> bool:
+        """Whether code of the user's may look at parameter diffs between an iteration's
+        clear and its backward: an iteration hook's before_iteration (pycaffe's on_start)
+        not marked `reads_param_diffs_afresh`, or a Python layer of a test net."""
+        return any(hasattr(hook, "before_iteration")
+                   and not getattr(hook, "reads_param_diffs_afresh", False)
+                   for hook in self.iteration_hooks) or \
+            any(net.runs_user_code for net in self.test_nets)
+
+    def _steps(self, stop_iter: int, start_iter: int, timer: float) -> None:
+        p = self.param
+        iterations_last = self.iter
         while self.iter < stop_iter:
             if not self.updates_pending:  # else each layer's diffs clear after its update
-                self.net.clear_param_diffs()
+                self.net.clear_param_diffs_for_pass(self._user_code_before_backward())
             if (p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
                 self.finish_updates()

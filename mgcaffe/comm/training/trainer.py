@@ -99,6 +99,10 @@ class DistributedTraining:
     between `wait()` returning and the next backward, when the communication thread has
     nothing in flight, so the two threads never interleave theirs."""
 
+    #: It reads gradients only through the net's buffer and blobs: the solver's clear of
+    #: the parameter diffs may stay lazy (Solver._user_code_before_backward).
+    reads_param_diffs_afresh = True
+
     def __init__(self, solver: Any, comm: Communicator, options: Options):
         self.solver = solver
         self.base_comm = comm

@@ -86,11 +86,11 @@ def measure(name: str, batch: int | None = None, double=None, by_type: bool = Fa
     per_type: Counter = Counter()
     if by_type:
         _attribute(net, counters, per_type)
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     net.forward_backward()  # untimed first pass
     counters.reset()
     per_type.clear()
-    net.clear_param_diffs()
+    net.clear_param_diffs_for_pass()
     net.forward_backward()
     totals = counters.totals()
     passes = _layer_passes(net)

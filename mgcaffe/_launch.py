@@ -12,7 +12,7 @@ reported a segmentation fault).
   start-up (a Ctrl-C reaches ranks that are at different points). The SIGINT is recorded;
   every rank goes on to `comm.distributed.world()`, which OR-s the records of all ranks once
   MPI is up: if any rank was interrupted, every rank writes the line and exits with status
-  0. A SIGINT that arrives after that exchange is handed to the training loop's
+  130. A SIGINT that arrives after that exchange is handed to the training loop's
   SignalHandler (`take_pending()`), so every rank stops at the same iteration, as a Ctrl-C
   later in training does. After start-up (`resume()`) SIGINT raises KeyboardInterrupt again;
   `train` skips that and keeps recording until its SignalHandler takes over, so that no rank

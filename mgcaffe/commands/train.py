@@ -3,14 +3,17 @@
     mgcaffe train --solver solver.prototxt [--weights W.caffemodel[,W2]]
                   [--snapshot S.solverstate] [--iterations N] [--gpu ID|all]
                   [--sigint_effect stop|snapshot|none] [--sighup_effect stop|snapshot|none]
-                  [--sigterm_effect stop|snapshot|none]
+                  [--sigterm_effect stop|snapshot|none] [--signal_exit_status 128+N|S]
                   [--level L] [--stage S ...]
 
 SIGINT and SIGHUP only set a flag; the solver acts on it at the end of the iteration
 (default: SIGINT stops, after the final snapshot; SIGHUP snapshots and goes on; SIGTERM,
-unlike Caffe, snapshots and then stops, so a job a scheduler ends can resume). The
-reusable parts are `build_solver(args, **solver_options)` and
-`run_training(solver, args, ...)`, which the distributed trainer wraps.
+unlike Caffe, writes one snapshot and stops, so a job a scheduler ends can resume). A
+training a signal stopped exits with 128 + the signal's number (130, 129, 143: what a shell
+reports for a process the signal ended), unlike Caffe's 0, so that a cancelled job is not
+counted as finished; `--signal_exit_status 0` gives Caffe's. The reusable parts are
+`build_solver(args, **solver_options)` and `run_training(solver, args, ...)`, which the
+distributed trainer wraps.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..formats.outputs import check_output_path
 from ..proto import caffe_pb2
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 from ._engine import layer_rules
+from ..solvers.actions import SHELL_STATUS, exit_status, parse_exit_status, signal_name
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "train"
@@ -56,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what SIGTERM (a batch scheduler's cancel or pre-emption) does: "
                              "snapshot at the end of the iteration, then stop (default), "
                              "stop as SIGINT does, or none")
+    parser.add_argument("--signal_exit_status", "--signal-exit-status",
+                        dest="signal_exit_status", default=SHELL_STATUS,
+                        type=_exit_status_flag, metavar="128+N|STATUS",
+                        help="the exit status after a signal stopped training: 128 + the "
+                             "signal's number (default: 130 SIGINT, 129 SIGHUP, 143 SIGTERM, "
+                             "as a shell reports them), or this status (0: as Caffe)")
     add_state_arguments(parser)
     threads.add_argument(parser)
     distributed.add_arguments(parser)
@@ -120,6 +130,9 @@ def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int
     if own:
         handler = SignalHandler(args.sigint_effect, args.sighup_effect,
                                 _sigterm_effect(args)).install()
+    sync = solver.gradient_sync
+    if hasattr(sync, "vote_with"):  # distributed: every rank learns the stopping signal
+        sync.vote_with(handler)
     try:
         action = handler.requested_action
         solver.action_function = action_wrapper(action) if action_wrapper else action
@@ -131,7 +144,35 @@ def run_training(solver: Solver, args, action_wrapper=None, handler=None) -> int
     finally:
         if own:
             handler.restore()
-    return 0
+    signum = getattr(sync, "stop_signal", None) if hasattr(sync, "vote_with") \
+        else handler.stop_signal
+    if signum is None or not solver.stopped_early:
+        return 0
+    status = exit_status(signum, getattr(args, "signal_exit_status", SHELL_STATUS))
+    if solver.rank == 0:
+        log.info("%s", stop_line(solver, signum, status))
+    return status
+
+
+def stop_line(solver: Solver, signum: int, status: int) -> str:
+    """One line: the signal that stopped training, the snapshot to resume from, the status."""
+    where = f"Stopped by {signal_name(signum)} at iteration {solver.iter}"
+    if solver.last_snapshot is None:
+        snap = ("no snapshot written (--sigterm_effect snapshot, or snapshot_after_train, "
+                "writes one)")
+    else:
+        state = solver.last_snapshot[1]
+        at = "" if solver.snapshot_iter == solver.iter else \
+            f" (iteration {solver.snapshot_iter}: none written at the stop)"
+        snap = f"resume with --snapshot {state}{at}"
+    return f"{where}; {snap}; exit status {status}"
+
+
+def _exit_status_flag(text: str):
+    try:
+        return parse_exit_status(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _sigterm_effect(args) -> str:

@@ -2,7 +2,10 @@
 
 As in Caffe's SignalHandler, a signal handler only records that the signal arrived; the
 solver asks `requested_action()` at the end of each iteration (and between test batches)
-and acts there, so a signal never interrupts an update half-way.
+and acts there, so a signal never interrupts an update half-way. A training a signal
+stopped ends with a non-zero status (`exit_status`): 128 + the signal's number, as a shell
+reports a process the signal ended (130 SIGINT, 129 SIGHUP, 143 SIGTERM), so that batch
+systems and job chains do not count it as finished; `--signal_exit_status` picks another.
 """
 
 from __future__ import annotations
@@ -14,12 +17,50 @@ from .. import _launch
 
 
 class SolverAction:
-    """What the solver is asked to do after the current iteration."""
+    """What the solver is asked to do after the current iteration. CHOICES are the effects a
+    signal may be given; SNAPSHOT_AND_STOP is SIGTERM's "snapshot": one snapshot, then stop
+    (at the same iteration)."""
 
     NONE = "none"
     STOP = "stop"
     SNAPSHOT = "snapshot"
+    SNAPSHOT_AND_STOP = "snapshot_and_stop"
     CHOICES = (STOP, SNAPSHOT, NONE)
+    STOPS = (STOP, SNAPSHOT_AND_STOP)
+    SNAPSHOTS = (SNAPSHOT, SNAPSHOT_AND_STOP)
+
+
+#: The default of --signal_exit_status: 128 + the number of the signal that stopped training.
+SHELL_STATUS = "128+N"
+
+
+def parse_exit_status(text: str) -> str | int:
+    """--signal_exit_status: SHELL_STATUS or a status 0..255 (ValueError otherwise)."""
+    if str(text).strip().upper() == SHELL_STATUS:
+        return SHELL_STATUS
+    try:
+        status = int(text)
+    except ValueError:
+        status = -1
+    if not 0 <= status <= 255:
+        raise ValueError(f"--signal_exit_status: expected {SHELL_STATUS} (128 + the signal's "
+                         f"number) or a status 0..255, found {text!r}")
+    return status
+
+
+def exit_status(signum: int | None, chosen: str | int = SHELL_STATUS) -> int:
+    """The exit status of a training that ended normally (0) or was stopped by `signum`."""
+    if signum is None:
+        return 0
+    return 128 + int(signum) if chosen == SHELL_STATUS else int(chosen)
+
+
+def signal_name(signum: int) -> str:
+    """SIGTERM for 15, and so on."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class SignalHandler:
@@ -28,12 +69,13 @@ class SignalHandler:
 
     `sigint_effect`/`sighup_effect`/`sigterm_effect` are SolverAction values ("stop",
     "snapshot", "none"). SIGTERM (what batch schedulers send before SIGKILL) always ends
-    training unless its effect is "none": with "snapshot" (the default) a snapshot is taken
-    at the end of the current iteration and training stops at the end of the next one (with
-    Caffe's final snapshot), so a pre-empted job resumes where it stopped; with "stop" it
+    training unless its effect is "none": with "snapshot" (the default) one snapshot is
+    taken at the end of the current iteration and training stops there
+    (SNAPSHOT_AND_STOP), so a pre-empted job resumes where it stopped; with "stop" it
     stops as SIGINT does. Caffe leaves SIGTERM alone (the process dies without a snapshot).
-    Use as a context manager (or call `install`/`restore`) so that the previous handlers
-    come back when training ends.
+    `stop_signal` is the signal whose request stopped training (None until one did). Use as
+    a context manager (or call `install`/`restore`) so that the previous handlers come back
+    when training ends.
     """
 
     def __init__(self, sigint_effect: str = SolverAction.STOP,
@@ -52,7 +94,7 @@ class SignalHandler:
         self.effects[signal.SIGTERM] = sigterm_effect
         self.effects[signal.SIGINT] = sigint_effect
         self._got: dict[int, bool] = {s: False for s in self.effects}
-        self._then_stop = False  # SIGTERM's snapshot is followed by a stop
+        self.stop_signal: int | None = None
         self._previous: dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -76,17 +118,16 @@ class SignalHandler:
 
     def requested_action(self) -> str:
         """The action of the first pending signal (SIGHUP first), clearing it; else NONE.
-        After SIGTERM's snapshot, the next call says STOP."""
+        SIGTERM's "snapshot" is SNAPSHOT_AND_STOP."""
         with self._lock:
             for signum, effect in self.effects.items():
                 if self._got[signum]:
                     self._got[signum] = False
                     if signum == signal.SIGTERM and effect == SolverAction.SNAPSHOT:
-                        self._then_stop = True
+                        effect = SolverAction.SNAPSHOT_AND_STOP
+                    if effect in SolverAction.STOPS and self.stop_signal is None:
+                        self.stop_signal = signum
                     return effect
-            if self._then_stop:
-                self._then_stop = False
-                return SolverAction.STOP
         return SolverAction.NONE
 
     def __enter__(self) -> SignalHandler:

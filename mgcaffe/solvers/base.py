@@ -128,6 +128,7 @@ class Solver:
         self.iter = 0
         self.current_step = 0
         self.last_snapshot: tuple[str, str] | None = None
+        self._snapshot_iter: int | None = None  # the iteration of the last snapshot taken
         self._snapshot_lock = None
         self._requested_early_exit = False
         self._losses: list[float] = []
@@ -268,7 +269,10 @@ class Solver:
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        # (Caffe: unless the interval wrote it; here also unless a request just did: SIGTERM's
+        # snapshot and stop write one snapshot, not two)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
+                and self._snapshot_iter != self.iter:
             self.snapshot()
         if self._requested_early_exit:
             log.info("Optimization stopped early.")
@@ -346,12 +350,22 @@ class Solver:
                     hook.after_iteration(self)
             request = self._requested_action()
             if ((p.snapshot and self.iter % p.snapshot == 0)
-                    or request == SolverAction.SNAPSHOT):
+                    or request in SolverAction.SNAPSHOTS):
                 self.snapshot()
-            if request == SolverAction.STOP:
+            if request in SolverAction.STOPS:
                 self._requested_early_exit = True
                 break
         self.finish_updates()
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the last solve/step ended on a stop request before its last iteration."""
+        return self._requested_early_exit
+
+    @property
+    def snapshot_iter(self) -> int | None:
+        """The iteration of the last snapshot this solver took (None before)."""
+        return self._snapshot_iter
 
     def add_callback(self, on_start, on_gradients_ready) -> None:
         """pycaffe's callbacks: on_start() before each iteration's forward, and
@@ -415,7 +429,8 @@ class Solver:
     def _requested_action(self) -> str:
         action = self.action_function() if self.action_function else SolverAction.NONE
         for hook in self.iteration_hooks:
-            if hasattr(hook, "should_stop") and hook.should_stop():
+            if hasattr(hook, "should_stop") and hook.should_stop() and \
+                    action not in SolverAction.STOPS:
                 action = SolverAction.STOP
         return action
 
@@ -516,9 +531,9 @@ class Solver:
             ticker.tick(i)
             request = self._requested_action()
             while request != SolverAction.NONE:
-                if request == SolverAction.SNAPSHOT:
+                if request in SolverAction.SNAPSHOTS:
                     self.snapshot()
-                elif request == SolverAction.STOP:
+                if request in SolverAction.STOPS:
                     self._requested_early_exit = True
                 request = self._requested_action()
             if self._requested_early_exit:
@@ -557,6 +572,7 @@ class Solver:
         Returns (weights path, state path), or None on other ranks. In distributed training
         every rank calls it (their data positions are gathered into rank 0's state)."""
         self.finish_updates()
+        self._snapshot_iter = self.iter
         positions = data_position.local_positions(self)
         gather = getattr(self.gradient_sync, "allgather_state", None)
         ranks = gather(positions) if gather is not None else [positions]

@@ -207,9 +207,11 @@ def test_sigint_on_one_rank_stops_every_rank_at_the_same_iteration(digits):
     status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
                                  "--profile-iters", 2, "--fail-at", 4, "--fail-rank", 1,
                                  "--fail-how", "sigint"], timeout=120)
-    assert status == 0, log
-    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "4"), ("1", "4")]
+    assert status == 130, log  # 128 + SIGINT on every rank, whichever got the signal
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+) status 130", log)) == \
+        [("0", "4"), ("1", "4")], log
     assert "Optimization stopped early" in log
+    assert "Stopped by SIGINT at iteration 4" in log, log
 
 
 def test_mgcaffe_train_under_mpiexec(digits):
@@ -350,15 +352,18 @@ def test_sigterm_snapshots_every_rank_and_training_resumes_there(digits):
     status, log, _ = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
                                  "--profile-iters", 2, "--fail-at", 4, "--fail-rank", 1,
                                  "--fail-how", "sigterm"], timeout=90)
-    assert status == 0, log
-    # the snapshot at the iteration of the signal, then every rank stops after the next
-    assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "5"), ("1", "5")]
-    assert (root / "term_iter_4.solverstate").exists()
-    assert (root / "term_iter_5.solverstate").exists()
+    assert status == 143, log  # not 0: a job chain must not count it as finished
+    # one snapshot, at the iteration of the signal, where every rank stops
+    assert sorted(re.findall(r"DONE rank (\d) iter (\d+) status 143", log)) == \
+        [("0", "4"), ("1", "4")], log
+    assert sorted(p.name for p in root.glob("term_iter_*")) == \
+        ["term_iter_4.caffemodel", "term_iter_4.solverstate"]
+    assert f"Stopped by SIGTERM at iteration 4; resume with --snapshot " \
+           f"{root / 'term_iter_4.solverstate'}; exit status 143" in log, log
     path.write_text(path.read_text().replace("max_iter: 1000", "max_iter: 7"))
     status, log, _ = run_mpi(2, [DRIVER, "--solver", path, "--comm", "wfbp",
                                  "--profile-iters", 2, "--snapshot",
-                                 root / "term_iter_5.solverstate"], timeout=90)
+                                 root / "term_iter_4.solverstate"], timeout=90)
     assert status == 0, log
     assert "Resuming from" in log
     assert sorted(re.findall(r"DONE rank (\d) iter (\d+)", log)) == [("0", "7"), ("1", "7")]
@@ -367,8 +372,8 @@ def test_sigterm_snapshots_every_rank_and_training_resumes_there(digits):
 @pytest.mark.parametrize("delay", [0.8])
 def test_ctrl_c_during_the_launch_stops_every_rank_quietly(digits, delay):
     """SIGINT to the whole process group (as a terminal's Ctrl-C) while the ranks import or
-    start MPI: one line per rank and status 0, or, once start-up is over, every rank stops
-    after an iteration; never a traceback or a crash."""
+    start MPI: one line per rank, or, once start-up is over, every rank stops after an
+    iteration; status 130 either way (a stop by signal), never a traceback or a crash."""
     import os  # noqa: PLC0415
     import signal  # noqa: PLC0415
     import time  # noqa: PLC0415
@@ -387,6 +392,6 @@ def test_ctrl_c_during_the_launch_stops_every_rank_quietly(digits, delay):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the job did not stop: " + proc.communicate()[0][-3000:])
-    assert proc.returncode == 0, log
+    assert proc.returncode == 130, log
     assert "Traceback" not in log and "Segmentation" not in log and "(signal " not in log, log
     assert log.count("mgcaffe: interrupted") == 2 or "Optimization stopped early." in log, log

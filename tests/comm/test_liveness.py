@@ -17,7 +17,13 @@ from mgcaffe import _launch
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.training.faults import Watchdog
 from mgcaffe.comm.training.liveness import describe_rank_map, start_liveness
-from mgcaffe.solvers.actions import SignalHandler, SolverAction
+from mgcaffe.solvers.actions import (
+    SHELL_STATUS,
+    SignalHandler,
+    SolverAction,
+    exit_status,
+    parse_exit_status,
+)
 from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -125,21 +131,39 @@ def test_startup_deadline_quiet_when_done_and_ends_a_blocked_process_with_one_li
         "did not complete within 0.5 s" in lines[0], proc.stderr
 
 
-def test_sigterm_snapshots_then_stops_and_none_ignores_it():
+def test_sigterm_snapshots_and_stops_at_once_and_none_ignores_it():
     assert threading.current_thread() is threading.main_thread()
     with SignalHandler() as handler:
+        assert handler.stop_signal is None
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
         got = [handler.requested_action() for _ in range(3)]
-    assert got == [SolverAction.SNAPSHOT, SolverAction.STOP, SolverAction.NONE]
+    # one request: one snapshot, then the stop at the same iteration (not a second one)
+    assert got == [SolverAction.SNAPSHOT_AND_STOP, SolverAction.NONE, SolverAction.NONE]
+    assert handler.stop_signal == signal.SIGTERM
     with SignalHandler(sigterm_effect="stop") as handler:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
         assert handler.requested_action() == SolverAction.STOP
-    with SignalHandler(sigterm_effect="none") as handler:
+        assert handler.stop_signal == signal.SIGTERM
+    with SignalHandler(sigterm_effect="none", sighup_effect="snapshot") as handler:
         os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.05)
+        assert handler.requested_action() == SolverAction.SNAPSHOT
         assert handler.requested_action() == SolverAction.NONE
+        assert handler.stop_signal is None  # nothing stopped the training
+
+
+def test_exit_status_after_a_signal_and_the_flag():
+    assert exit_status(None) == 0
+    assert [exit_status(s) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)] == \
+        [130, 129, 143]
+    assert exit_status(signal.SIGTERM, 0) == 0 and exit_status(signal.SIGTERM, 75) == 75
+    assert parse_exit_status("128+n") == SHELL_STATUS and parse_exit_status("0") == 0
+    for bad in ("256", "-1", "x"):
+        with pytest.raises(ValueError, match="0..255"):
+            parse_exit_status(bad)
 
 
 def test_a_ctrl_c_recorded_at_start_up_becomes_the_loops_sigint():

@@ -106,12 +106,12 @@ def main() -> int:
             solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how,
                                                    args.fail_seconds))
         with distributed.attach(solver, args, comm):
-            run_training(solver, args)
+            status = run_training(solver, args)
         if args.dump_weights:
             np.savez(f"{args.dump_weights}.rank{rank}.npz",
                      *[np.asarray(b.data) for b in solver.net.learnable_params])
-    print(f"DONE rank {rank} iter {solver.iter}", flush=True)
-    return 0
+    print(f"DONE rank {rank} iter {solver.iter} status {status}", flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ from .gradient_comm import gradient_channel
 from .liveness import start_liveness
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
 from .replanner import Learnables, Replanner
+from .requests import NONE as _SOLVER_ACTION_NONE
+from .requests import STOPS, agree_on_requests
 from .startup import (
     agree_on_layers_and_plan,
     benchmark_sizes,
@@ -61,7 +63,6 @@ __all__ = ["COMM_MODES", "MERGES", "DistributedTraining", "Options", "add_argume
 
 log = logging.getLogger("mgcaffe.comm")
 
-_SOLVER_ACTION_NONE, _STOP, _SNAPSHOT = "none", "stop", "snapshot"  # SolverAction values
 
 
 def flatten_gradients(net: Any) -> None:
@@ -172,6 +173,8 @@ class DistributedTraining:
         self.iteration_times: list[float] = []
         self._agreed = _SOLVER_ACTION_NONE
         self._stop = False
+        self.signals: Any = None  # vote_with
+        self.stop_signal: int | None = None  # the signal of an agreed stop
         self._local_action = None
         self._agreed_fn = self._agreed_action  # one bound method, compared by identity
         solver.gradient_sync = self
@@ -269,14 +272,22 @@ class DistributedTraining:
                 check_in_sync(self.base_comm,
                               [to_host(b.data) for b in self.net.learnable_params], it)
 
+    def vote_with(self, signals: Any) -> None:
+        """Vote with the stop signal of `signals` (a SignalHandler: `stop_signal`), so that
+        every rank knows which signal stopped the training (`stop_signal`)."""
+        self.signals = signals
+
     def _agree_on_requests(self) -> None:
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE
+        own_signal = getattr(self.signals, "stop_signal", None)
         with self._guard("agreement on stop/snapshot requests"):
-            stop, snapshot = self.base_comm.any_true([local == _STOP, local == _SNAPSHOT])
-        if stop and local != _STOP and self.rank == 0:
+            agreed = agree_on_requests(self.base_comm, local, own_signal)
+        if agreed.asked_elsewhere and self.rank == 0:
             log.info("Another rank asked to stop: stopping at iteration %d", self.solver.iter)
-        self._stop = self._stop or stop
-        self._agreed = _STOP if stop else _SNAPSHOT if snapshot else _SOLVER_ACTION_NONE
+        if agreed.signal is not None and self.stop_signal is None:
+            self.stop_signal = agreed.signal
+        self._stop = self._stop or agreed.action in STOPS
+        self._agreed = agreed.action
 
     def _agreed_action(self) -> str:
         """The solver's action function: what every rank agreed on (consumed once).

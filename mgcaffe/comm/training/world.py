@@ -60,7 +60,8 @@ def world(log_level: str | None = "INFO", *, mpi_wait: str = "poll",
         if any(comm.allgather(_launch.pending())):  # a Ctrl-C while the ranks started
             _launch.take_pending()
             print(_launch.LINE, file=sys.stderr, flush=True)
-            raise SystemExit(0)  # on every rank: MPI_Finalize at exit, as a normal end
+            # on every rank: MPI_Finalize at exit; 130 as alone (a stop by signal is not 0)
+            raise SystemExit(130)
     if not keep_deferred:
         _launch.resume()
     return comm, comm.rank, comm.size

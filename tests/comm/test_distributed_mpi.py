@@ -327,9 +327,94 @@ def test_a_rank_leaving_early_with_status_0_fails_the_job(digits):
                                        "--profile-iters", 2, "--fail-at", 3, "--fail-rank", 1,
                                        "--fail-how", "exit0", "--comm-timeout", 5], timeout=60)
     assert status not in (None, 0), log
-    pid = rank_map(log)[1][1]
-    assert f"rank 1 (pid {pid}): ended before the others (sys.exit(0))" in log, log
+    host, pid = rank_map(log)[1]
+    # (the hook runs after iteration 2's update, before the agreement)
+    assert f"rank 1 (pid {pid}): left before the others: sys.exit(0) at iteration 2 (the " \
+           f"update); aborting all 2 ranks" in log, log
+    assert f"rank 0: rank 1 ({host}, pid {pid}) is leaving before the others: sys.exit(0) " \
+           f"at iteration 2 (the update)" in log, log
     assert "DONE" not in log and seconds < 40
+
+
+EXIT_LAYER = """
+import os
+import mgcaffe
+
+
+class ExitAt(mgcaffe.Layer):
+    \"\"\"os._exit(0) in the forward of TRAIN iteration AT on rank RANK ("RANK AT").\"\"\"
+
+    def setup(self, bottom, top):
+        self.rank_at, self.at = (int(x) for x in self.param_str.split())
+        self.calls = 0
+
+    def reshape(self, bottom, top):
+        pass
+
+    def forward(self, bottom, top):
+        if self.phase == mgcaffe.TRAIN:
+            if self.rank == self.rank_at and self.calls == self.at:
+                print(f"FAULT os._exit(0) rank {self.rank} iteration {self.at}", flush=True)
+                os._exit(0)
+            self.calls += 1
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+"""
+
+
+@pytest.mark.parametrize("n", [2])
+def test_a_rank_calling_os_exit_0_in_a_python_layer_fails_the_job(digits, tmp_path, n):
+    """`os._exit(0)` in a Python layer of rank 1 at iteration 5 of 1000: no exception, no
+    exit handler; MPICH's Hydra used to kill the others at once and return 0. Now the job
+    ends non-zero and every rank says which rank left and where."""
+    root, solver = digits
+    (tmp_path / "exit_layer.py").write_text(EXIT_LAYER)
+    path = solver(8, 1000)  # (writes net_b8.prototxt)
+    net = tmp_path / "net.prototxt"
+    net.write_text((root / "net_b8.prototxt").read_text() + (
+        'layer { name: "exit" type: "Python" bottom: "label" include { phase: TRAIN }\n'
+        '  python_param { module: "exit_layer" layer: "ExitAt" param_str: "1 5" } }\n'))
+    path = tmp_path / "solver.prototxt"
+    path.write_text(solver(8, 1000).read_text().replace(str(root / "net_b8.prototxt"),
+                                                        str(net)))
+    status, log, seconds = run_mpi(n, ["-m", "mgcaffe", "train", "--solver", path, "--comm",
+                                       "wfbp", "--comm-timeout", 10], timeout=120,
+                                   env={"PYTHONPATH": str(tmp_path)})
+    assert "FAULT os._exit(0) rank 1 iteration 5" in log, log
+    assert status not in (None, 0), log
+    host, pid = rank_map_n(log, n)[1]
+    assert f"rank 1 (pid {pid}): left before the others: os._exit(0) at iteration 5 " \
+           f"(forward and backward); aborting all {n} ranks" in log, log
+    for r in range(n):
+        if r != 1:
+            assert f"rank {r}: rank 1 ({host}, pid {pid}) is leaving before the others: " \
+                   f"os._exit(0) at iteration 5 (forward and backward)" in log, log
+    assert "Optimization Done" not in log and seconds < 60, log
+
+
+def rank_map_n(log, n):
+    m = re.search(r"Ranks: (.*)", log)
+    assert m, log
+    found = re.findall(r"(\d+) = (\S+) pid (\d+)", m[1])
+    assert len(found) == n, m[1]
+    return [(h, int(p)) for _, h, p in found]
+
+
+def test_a_rank_stopped_in_steady_training_is_named_with_its_iteration_and_phase(digits):
+    """SIGSTOP on rank 1 in the backward of iteration 30 (well after warm-up): the abort line
+    says iteration 30 and its phase, not where the rank was at start-up."""
+    root, solver = digits
+    status, log, seconds = run_mpi(2, [DRIVER, "--solver", solver(8, 1000), "--comm", "wfbp",
+                                       "--profile-iters", 2, "--fail-at", 30, "--fail-rank", 1,
+                                       "--fail-how", "sigstop-backward", "--fail-seconds", 1.2,
+                                       "--comm-timeout", 3], timeout=90)
+    assert "FAULT sigstop-backward rank 1 iteration 30" in log, log
+    assert status not in (None, 0), log
+    host, pid = rank_map(log)[1]
+    assert re.search(rf"rank 1 \({re.escape(host)}, pid {pid}\)(, | sent no heartbeat .*last "
+                     rf"heard )at iteration 30 \(forward and backward\)", log), log
+    assert "start barrier" not in log and "DONE" not in log and seconds < 45, log
 
 
 def test_a_rank_stopped_before_mpi_init_ends_within_the_startup_deadline(digits):

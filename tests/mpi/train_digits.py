@@ -7,7 +7,9 @@ After training, every rank writes its learnable weights to OUT.rank<R>.npz. `--f
 makes rank R raise inside the solver at that iteration (through an iteration hook), the
 "exception in a rank" fault case on a real net; `--fail-how` picks another fault (SIGKILL,
 SIGINT, SIGTERM, SIGSTOP 0.3 s later, NaN weights, sys.exit(0), rank 0's snapshots taking
-`--fail-seconds`). `--solver-rank1` gives rank 1 another solver (ranks that disagree),
+`--fail-seconds`; in the forward and backward of that iteration: os._exit(0) before a
+layer's forward, SIGSTOP `--fail-seconds` into a layer's backward). `--solver-rank1` gives
+rank 1 another solver (ranks that disagree),
 `--stop-before-init R` stops rank R before MPI is initialised, `--slow-first-layer S` sleeps
 S seconds before the input-most learnable layer's backward (room for the overlap to show).
 The wiring is that of `run` in mgcaffe/commands/train.py (keep the two in step), plus the
@@ -63,6 +65,24 @@ class FailAt:
             raise RuntimeError(f"injected failure at iteration {solver.iter}")
 
 
+def fail_inside_the_pass(solver, iteration, rank, how, seconds):
+    """os._exit(0) before the forward of the last layer (as a Python layer or a library
+    might), or SIGSTOP `seconds` after the backward of the last layer starts, in the
+    iteration `iteration` of rank `rank`."""
+    net, last = solver.net, len(solver.net.layers) - 1
+
+    def here(i):
+        if i != last or solver.iter != iteration or solver.rank != rank:
+            return
+        print(f"FAULT {how} rank {rank} iteration {iteration}", flush=True)
+        if how == "os-exit0":
+            os._exit(0)
+        time.sleep(seconds)  # heartbeats go out meanwhile: the others know where it is
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    (net.before_forward if how == "os-exit0" else net.before_backward)(here)
+
+
 def slow_before_first_learnable(net, seconds):
     """Sleep before the input-most learnable layer's backward: the gradients of the layers
     after it are ready by then, so a wait-free all-reduce has `seconds` to start (sleeping
@@ -80,7 +100,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--fail-how", default="raise",
                         choices=["raise", "sigkill", "sigint", "nan", "sigterm", "sigstop",
-                                 "exit0", "slow-snapshot"])
+                                 "exit0", "slow-snapshot", "os-exit0", "sigstop-backward"])
     parser.add_argument("--fail-seconds", type=float, default=5.0,
                         help="how long each of rank 0's snapshots takes (slow-snapshot)")
     parser.add_argument("--solver-rank1", default=None,
@@ -102,7 +122,10 @@ def main() -> int:
         solver = build_solver(args, rank=rank, world_size=size)
         if args.slow_first_layer:
             slow_before_first_learnable(solver.net, args.slow_first_layer)
-        if args.fail_at is not None:
+        if args.fail_at is not None and args.fail_how in ("os-exit0", "sigstop-backward"):
+            fail_inside_the_pass(solver, args.fail_at, args.fail_rank, args.fail_how,
+                                 args.fail_seconds)
+        elif args.fail_at is not None:
             solver.iteration_hooks.append(FailAt(args.fail_at, args.fail_rank, args.fail_how,
                                                    args.fail_seconds))
         with distributed.attach(solver, args, comm):

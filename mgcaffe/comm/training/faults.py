@@ -7,6 +7,9 @@
   progress: `timeout` seconds after the last progress of the ranks that have not reached the
   collective (those are named in the message), so a slow but live rank is waited for.
 - `fail_all`: log an exception with the rank and abort every rank (an exception on any rank).
+- `LeaveGuard`: a rank that leaves training early, even with status 0 (a Python layer or a
+  library calling os._exit(0) or sys.exit(0)), ends the job non-zero; it and every other
+  rank say which rank left and where.
 - Stop/snapshot requests (SIGINT/SIGHUP) and the agreement on them: distributed.py, which
   OR-s every rank's request once per iteration (`Communicator.any_true`).
 - `weights_checksum` / `check_in_sync`: compare the weights of every rank (--check-sync K).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 import zlib
@@ -28,8 +32,8 @@ import numpy as np
 from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 
-__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "Watchdog", "check_in_sync", "describe_failure",
-           "fail_all", "weights_checksum"]
+__all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "LeaveGuard", "Watchdog", "check_in_sync",
+           "describe_failure", "fail_all", "weights_checksum"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -57,6 +61,65 @@ def fail_all(comm: Communicator, exc: BaseException, code: int = ABORT_EXCEPTION
     log.error("%s; aborting all %d ranks", describe_failure(comm.rank, exc), comm.size)
     if comm.size > 1:
         comm.abort(code)
+
+
+class LeaveGuard:
+    """While installed, a rank leaving training before the others ends the job non-zero,
+    with every rank saying which rank left, how, and where.
+
+    `os._exit(0)` (from a Python layer, a hook, a library) ends a process at once: no
+    exception, no exit handler. Under MPICH's Hydra every other rank is then killed within
+    milliseconds and mpiexec returns 0, so a batch system records a finished training that
+    did 20 of 3000 iterations. While installed, `os._exit` on this rank is this guard's
+    `leave`: it logs `rank R (pid P): left before the others: os._exit(0) at iteration I
+    (phase); aborting all N ranks`, tells the peers through the heartbeats (`liveness`:
+    each logs it with its own rank), waits for their answers (`ack_wait` seconds at most)
+    and aborts every rank with ABORT_EXCEPTION (or the status given, when not 0).
+    `leave(how)` also serves sys.exit (failing_together's SystemExit). A C library's own
+    `exit()` or `_exit()` does not pass through Python and is not caught."""
+
+    def __init__(self, comm: Communicator, liveness: Any = None, ack_wait: float = 2.0):
+        self.comm = comm
+        self.liveness = liveness
+        self.ack_wait = float(ack_wait)
+        self._real_exit: Callable[[int], Any] | None = None
+        self._leaving = threading.Lock()
+        self.message: str | None = None  # the line logged, once a rank left
+
+    def install(self) -> LeaveGuard:
+        """Catch os._exit from now on (until `restore`)."""
+        if self._real_exit is None:
+            self._real_exit = os._exit
+            os._exit = self._exit
+        return self
+
+    def restore(self) -> None:
+        """Put os._exit back."""
+        if self._real_exit is not None:
+            if os._exit == self._exit:
+                os._exit = self._real_exit
+            self._real_exit = None
+
+    def _exit(self, status: int) -> None:
+        real = self._real_exit or os._exit
+        if not self._leaving.acquire(blocking=False):
+            real(status)  # the abort's own os._exit, or a second thread leaving
+        try:
+            self.leave(f"os._exit({status})")
+            self.comm.abort(status or ABORT_EXCEPTION)
+        finally:
+            real(status or ABORT_EXCEPTION)
+
+    def leave(self, how: str) -> str:
+        """Log this rank's early leaving (`how`: "os._exit(0)", "sys.exit(0)") and tell the
+        peers, waiting for their answers; the caller then aborts every rank."""
+        here = f" {self.liveness.here()}" if self.liveness is not None else ""
+        self.message = (f"rank {self.comm.rank} (pid {os.getpid()}): left before the others: "
+                        f"{how}{here}; aborting all {self.comm.size} ranks")
+        log.error("%s", self.message)
+        if self.liveness is not None and self.comm.size > 1:
+            self.liveness.leave(f"{how}{here}", self.ack_wait)
+        return self.message
 
 
 class Watchdog:

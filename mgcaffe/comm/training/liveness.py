@@ -3,9 +3,10 @@
 Every rank runs a heartbeat thread that sends, every `interval` seconds, a small UDP
 datagram to every other rank: its progress counter (advanced at each guarded collective,
 each iteration and each test batch), the number of the guarded collective it is in or last
-entered, what that collective is, and whether it is busy in a long single-rank phase
-(rank 0's test pass or snapshot). The thread also receives the others' datagrams, so at any
-time a rank knows, for each peer:
+entered, what that collective is, the iteration and the phase of it the rank is in (set by
+the trainer: forward and backward, waiting for the gradients, the update, ...), and whether
+it is busy in a long single-rank phase (rank 0's test pass or snapshot). The thread also
+receives the others' datagrams, so at any time a rank knows, for each peer:
 
 - when it last heard from it: a peer silent for `timeout` seconds is stopped (SIGSTOP),
   killed or gone, and `Liveness` ends the job naming it (rank, host, pid), whatever the
@@ -14,7 +15,14 @@ time a rank knows, for each peer:
   (faults.Watchdog) ends a collective only after `timeout` seconds in which none of the
   ranks that have not reached it made progress, and names those ranks. A busy peer (testing
   or snapshotting) counts as making progress while its heartbeats come, for at most
-  `busy_limit` seconds without its counter moving.
+  `busy_limit` seconds without its counter moving;
+- that it is leaving before the others (`leave`: a user's os._exit or sys.exit caught by
+  faults.LeaveGuard): each peer logs which rank left and where, and answers, before the
+  leaving rank ends the job.
+
+The iteration and phase a peer is said to be in are those of its last heartbeat, at most an
+interval old; every message also gives this rank's own iteration, which the peer cannot
+have passed (ranks meet at every iteration's collectives).
 
 UDP needs no MPI progress on the peer (a stopped peer cannot answer one-sided MPI either),
 works across nodes wherever the MPI library's own TCP traffic does, and costs a datagram per
@@ -39,7 +47,7 @@ from dataclasses import dataclass
 from ..backends.communicator import Communicator
 from .faults import ABORT_TIMEOUT
 
-__all__ = ["Liveness", "PeerState", "describe_rank_map", "rank_map", "start_liveness"]
+__all__ = ["Liveness", "PeerState", "describe_rank_map", "rank_map", "start_liveness", "where"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -83,9 +91,24 @@ class PeerState:
     changed_at: float = 0.0  # when `progress` last changed, as seen here
     done: bool = False  # said goodbye after the end of training
     heard: bool = False  # a heartbeat of it has arrived (the path works)
+    iteration: int = -1  # the iteration it is in (-1: before the first)
+    phase: str = ""  # and the phase of it
+    left: str = ""  # it said it is leaving before the others: how and where
+    acked: bool = False  # it answered this rank's own leaving notice
 
     def name(self, rank: int) -> str:
         return f"rank {rank} ({self.host}, pid {self.pid})"
+
+    def where(self) -> str:
+        """`at iteration 61 (forward and backward)`, or `in start-up`."""
+        return where(self.iteration, self.phase)
+
+
+def where(iteration: int, phase: str) -> str:
+    """Where a rank is: `at iteration I (phase)`, or `in PHASE` before the first iteration."""
+    if iteration < 0:
+        return f"in {phase or 'start-up'}"
+    return f"at iteration {iteration} ({phase})" if phase else f"at iteration {iteration}"
 
 
 class Liveness:
@@ -113,6 +136,9 @@ class Liveness:
         self.progress = 0
         self.reached = 0
         self.what = ""
+        self.iteration = -1
+        self.phase = "start-up"
+        self._leaving: str | None = None
         self._busy = False
         self._closed = False
         self.dead: str | None = None  # the message, once a peer was found dead
@@ -134,6 +160,29 @@ class Liveness:
     def tick(self) -> None:
         """This rank made progress outside a collective (an iteration, a test batch)."""
         self.progress += 1
+
+    def at(self, iteration: int, phase: str) -> None:
+        """The iteration and the phase of it this rank is in now (the next heartbeat says
+        so; no datagram of its own: two attribute writes)."""
+        self.iteration, self.phase = iteration, phase
+
+    def here(self) -> str:
+        """Where this rank is, as `where` says it."""
+        return where(self.iteration, self.phase)
+
+    def leave(self, text: str, wait: float) -> list[int]:
+        """Tell every peer this rank is leaving before the others (`text`: how and where;
+        each peer logs it with its own rank and answers), and wait until all have answered,
+        at most `wait` seconds. Returns the peers that did not answer."""
+        self._leaving = text[:400]
+        deadline = time.monotonic() + wait
+        while True:
+            self._send()  # (a lost datagram is sent again)
+            with self._lock:
+                silent = sorted(r for r, p in self.peers.items() if not p.acked and not p.done)
+            if not silent or time.monotonic() >= deadline:
+                return silent
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
     def busy(self, flag: bool) -> None:
         """Whether this rank is in a long phase of its own (a test pass, a snapshot)."""
@@ -173,20 +222,21 @@ class Liveness:
         with self._lock:
             for r in ranks:
                 p = self.peers[r]
-                where = f"in {p.what!r}" if p.what else "before its first collective"
-                parts.append(f"{p.name(r)}, last {where}{' (busy)' if p.busy else ''}, "
-                             f"heard from {now - p.last_seen:.1f} s ago")
-        return "; ".join(parts)
+                last = f"last collective {p.what!r}" if p.what else "no collective yet"
+                parts.append(f"{p.name(r)}, {p.where()}{' (busy)' if p.busy else ''}, "
+                             f"{last}, heard from {now - p.last_seen:.1f} s ago")
+        return "; ".join(parts) + f"; this rank is {self.here()}"
 
     # ------------------------------------------------------------------ the thread
-    def _message(self, bye: bool = False) -> bytes:
-        body = [self._token, self.rank, self.progress, self.reached, self.what, self._busy, bye]
+    def _message(self, bye: bool = False, ack: bool = False) -> bytes:
+        body = [self._token, self.rank, self.progress, self.reached, self.what, self._busy, bye,
+                self.iteration, self.phase, self._leaving, ack]
         return json.dumps(body).encode()
 
-    def _send(self, bye: bool = False) -> None:
-        data = self._message(bye)
-        for peer in self.peers.values():
-            if peer.done:
+    def _send(self, bye: bool = False, to: list[int] | None = None, ack: bool = False) -> None:
+        data = self._message(bye, ack)
+        for r, peer in self.peers.items():
+            if peer.done or (to is not None and r not in to):
                 continue
             try:
                 self._sock.sendto(data, peer.address)
@@ -195,7 +245,8 @@ class Liveness:
 
     def _receive(self, data: bytes, now: float) -> None:
         try:
-            token, rank, progress, reached, what, busy, bye = json.loads(data)
+            (token, rank, progress, reached, what, busy, bye, iteration, phase, leaving,
+             ack) = json.loads(data)
         except (ValueError, TypeError):
             return
         if token != self._token or rank not in self.peers:
@@ -206,7 +257,17 @@ class Liveness:
             if progress != p.progress:
                 p.progress, p.changed_at = progress, now
             p.reached, p.what, p.busy = reached, what, bool(busy)
+            p.iteration, p.phase = int(iteration), str(phase)
             p.done = p.done or bool(bye)
+            p.acked = p.acked or bool(ack)
+            news = bool(leaving) and not p.left
+            if news:
+                p.left = str(leaving)
+        if leaving:
+            if news:
+                log.error("rank %d: %s is leaving before the others: %s (this rank is %s); "
+                          "the job ends", self.rank, p.name(rank), leaving, self.here())
+            self._send(to=[rank], ack=True)  # (again for a repeated notice: ours was lost)
 
     def _run(self) -> None:
         try:
@@ -244,10 +305,11 @@ class Liveness:
 
     def _report_dead(self, rank: int, now: float) -> None:
         p = self.peers[rank]
+        last = f", last collective {p.what!r}" if p.what else ""
         self.dead = (f"rank {self.rank}: {p.name(rank)} sent no heartbeat for "
                      f"{now - p.last_seen:.1f} s (--comm-timeout {self.timeout:g}): it is "
-                     f"stopped, hung outside Python or gone; last seen in "
-                     f"{p.what or 'start-up'!r}; aborting all {self.comm.size} ranks")
+                     f"stopped, hung outside Python or gone; last heard {p.where()}{last}; "
+                     f"this rank is {self.here()}; aborting all {self.comm.size} ranks")
         self._on_dead(self.dead)
 
     def _abort(self, message: str) -> None:

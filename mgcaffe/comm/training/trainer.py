@@ -41,7 +41,7 @@ from ..runtime.timing import NetTimer
 from ..runtime.trace import COMPUTE, Tracer, merge_traces, save_trace
 from .agreement import agree_on_settings, settings_of
 from .cost_source import run_cost
-from .faults import Watchdog, check_in_sync
+from .faults import LeaveGuard, Watchdog, check_in_sync
 from .gradient_comm import gradient_channel
 from .liveness import start_liveness
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
@@ -183,6 +183,12 @@ class DistributedTraining:
             comm.barrier()
         if self.liveness is not None:
             self.liveness.busy(True)  # until the first iteration: rank 0's initial test
+            self.liveness.at(-1, "rank 0's first test" if solver.param.test_initialization
+                             and solver.param.test_interval else "start-up")
+        # os._exit (and sys.exit, __exit__) on this rank: the job ends non-zero, every rank
+        # saying which rank left and where
+        self.leave_guard = LeaveGuard(comm, self.liveness).install() if self.size > 1 \
+            else None
         if self.tracer is not None:
             self.tracer.set_origin()
 
@@ -226,14 +232,20 @@ class DistributedTraining:
 
     def wait(self) -> None:
         """Block until every group of the iteration is reduced (averaged over ranks)."""
+        live = self.liveness
+        if live is not None:
+            live.at(live.iteration, "waiting for the reduced gradients")
         self.executor.wait()
         self._t_grads = self.clock()
+        if live is not None:
+            live.at(live.iteration, "the update")
 
     # ------------------------------------------------------------------ iteration hook
     def before_iteration(self, solver: Any) -> None:
         if self.liveness is not None:
             self.liveness.busy(False)
             self.liveness.tick()
+            self.liveness.at(solver.iter, "forward and backward")
         if solver.action_function is not self._agreed_fn:
             # Signals act only once every rank agrees (after_iteration); run_training's
             # handler becomes this rank's vote.
@@ -278,6 +290,8 @@ class DistributedTraining:
         self.signals = signals
 
     def _agree_on_requests(self) -> None:
+        if self.liveness is not None:
+            self.liveness.at(self.solver.iter - 1, "the agreement on stop/snapshot requests")
         local = self._local_action() if self._local_action is not None else _SOLVER_ACTION_NONE
         own_signal = getattr(self.signals, "stop_signal", None)
         with self._guard("agreement on stop/snapshot requests"):
@@ -298,6 +312,8 @@ class DistributedTraining:
         if self.liveness is not None:
             self.liveness.tick()
             self.liveness.busy(True)
+            self.liveness.at(self.solver.iter, "rank 0's snapshot or test" if self.rank == 0
+                             else "between iterations")
         action, self._agreed = self._agreed, _SOLVER_ACTION_NONE
         return action
 
@@ -355,6 +371,8 @@ class DistributedTraining:
                          self.options.timeline)
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.leave_guard is not None:
+            self.leave_guard.restore()
         if self.liveness is not None:
             self.liveness.close()  # the others stop watching: this rank ended normally
         if self in self.solver.iteration_hooks:
@@ -369,6 +387,11 @@ class DistributedTraining:
         if exc_type is None:
             self.close()
         else:  # the failure path: no collectives (peers may be gone); failing_together aborts
+            if exc_type is SystemExit and self.leave_guard is not None:
+                self.leave_guard.leave(f"sys.exit({exc.code!r})")
+                exc.rank_reported = True  # (failing_together: said, do not say it again)
+            if self.leave_guard is not None:
+                self.leave_guard.restore()
             self.executor.close(join=False)
             self.timer.remove()
 

@@ -102,8 +102,9 @@ def failing_together(comm: Communicator):
         yield comm
     except SystemExit as exc:
         if comm.size > 1:
-            log.error("rank %d (pid %d): ended before the others (sys.exit(%r)); aborting all "
-                      "%d ranks", comm.rank, os.getpid(), exc.code, comm.size)
+            if not getattr(exc, "rank_reported", False):  # (the trainer's LeaveGuard says more)
+                log.error("rank %d (pid %d): left before the others: sys.exit(%r); aborting "
+                          "all %d ranks", comm.rank, os.getpid(), exc.code, comm.size)
             comm.abort(ABORT_EXCEPTION)
         raise
     except BaseException as exc:

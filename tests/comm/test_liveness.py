@@ -15,7 +15,7 @@ import pytest
 
 from mgcaffe import _launch
 from mgcaffe.comm.backends.local import LocalWorld
-from mgcaffe.comm.training.faults import Watchdog
+from mgcaffe.comm.training.faults import LeaveGuard, Watchdog
 from mgcaffe.comm.training.liveness import describe_rank_map, start_liveness
 from mgcaffe.solvers.actions import (
     SHELL_STATUS,
@@ -54,6 +54,61 @@ def test_a_silent_peer_is_named_after_the_timeout_not_before():
     finally:
         a.close()
         b.close()
+
+
+def test_a_silent_peer_is_named_with_the_iteration_and_phase_it_was_in():
+    dead = []
+    a, b = two_livenesses(0.6, lambda r, m: dead.append((r, m)))
+    try:
+        b.enter("start barrier")  # what the old line said long after warm-up
+        a.at(62, "waiting for the reduced gradients")
+        b.at(61, "the update")
+        b.at(62, "forward and backward")
+        time.sleep(0.3)  # a few heartbeats carry it
+        assert a.peers[1].where() == "at iteration 62 (forward and backward)"
+        b._closed = True  # stopped
+        deadline = time.monotonic() + 10
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rank, message = dead[0]
+        assert rank == 0 and "last heard at iteration 62 (forward and backward), last " \
+            "collective 'start barrier'; this rank is at iteration 62 (waiting for the " \
+            "reduced gradients)" in message, message
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_leaving_rank_is_named_by_every_peer_which_answers(caplog):
+    comms = LocalWorld(3, timeout=10).communicators()
+    lives, _ = run_ranks(3, lambda r: start_liveness(comms[r], 5.0, interval=0.05))
+    try:
+        lives[1].at(20, "forward and backward")
+        exits, aborted = [], []
+        comms[1].abort = aborted.append
+        guard = LeaveGuard(comms[1], lives[1])
+        guard.install()
+        try:
+            assert os._exit == guard._exit
+            guard._real_exit = exits.append  # (the real one would end this test process)
+            t0 = time.monotonic()
+            os._exit(0)
+        finally:
+            guard.restore()
+        assert os._exit is not guard._exit
+        assert aborted == [1] and exits == [1]  # status 1, not 0
+        assert time.monotonic() - t0 < 1.5  # the answers came: no wait to the deadline
+        assert guard.message == (f"rank 1 (pid {os.getpid()}): left before the others: "
+                                 "os._exit(0) at iteration 20 (forward and backward); "
+                                 "aborting all 3 ranks")
+        text = caplog.text
+        for r in (0, 2):
+            assert f"rank {r}: rank 1 ({lives[r].peers[1].host}, pid {os.getpid()}) is " \
+                   f"leaving before the others: os._exit(0) at iteration 20 (forward and " \
+                   f"backward)" in text, text
+    finally:
+        for live in lives:
+            live.close()
 
 
 def test_a_goodbye_is_not_a_death_and_progress_is_seen():

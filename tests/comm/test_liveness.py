@@ -79,23 +79,23 @@ def test_a_silent_peer_is_named_with_the_iteration_and_phase_it_was_in():
         b.close()
 
 
-def test_a_leaving_rank_is_named_by_every_peer_which_answers(caplog):
+def test_a_leaving_rank_is_named_by_every_peer_which_answers(caplog, monkeypatch):
     comms = LocalWorld(3, timeout=10).communicators()
     lives, _ = run_ranks(3, lambda r: start_liveness(comms[r], 5.0, interval=0.05))
     try:
         lives[1].at(20, "forward and backward")
         exits, aborted = [], []
         comms[1].abort = aborted.append
+        monkeypatch.setattr(os, "_exit", exits.append)  # (the real one would end the test)
         guard = LeaveGuard(comms[1], lives[1])
         guard.install()
         try:
             assert os._exit == guard._exit
-            guard._real_exit = exits.append  # (the real one would end this test process)
             t0 = time.monotonic()
             os._exit(0)
         finally:
             guard.restore()
-        assert os._exit is not guard._exit
+        assert os._exit == exits.append  # put back
         assert aborted == [1] and exits == [1]  # status 1, not 0
         assert time.monotonic() - t0 < 1.5  # the answers came: no wait to the deadline
         assert guard.message == (f"rank 1 (pid {os.getpid()}): left before the others: "
@@ -109,6 +109,31 @@ def test_a_leaving_rank_is_named_by_every_peer_which_answers(caplog):
     finally:
         for live in lives:
             live.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_of_a_guarded_rank_exits_as_it_asks():
+    comm = LocalWorld(2, timeout=10).communicators()[0]
+    aborted = []
+    comm.abort = aborted.append
+    guard = LeaveGuard(comm).install()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)  # the child is no rank: no abort, its own status
+        _, status = os.waitpid(pid, 0)
+    finally:
+        guard.restore()
+    assert os.waitstatus_to_exitcode(status) == 7 and aborted == []
+
+
+def test_thread_ranks_leave_os_exit_alone():
+    """Thread-ranks share one os module: only a rank that is a process of its own is
+    guarded (MpiCommunicator)."""
+    from mgcaffe.comm.backends.mpi import MpiCommunicator  # noqa: PLC0415 - the class only
+
+    comms = LocalWorld(2, timeout=10).communicators()
+    assert MpiCommunicator.one_process_per_rank and not comms[0].one_process_per_rank
 
 
 def test_a_goodbye_is_not_a_death_and_progress_is_seen():

@@ -59,6 +59,8 @@ class Communicator(ABC):
     rank: int
     size: int
     name: str = "communicator"
+    #: Each rank is a process of its own (an os._exit on one leaves the others running).
+    one_process_per_rank: bool = False
 
     @abstractmethod
     def allreduce_sum(self, buf: np.ndarray) -> None:

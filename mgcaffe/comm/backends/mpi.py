@@ -77,6 +77,7 @@ class MpiCommunicator(Communicator):
     `chunk_bytes=0` sends each buffer whole."""
 
     name = "mpi"
+    one_process_per_rank = True
 
     def __init__(self, comm: Any = None, *, wait: str = "poll", poll_s: float = 1e-4,
                  spin_s: float = 5e-4, chunk_bytes: int = 16 << 20):

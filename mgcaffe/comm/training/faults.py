@@ -37,6 +37,8 @@ __all__ = ["ABORT_EXCEPTION", "ABORT_TIMEOUT", "LeaveGuard", "Watchdog", "check_
 
 log = logging.getLogger("mgcaffe.comm")
 
+_REAL_EXIT = os._exit  # (as the process started: LeaveGuard stands in for it a while)
+
 ABORT_EXCEPTION = 1  # exit status of every rank after an exception on one of them
 ABORT_TIMEOUT = 3  # exit status after a watchdog timeout (a peer lost or stuck)
 
@@ -83,12 +85,16 @@ class LeaveGuard:
         self.liveness = liveness
         self.ack_wait = float(ack_wait)
         self._real_exit: Callable[[int], Any] | None = None
+        self._pid = os.getpid()
         self._leaving = threading.Lock()
         self.message: str | None = None  # the line logged, once a rank left
 
     def install(self) -> LeaveGuard:
-        """Catch os._exit from now on (until `restore`)."""
+        """Catch os._exit from now on (until `restore`): for a rank that is a process of its
+        own (not thread-ranks: they share one os module). A forked child of the rank exits
+        as it asks (`_exit` looks at the pid)."""
         if self._real_exit is None:
+            self._pid = os.getpid()
             self._real_exit = os._exit
             os._exit = self._exit
         return self
@@ -101,9 +107,9 @@ class LeaveGuard:
             self._real_exit = None
 
     def _exit(self, status: int) -> None:
-        real = self._real_exit or os._exit
-        if not self._leaving.acquire(blocking=False):
-            real(status)  # the abort's own os._exit, or a second thread leaving
+        real = self._real_exit or _REAL_EXIT
+        if os.getpid() != self._pid or not self._leaving.acquire(blocking=False):
+            real(status)  # a forked child, the abort's own os._exit, a second thread leaving
         try:
             self.leave(f"os._exit({status})")
             self.comm.abort(status or ABORT_EXCEPTION)

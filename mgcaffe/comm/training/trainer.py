@@ -187,8 +187,8 @@ class DistributedTraining:
                              and solver.param.test_interval else "start-up")
         # os._exit (and sys.exit, __exit__) on this rank: the job ends non-zero, every rank
         # saying which rank left and where
-        self.leave_guard = LeaveGuard(comm, self.liveness).install() if self.size > 1 \
-            else None
+        self.leave_guard = LeaveGuard(comm, self.liveness).install() \
+            if self.size > 1 and comm.one_process_per_rank else None
         if self.tracer is not None:
             self.tracer.set_origin()
 

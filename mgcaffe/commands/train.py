@@ -29,8 +29,8 @@ from ..errors import CommError, MgcaffeError, SolverError
 from ..formats.outputs import check_output_path
 from ..proto import caffe_pb2
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
-from ._engine import layer_rules
 from ..solvers.actions import SHELL_STATUS, exit_status, parse_exit_status, signal_name
+from ._engine import layer_rules
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "train"

@@ -553,6 +553,13 @@ class Net:
         return self._diffs.clear_for_pass(self.lazy_param_diff_clear,
                                           user_code or self.runs_user_code)
 
+    def clear_param_diffs_of(self, param_ids) -> str:
+        """Zero the diffs of these `learnable_params` indices for a backward to come (the
+        solver's per-layer update, after a layer's update), lazily unless this net runs user
+        code (as clear_param_diffs_for_pass); returns how. settle_param_diffs fills them."""
+        return self._diffs.clear_some(param_ids, self.lazy_param_diff_clear,
+                                      self.runs_user_code)
+
     def settle_param_diffs(self) -> None:
         """Fill the diffs still cleared lazily (an iteration that ended before its backward
         did): afterwards every diff array, held or read afresh, reads the same."""

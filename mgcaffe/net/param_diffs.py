@@ -98,6 +98,19 @@ class ParamDiffs:
             self.params[i].diff_for_write()[0].fill(0)
         self.marked = False
 
+    def clear_some(self, ids, lazy_allowed: bool, user_code: bool) -> str:
+        """Clear the diffs of `ids` (learnable_params indices) as `clear_way` says; a lazy
+        clear is marked, so `settle()` fills what no backward wrote. Returns the way."""
+        way = clear_way(lazy_allowed, user_code)
+        for i in ids:
+            if way == LAZY:
+                self.params[i].clear_diff_lazily()
+            else:
+                self.params[i].diff_for_write()[0].fill(0)
+        if way == LAZY:
+            self.marked = True
+        return way
+
     def clear_for_pass(self, lazy_allowed: bool, user_code: bool) -> str:
         """The solver's clear before a forward and backward, as `clear_way` says; the way."""
         way = clear_way(lazy_allowed, user_code)

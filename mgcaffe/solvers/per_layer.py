@@ -67,7 +67,7 @@ class PerLayerUpdate:
         self.sync = sync
         for i in self._loose:
             s.update_param(i, self.rate)
-            s.net.learnable_params[i].clear_diff_lazily()
+        s.net.clear_param_diffs_of(self._loose)
         self.pending = {layer.index for layer in s.net.learnable_layers}
         if self.pending:
             s.net.set_param_gate(self.apply)
@@ -87,7 +87,7 @@ class PerLayerUpdate:
                               f"untouched")
         for i in layer.param_ids:
             s.update_param(i, self.rate)
-            s.net.learnable_params[i].clear_diff_lazily()
+        s.net.clear_param_diffs_of(layer.param_ids)  # marked: step's end fills what stays
         if s.update_times is not None:
             s.update_times[k - 1] = time.perf_counter() - t0
         self.pending.discard(k)

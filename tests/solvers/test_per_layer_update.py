@@ -190,3 +190,16 @@ def test_a_snapshot_is_written_after_the_pending_updates(tmp_path):
     assert len(a.history) == len(b.history) > 0
     for x, y in zip(a.history, b.history):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_held_diff_array_reads_what_a_fresh_read_reads_after_per_layer_updates(tmp_path):
+    # pycaffe users keep `diff = net.params[name][i].diff`; a layer's diffs cleared after
+    # its update must not leave such an array with the old gradient where blob.diff reads 0
+    sync = LayerSync()
+    s = solver(tmp_path, "SGD", name="held", gradient_sync=sync)
+    held = [b.diff for b in s.net.learnable_params]
+    s.step(2)
+    assert not s.updates_pending
+    seen = [h.copy() for h in held]  # before any fresh read, which fills lazy zeros
+    for i, blob in enumerate(s.net.learnable_params):
+        np.testing.assert_array_equal(seen[i], blob.diff, err_msg=f"param {i}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..comm.model.cost import CostModel, Network, load_network
+from ..comm.model.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, Network, load_network
 from ..comm.model.planner import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..comm.model.profile import Profile, load_profile
 from ..errors import PlanError
@@ -34,6 +34,10 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
     parser.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
                         help="bucket size of the `threshold` scheme in MiB (default 25, as "
                              "PyTorch DDP's bucket_cap_mb)")
+    parser.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULT_COST_MODEL,
+                        help="T(M): piecewise (the network's measured times where it has "
+                             "them, else its line) or paper (the line a + b*M only, as the "
+                             f"paper; default {DEFAULT_COST_MODEL})")
     parser.add_argument("--use-formula", action="store_true",
                         help="use the algorithm's formula even for N the network has fits for")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -92,7 +96,10 @@ def describe_cost(cost: CostModel, network: Network | None) -> str:
     where = f"; {network.source}" if network is not None else ""
     nodes = f"N = {cost.nodes}: " if cost.nodes is not None else ""
     interference = describe_interference(cost)
-    return (f"{nodes}a = {cost.a * 1e6:.2f} us, b = {cost.b * 1e9:.4f} ns/B "
+    curve = (f", {cost.kind}: measured at {len(cost.times)} sizes from "
+             f"{fmt_bytes(cost.times[0][0])} to {fmt_bytes(cost.times[-1][0])}"
+             if cost.times else "")
+    return (f"{nodes}a = {cost.a * 1e6:.2f} us, b = {cost.b * 1e9:.4f} ns/B{curve} "
             f"({cost.origin or 'given'}{where}){'; ' if interference else ''}{interference}")
 
 

@@ -41,6 +41,9 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
     out = {"model": profile.model, "nodes": cost.nodes, "a": cost.a, "b": cost.b,
            "cost_origin": cost.origin, "ideal": next(iter(plans.values())).ideal,
            "default": DEFAULT_SCHEME, "schemes": {}}
+    out["cost_model"] = cost.kind
+    if cost.times:
+        out["times"] = [[m, t] for m, t in cost.times]
     if cost.interference:
         out["interference"] = [[m, rho] for m, rho in cost.interference]
     if cost.comm_slowdown:
@@ -124,7 +127,8 @@ def run(args) -> int:
     if nodes is None:
         cost = CostModel(args.a, args.b, origin="--a/--b")
     else:
-        cost = cost_for(network, nodes, args.use_formula, a=args.a, b=args.b)
+        cost = cost_for(network, nodes, args.use_formula, a=args.a, b=args.b,
+                        model=args.cost_model)
     plans = make_plans(profile, cost, schemes, bucket, nodes=nodes)
     if args.save_plan:
         if len(plans) == 1:

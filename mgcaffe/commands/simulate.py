@@ -118,7 +118,7 @@ def run(args) -> int:
             raise PlanError(f"--gantt: N must be >= 1, got {gantt_nodes}")
     nodes = list(dict.fromkeys(args.nodes))
     scaling = weak_scaling(profile, network, nodes, schemes, use_formula=args.use_formula,
-                           a=args.a, b=args.b, bucket_bytes=bucket)
+                           a=args.a, b=args.b, bucket_bytes=bucket, model=args.cost_model)
     if args.json:
         json.dump(scaling.to_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -148,7 +148,7 @@ def run(args) -> int:
         else:
             point = weak_scaling(profile, network, [gantt_nodes], schemes,
                                  use_formula=args.use_formula, a=args.a, b=args.b,
-                                 bucket_bytes=bucket).points[0]
+                                 bucket_bytes=bucket, model=args.cost_model).points[0]
         path = plots.gantt_chart(point.plans, args.gantt[1])
         wrote.append(f"wrote the timelines at N = {gantt_nodes} to {path} "
                      f"({describe_cost(point.cost, network)})")

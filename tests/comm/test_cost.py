@@ -238,3 +238,70 @@ def test_fit_linear_weights_reduce_to_a_hand_computed_case():
         fit_linear([0, 10], [1.0, 3.0], [1.0, 0.0])
     with pytest.raises(PlanError, match="> 0"):
         fit_relative([0, 10], [0.0, 3.0])
+
+
+# ----------------------------------------------------------------------------- piecewise T
+CURVE = ((4, 50e-6), (1 << 20, 10e-3), (4 << 20, 50e-3))
+
+
+def test_piecewise_time_by_hand():
+    c = CostModel(1e-4, 8e-9, times=CURVE)
+    assert c.kind == "piecewise" and CostModel(1e-4, 8e-9).kind == "paper"
+    assert c.time(0) == c.time(4) == 50e-6  # flat below the smallest size
+    assert c.time(1 << 20) == 10e-3
+    mid = (4 + (1 << 20)) / 2
+    assert c.time(mid) == pytest.approx(50e-6 + (10e-3 - 50e-6) / 2)
+    assert c.time(2.5 * (1 << 20)) == pytest.approx(30e-3)
+    # above the largest: the last segment's slope, 40 ms per 3 MiB
+    assert c.time(7 << 20) == pytest.approx(90e-3)
+    assert c.paper() == CostModel(1e-4, 8e-9) and c.paper().time(1000) == 1e-4 + 8e-6
+    assert c.with_times(()) == c.paper()
+    assert c.with_interference(((4, 0.5),)).times == CURVE  # every other term is kept
+
+
+def test_piecewise_time_never_decreases_and_is_refused_otherwise():
+    with pytest.raises(PlanError, match=r"times: 1048576 bytes take 0.001 s, less than 4 "
+                                        r"bytes \(0.002 s\): T\(M\) must not decrease"):
+        CostModel(0, 0, times=((4, 2e-3), (1 << 20, 1e-3)))
+    with pytest.raises(PlanError, match="times: need at least two distinct sizes"):
+        CostModel(0, 0, times=((4, 2e-3),))
+    with pytest.raises(PlanError, match="times: need at least two distinct sizes"):
+        CostModel(0, 0, times=((4, 2e-3), (4, 3e-3)))
+    with pytest.raises(PlanError, match=r"times\[1\]\[1\]: must be >= 0"):
+        CostModel(0, 0, times=((4, 2e-3), (8, -1.0)))
+    flat = CostModel(0, 0, times=((4, 2e-3), (8, 2e-3), (16, 5e-3)))  # equal times are fine
+    xs = [0, 3, 4, 5, 8, 9, 16, 100]
+    assert all(flat.time(x) <= flat.time(y) for x, y in zip(xs, xs[1:]))
+
+
+def test_network_json_times_round_trip_and_old_files_load_as_lines(tmp_path):
+    doc = {"fits": {"2": {"a": 1e-4, "b": 8e-9, "times": [list(p) for p in CURVE]}}}
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps(doc))
+    net = load_network(path)
+    cost = cost_for(net, 2)
+    assert cost.kind == "piecewise" and cost.times == CURVE and cost.origin == "fit"
+    assert cost.time(1 << 20) == 10e-3
+    again = Network.from_dict(json.loads(json.dumps(net.to_dict())))
+    assert again == net
+    paper = cost_for(net, 2, model="paper")
+    assert paper.kind == "paper" and paper == cost.paper() and "paper" in paper.origin
+    assert cost_for(net, 2, a=2e-4).times == ()  # --a/--b give a line
+    with pytest.raises(PlanError, match="unknown form 'linear' .*piecewise, paper"):
+        cost_for(net, 2, model="linear")
+    # a file written before the measured curve existed: the line, unchanged
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"fits": {"2": {"a": 1e-4, "b": 8e-9}}}))
+    line = cost_for(load_network(old), 2)
+    assert line.kind == "paper" and line == CostModel(1e-4, 8e-9)
+
+
+def test_network_json_bad_times_name_the_file_and_field(tmp_path):
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps({"fits": {"2": {"a": 0, "b": 0,
+                                                "times": [[4, 1e-3], [8, 5e-4]]}}}))
+    with pytest.raises(PlanError, match=r"net.json: fits.2.times: 8 bytes take"):
+        load_network(path)
+    path.write_text(json.dumps({"fits": {"2": {"a": 0, "b": 0, "times": 5}}}))
+    with pytest.raises(PlanError, match=r"net.json: fits.2.times: must be a list"):
+        load_network(path)

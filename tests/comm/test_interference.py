@@ -283,3 +283,49 @@ def test_the_bound_stays_below_every_continuation():
             assert F == pytest.approx(end, rel=1e-12)  # the states replay the timeline
         assert make_plan(profile, cost, "mgwfbp").iteration_time == pytest.approx(best,
                                                                                    rel=1e-12)
+
+
+def _steep_curve(rng: random.Random) -> tuple[tuple[int, float], ...]:
+    """A measured-like T that is not subadditive: cheap small messages, then steep (over TCP a
+    large message can cost more than its halves), over the toy profiles' sizes (4..64 B)."""
+    t0 = rng.uniform(0, 0.5)
+    mid = t0 + rng.uniform(0, 0.5)
+    return ((4, t0), (rng.choice((8, 16, 24)), mid), (64, mid + rng.uniform(2, 12)))
+
+
+def test_the_bound_holds_for_measured_curves_that_are_not_subadditive():
+    # one message of layers 1..k may cost more than two: the bound must use the cheapest
+    # grouping's channel time, not one message's
+    rng = random.Random(78)
+    for _ in range(60):
+        L = rng.randint(2, 7)
+        profile = toy([rng.randint(0, 8) for _ in range(L)],
+                      [rng.uniform(0, 4) for _ in range(L)], forward=rng.uniform(0, 1))
+        cost = CostModel(0.1, 0.01, times=_steep_curve(rng),
+                         interference=((4, rng.uniform(0, 1)), (32, rng.uniform(0, 3))),
+                         comm_slowdown=((4, rng.uniform(1, 3)),))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        total = sum(layer.backward_time for layer in profile.layers)
+        lower = planner._lower(profile, cost, total)
+        assert lower(L, profile.forward_time, 0.0) <= best * (1 + 1e-12)
+        opt = make_plan(profile, cost, "mgwfbp")
+        assert opt.exact and opt.iteration_time == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("L", range(2, 9))
+def test_optimal_equals_brute_force_for_measured_curves_under_rho_and_sigma(
+        L, make_random_profile):
+    rng = random.Random(950 + L)
+    for _ in range(6):
+        profile = make_random_profile(rng, L, zero_params=True)
+        total = 4 * sum(layer.params for layer in profile.layers)
+        mid = max(8, total // rng.randint(2, 8))
+        t0 = 10 ** rng.uniform(-5, -3)
+        curve = ((4, t0), (mid, t0 + 10 ** rng.uniform(-4, -2)),
+                 (total + 4, t0 + 10 ** rng.uniform(-2, -0.5)))
+        cost = CostModel(t0, 0.0, times=curve,
+                         interference=((4, rng.uniform(0, 1)), (mid, rng.uniform(0, 3))),
+                         comm_slowdown=((4, rng.uniform(1, 2.5)),))
+        best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
+        opt = make_plan(profile, cost, "mgwfbp")
+        assert opt.exact and opt.iteration_time == pytest.approx(best, rel=1e-12)

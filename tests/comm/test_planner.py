@@ -378,3 +378,76 @@ def test_planning_500_layers_is_fast(make_random_profile):
             t0 = time.perf_counter()
             make_plan(profile, cost, s)
             assert time.perf_counter() - t0 < 1.0, s
+
+
+# ----------------------------------------------------------------------------- measured T
+def random_curve(rng: random.Random, **terms) -> CostModel:
+    """A measured-like T_ar: non-decreasing, often NOT subadditive (steep segments after flat
+    ones, as TCP's large messages are), flat stretches and jumps included."""
+    sizes = sorted({int(10 ** rng.uniform(1, 7.5)) for _ in range(rng.randint(2, 6))} | {4})
+    t, points = 10 ** rng.uniform(-5, -3), []
+    for m in sizes:
+        points.append((m, t))
+        t += rng.choice((0.0, 10 ** rng.uniform(-5, -1.5), 10 ** rng.uniform(-3, -1)))
+    if len(points) < 2:
+        points.append((points[-1][0] * 2, t))
+    return CostModel(10 ** rng.uniform(-5, -3), 10 ** rng.uniform(-10, -8),
+                     times=tuple(points), **terms)
+
+
+def test_random_curves_are_often_not_subadditive():
+    # the case the exactness below is about: T(x + y) > T(x) + T(y) for some sizes
+    rng = random.Random(4)
+    grid = [int(10 ** (k / 4)) for k in range(4, 31)]
+    hits = sum(any(c.time(x + y) > c.time(x) + c.time(y) for x in grid for y in grid)
+               for c in (random_curve(rng) for _ in range(50)))
+    assert hits >= 10
+
+
+@pytest.mark.parametrize("L", range(1, 10))
+def test_optimal_equals_brute_force_for_measured_curves(L, make_random_profile):
+    rng = random.Random(2000 + L)
+    for _ in range(12 if L < 8 else 4):
+        profile = make_random_profile(rng, L, zero_params=True)
+        cost = random_curve(rng)
+        best = min(timeline(profile, cost, g).iteration_time for g in all_groupings(profile))
+        opt = make_plan(profile, cost, "mgwfbp")
+        check_plan(opt, profile, cost)
+        assert opt.iteration_time == pytest.approx(best, rel=REL)
+        for s in SCHEMES:
+            assert opt.iteration_time <= make_plan(profile, cost, s).iteration_time * (1 + REL)
+
+
+def test_optimal_exact_for_integer_step_curves():
+    """T with integer steps (jumps make merging two messages cost more than both): every
+    combination."""
+    rng = random.Random(8)
+    for _ in range(300):
+        L = rng.randint(1, 6)
+        profile = toy([rng.randint(0, 4) for _ in range(L)], [rng.randint(0, 4) for _ in range(L)],
+                      forward=rng.randint(0, 3))
+        steps = sorted({4 * rng.randint(1, 24) for _ in range(3)} | {1, 100})
+        times, t = [], rng.randint(0, 2)
+        for i, m in enumerate(steps):
+            times.append((m, t))
+            if i % 2 == 0:  # jumps between flat stretches: merging can cost more than both
+                t += rng.randint(0, 6)
+        cost = CostModel(1, 0, times=tuple(times))
+        best = min(timeline(profile, cost, g).iteration_time for g in all_groupings(profile))
+        assert make_plan(profile, cost, "mgwfbp").iteration_time == pytest.approx(best,
+                                                                                  rel=REL)
+
+
+def test_plans_record_the_measured_curve(tmp_path):
+    profile = toy([10, 20, 30], [1e-3, 2e-3, 3e-3])
+    cost = CostModel(1e-4, 1e-8, nodes=2, times=((4, 1e-4), (400, 5e-3)))
+    plan = make_plan(profile, cost, "mgwfbp")
+    assert plan.times == cost.times
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = load_plan(path)
+    assert again == plan and again.cost() == cost
+    assert again.cost().time(200) == cost.time(200)
+    # a plan without a curve (older files) rebuilds the line
+    line = make_plan(profile, cost.paper(), "mgwfbp")
+    assert "times" not in line.to_dict() and line.cost() == cost.paper()

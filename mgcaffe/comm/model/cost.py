@@ -1,17 +1,32 @@
-"""All-reduce cost model: T_ar(M) = a + b*M seconds for an M-byte message among N workers.
+"""All-reduce cost model T_ar(M): seconds to all-reduce an M-byte message among N workers.
 
-A network description gives a and b for each N, either by an all-reduce algorithm's formula
+Two forms (`CostModel.kind`, the value `COST_MODELS` lists):
+
+- `paper`: the paper's line T_ar(M) = a + b*M (Eq. 9), for every size.
+- `piecewise`: measured times at a set of sizes, T_ar piecewise linear between them (flat below
+  the smallest, the last segment's slope above the largest). Over TCP one line misses the
+  large messages by tens of percent (the kernel's buffers and TCP's windows change with the
+  size); a measured curve predicts every measured size within its measured spread. Its `a`
+  and `b` are the line fitted to the same points, kept for the paper's Algorithm 1 and for
+  output. Times never decrease with the size (the planner's optimum is exact for any
+  non-decreasing T_ar).
+
+A network description gives the cost for each N, either by an all-reduce algorithm's formula
 from the alpha-beta-gamma constants or by measured per-N fits. JSON format (seconds, seconds per
 byte):
 
     {"alpha": 4.526e-05, "beta": 9.93e-10, "gamma": 2.5e-09, "algorithm": "ring",
-     "fits": {"8": {"a": 0.00083, "b": 3.34e-09}}}
+     "fits": {"8": {"a": 0.00083, "b": 3.34e-09,
+                    "times": [[4, 6.1e-05], [1048576, 0.0094], [53500000, 0.58]]}}}
 
 - `alpha`: latency of one message step; `beta`: wire time per byte; `gamma`: reduction
   arithmetic per byte (default 0); `algorithm` (default "ring") picks the formula below.
 - `fits` (optional): measured (a, b) per number of nodes; they take precedence over the formula
   for the N they list (`cost_for(..., use_formula=True)` ignores them). alpha and beta may be
   left out when fits cover every N asked for.
+- `times` (optional, inside a fit): measured `[[bytes, seconds], ...]`, at least two sizes,
+  seconds not decreasing with bytes: the `piecewise` T_ar of that N (`mgcaffe bench-comm`
+  writes them). Without them, or with `cost_for(..., model="paper")`, T_ar is a + b*M.
 - `interference` (optional, inside a fit): how much backward slows while an all-reduce is in
   flight, as measured points `[[bytes, slowdown], ...]`: backward runs at 1/(1 + slowdown) of
   its speed while a message of that size is being all-reduced (docs/planner.md). Sizes in
@@ -37,6 +52,8 @@ With N = 1 every formula gives a = b = 0 (nothing to exchange).
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,10 +63,15 @@ from typing import Any
 from ...errors import PlanError
 from .profile import as_float, as_int, read_json, require_mapping
 
-__all__ = ["ALGORITHMS", "CostModel", "Network", "canonical_algorithm", "cost_for",
-           "fit_linear", "fit_relative", "formula", "load_network"]
+__all__ = ["ALGORITHMS", "COST_MODELS", "DEFAULT_COST_MODEL", "CostModel", "Network",
+           "canonical_algorithm", "canonical_cost_model", "cost_for", "fit_linear",
+           "fit_relative", "formula", "load_network"]
 
 ALGORITHMS = ("ring", "binary_tree", "recursive_doubling", "recursive_halving_doubling")
+#: The forms of T_ar (see the module docstring): measured points where there are any, or the
+#: paper's line a + b*M.
+COST_MODELS = ("piecewise", "paper")
+DEFAULT_COST_MODEL = "piecewise"
 
 _ALIASES = {
     "ring": "ring", "ring_allreduce": "ring",
@@ -76,7 +98,9 @@ def canonical_algorithm(name: str, source: str = "network", field_name: str = "a
 
 @dataclass(frozen=True)
 class CostModel:
-    """T_ar(M) = a + b*M: `a` start-up seconds, `b` seconds per byte, for one N.
+    """T_ar(M) for one N: the paper's line a + b*M (`a` start-up seconds, `b` seconds per
+    byte), or, with `times`, piecewise linear through measured (bytes, seconds) points (a and
+    b are then the line fitted to them: Algorithm 1's start-up and output only).
 
     `nodes` and `origin` (e.g. "fit", "ring formula", "--a/--b") are informational and do not
     take part in comparisons."""
@@ -87,6 +111,7 @@ class CostModel:
     origin: str = field(default="", compare=False)
     interference: tuple[tuple[int, float], ...] = ()  # (bytes, backward slowdown), sorted
     comm_slowdown: tuple[tuple[int, float], ...] = ()  # (bytes, sigma >= 1), sorted
+    times: tuple[tuple[int, float], ...] = ()  # (bytes, seconds), sorted: the piecewise T_ar
 
     def __post_init__(self):
         for name in ("a", "b"):
@@ -100,10 +125,40 @@ class CostModel:
                                                          "slowdown", 0.0))
         object.__setattr__(self, "comm_slowdown", _points(self.comm_slowdown, "comm_slowdown",
                                                           "sigma", 1.0))
+        times = _points(self.times, "times", "seconds", 0.0)
+        _check_times(times)
+        object.__setattr__(self, "times", times)
+        # the curve's knots as two lists, for bisection (not fields: no part of equality)
+        object.__setattr__(self, "_sizes", [m for m, _ in times])
+        object.__setattr__(self, "_seconds", [t for _, t in times])
+
+    @property
+    def kind(self) -> str:
+        """Which form T_ar takes: "piecewise" (measured points) or "paper" (a + b*M)."""
+        return "piecewise" if self.times else "paper"
 
     def time(self, nbytes: float) -> float:
-        """Seconds to all-reduce a message of `nbytes` bytes."""
-        return self.a + self.b * nbytes
+        """Seconds to all-reduce a message of `nbytes` bytes (never less for more bytes)."""
+        if not self.times:
+            return self.a + self.b * nbytes
+        xs, ys = self._sizes, self._seconds
+        i = bisect.bisect_right(xs, nbytes)
+        if i == 0:
+            return ys[0]
+        if xs[i - 1] == nbytes:  # a measured size: its time exactly
+            return ys[i - 1]
+        if i == len(xs):  # above the largest: the last segment's slope goes on
+            i -= 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)
+
+    def paper(self) -> CostModel:
+        """The paper's line a + b*M of this model (the `paper` form), other terms kept."""
+        return dataclasses.replace(self, times=())
+
+    def with_times(self, points) -> CostModel:
+        """The same model with T_ar piecewise linear through these (bytes, seconds) points."""
+        return dataclasses.replace(self, times=tuple(points))
 
     @property
     def interferes(self) -> bool:
@@ -123,17 +178,29 @@ class CostModel:
         return _interpolate(self.comm_slowdown, nbytes, 1.0)
 
     def with_interference(self, points, comm_slowdown=None) -> CostModel:
-        """The same a and b with measured (bytes, slowdown) points; `comm_slowdown` (bytes,
+        """The same T_ar with measured (bytes, slowdown) points; `comm_slowdown` (bytes,
         sigma) points replace the present ones when given."""
         sigma = self.comm_slowdown if comm_slowdown is None else tuple(comm_slowdown)
-        return CostModel(self.a, self.b, self.nodes, self.origin, tuple(points), sigma)
+        return dataclasses.replace(self, interference=tuple(points), comm_slowdown=sigma)
 
     def with_comm_slowdown(self, points) -> CostModel:
         """The same model with these (bytes, sigma) points."""
         return self.with_interference(self.interference, points)
 
+    def describe(self) -> str:
+        """T_ar in a few words: the line, or the measured curve's extent and its line."""
+        line = f"a = {self.a * 1e6:.3f} us, b = {self.b * 1e9:.4f} ns/byte"
+        if not self.times:
+            return f"T(M) = a + b*M (paper): {line}"
+        (m0, t0), (m1, t1) = self.times[0], self.times[-1]
+        return (f"T(M) piecewise linear through {len(self.times)} measured sizes "
+                f"({_size(m0)} {t0 * 1e3:.3g} ms .. {_size(m1)} {t1 * 1e3:.3g} ms; the line "
+                f"through them {line})")
+
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"a": self.a, "b": self.b}
+        if self.times:
+            d["times"] = [[m, t] for m, t in self.times]
         if self.interference:
             d["interference"] = [[m, rho] for m, rho in self.interference]
         if self.comm_slowdown:
@@ -143,6 +210,27 @@ class CostModel:
         if self.origin:
             d["origin"] = self.origin
         return d
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _check_times(times: tuple[tuple[int, float], ...]) -> None:
+    """A piecewise T_ar needs two distinct sizes and times that never decrease with size
+    (the planner's exactness rests on it)."""
+    if not times:
+        return
+    if len(times) < 2 or len({m for m, _ in times}) != len(times):
+        raise PlanError(f"cost model: times: need at least two distinct sizes, got "
+                        f"{[m for m, _ in times]}")
+    for (m0, t0), (m1, t1) in zip(times, times[1:]):
+        if t1 < t0:
+            raise PlanError(f"cost model: times: {m1} bytes take {t1:g} s, less than "
+                            f"{m0} bytes ({t0:g} s): T(M) must not decrease with M")
 
 
 def _points(raw, name: str, what: str, least: float) -> tuple[tuple[int, float], ...]:
@@ -243,10 +331,14 @@ class Network:
                 if not isinstance(sigma, (list, tuple)):
                     raise PlanError(f"{source}: fits.{key}.comm_slowdown: must be a number or "
                                     f"a list of [bytes, sigma]")
+                times = fit.get("times") or ()
+                if not isinstance(times, (list, tuple)):
+                    raise PlanError(f"{source}: fits.{key}.times: must be a list of "
+                                    f"[bytes, seconds]")
                 try:
                     fits[n] = CostModel(a, b, nodes=n, origin="fit",
                                         interference=tuple(points),
-                                        comm_slowdown=tuple(sigma))
+                                        comm_slowdown=tuple(sigma), times=tuple(times))
                 except PlanError as exc:
                     raise PlanError(f"{source}: fits.{key}.{str(exc).split(': ', 1)[1]}") \
                         from None
@@ -275,15 +367,28 @@ def load_network(path: str | Path) -> Network:
     return Network.from_dict(read_json(path), source=str(path))
 
 
+def canonical_cost_model(name: str | None) -> str:
+    """One of COST_MODELS (None: the default); PlanError naming the choices otherwise."""
+    key = DEFAULT_COST_MODEL if name is None else str(name).strip().lower()
+    if key not in COST_MODELS:
+        raise PlanError(f"cost model: unknown form {name!r} (choose from "
+                        f"{', '.join(COST_MODELS)})")
+    return key
+
+
 def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
-             a: float | None = None, b: float | None = None) -> CostModel:
+             a: float | None = None, b: float | None = None,
+             model: str | None = None) -> CostModel:
     """T_ar for `nodes` workers: the measured fit for that N if the network lists one (unless
     `use_formula`), otherwise the algorithm's formula from alpha, beta and gamma.
 
-    `a` and/or `b` (the command line's --a/--b) override what the network gives; with both,
+    `model` (COST_MODELS; default "piecewise") is the form: "piecewise" uses the fit's
+    measured `times` where it has them, "paper" only its line a + b*M. `a` and/or `b` (the
+    command line's --a/--b) override what the network gives and make it a line; with both,
     `network` may be None."""
     source = network.source if network is not None else "cost"
     nodes = as_int(nodes, source, "nodes", minimum=1)
+    model = canonical_cost_model(model)
     if a is not None:
         a = as_float(a, "--a", "a")
     if b is not None:
@@ -304,11 +409,14 @@ def cost_for(network: Network | None, nodes: int, use_formula: bool = False, *,
         fa, fb = formula(network.algorithm, nodes, network.alpha, network.beta, network.gamma)
         base = CostModel(fa, fb)
         origin = f"{network.algorithm} formula"
+    times = base.times if model == "piecewise" and a is None and b is None else ()
     if a is not None or b is not None:
         origin += " with --a" if a is not None else " with --b"
+    elif base.times and not times:
+        origin += ", its line a + b*M (paper)"
     return CostModel(base.a if a is None else a, base.b if b is None else b, nodes=nodes,
                      origin=origin, interference=base.interference,
-                     comm_slowdown=base.comm_slowdown)
+                     comm_slowdown=base.comm_slowdown, times=times)
 
 
 def fit_linear(sizes: Sequence[float], times: Sequence[float],

@@ -1,7 +1,8 @@
 """Merge planner: which consecutive learnable layers share one all-reduce message.
 
 Pure functions of a `Profile` (per-layer sizes and backward times) and a `CostModel`
-(T_ar(M) = a + b*M); docs/planner.md states the model. A scheme's name is exactly its
+(T_ar(M): the paper's a + b*M, or a measured curve; every scheme is exact for any T_ar that
+never decreases with the size); docs/planner.md states the model. A scheme's name is exactly its
 `mgcaffe train --comm` value, and the same name is used in logs, `plan`/`simulate` rows, plans
 on disk and pictures. The schemes (`REGISTRY`, the one list every command renders; `SCHEMES`
 holds their names):
@@ -14,7 +15,7 @@ holds their names):
 - `mgwfbp-paper`: the paper's Algorithm 1 (INFOCOM 2019) exactly: walk l = L..2 and make l a
   merged-gradient layer (sent with l-1) iff ready(l-1) < tau_c(l) + a (Theorem 1),
   recomputing the communication start times after each merge; O(L^2). Greedy, so not always
-  optimal.
+  optimal. With a measured T_ar, `a` is the start-up of the line fitted to the same points.
 - `threshold`: buckets of at least B bytes filled in backward order (PyTorch DDP's 25 MB
   buckets, Horovod's fusion buffer); the last bucket may be smaller.
 
@@ -95,6 +96,7 @@ class Plan:
     bucket_bytes: int | None = field(default=None)
     interference: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, slowdown)
     comm_slowdown: tuple[tuple[int, float], ...] = ()  # the cost model's (bytes, sigma)
+    times: tuple[tuple[int, float], ...] = ()  # the cost model's measured (bytes, seconds)
     # False only for an `mgwfbp` plan whose search was cut (FRONT_BUDGET), or an `overlap`
     # plan above its lower bound: not proven optimal
     exact: bool = True
@@ -126,6 +128,11 @@ class Plan:
     def layer_index(self) -> dict[str, int]:
         """Layer name -> its 1-based learnable-layer index (1 = input side .. L)."""
         return {name: i + 1 for i, name in enumerate(self.layers)}
+
+    def cost(self) -> CostModel:
+        """The cost model the plan was made with (T_ar, rho and sigma as recorded)."""
+        return CostModel(self.a, self.b, self.nodes, "plan", self.interference,
+                         self.comm_slowdown, self.times)
 
     def group_layer_indices(self) -> list[list[int]]:
         """`groups` as 1-based learnable-layer indices (each group descending)."""
@@ -173,6 +180,7 @@ class Plan:
                if self.interference else {}),
             **({"comm_slowdown": [[m, r] for m, r in self.comm_slowdown]}
                if self.comm_slowdown else {}),
+            **({"times": [[m, t] for m, t in self.times]} if self.times else {}),
             **({} if self.exact else {"exact": False}),
             **({} if self.schedule is None else {"schedule": self.schedule.to_dict()}),
         }
@@ -259,6 +267,7 @@ class Plan:
             nodes=nodes, bucket_bytes=bucket,
             interference=_interference_from(d.get("interference"), source),
             comm_slowdown=_interference_from(d.get("comm_slowdown"), source, "comm_slowdown"),
+            times=_interference_from(d.get("times"), source, "times"),
             exact=d.get("exact", True) is not False, schedule=schedule)
         digest = d.get("digest")
         if digest is not None and digest != plan.digest():
@@ -376,7 +385,8 @@ def timeline(profile: Profile, cost: CostModel, groups, *, scheme: str = "custom
         comm_end=tuple(cend), iteration_time=t_iter, ideal=ready[1], a=cost.a, b=cost.b,
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
         bucket_bytes=bucket_bytes, interference=tuple(interference),
-        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact)
+        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())),
+        times=tuple(getattr(cost, "times", ())), exact=exact)
 
 
 def scheduled_timeline(profile: Profile, cost: CostModel, groups, schedule: Schedule, *,
@@ -407,8 +417,8 @@ def scheduled_timeline(profile: Profile, cost: CostModel, groups, schedule: Sche
         ideal=profile.ideal_time + profile.update_time, a=cost.a, b=cost.b,
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
         interference=tuple(getattr(cost, "interference", ())),
-        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())), exact=exact,
-        schedule=schedule)
+        comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())),
+        times=tuple(getattr(cost, "times", ())), exact=exact, schedule=schedule)
 
 
 def _message(ws: float, T: float, slow: float, sigma: float, total: float
@@ -497,7 +507,9 @@ def _wfbp_runs(L: int) -> list[tuple[int, int]]:
 
 
 def _algorithm1_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
-    """Algorithm 1 of the paper, as docs/planner.md ("The model") states it."""
+    """Algorithm 1 of the paper, as docs/planner.md ("The model") states it. Its rule keeps
+    the paper's form with the model's `a`: for a measured T_ar that is the start-up of the
+    line fitted to the same points (the paper's a); t_c and the start times use T_ar itself."""
     L = profile.num_layers
     nb = profile.dtype_bytes
     a = cost.a
@@ -539,11 +551,15 @@ def _algorithm1_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]
 
 def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
     """Exact optimum over groupings of consecutive layers (the dynamic programme of
-    docs/planner.md, "The model").
+    docs/planner.md, "The model"), for any T_ar that never decreases with the size (a line
+    or a measured curve; no linearity or subadditivity is needed).
 
-    F(j) = min over k >= j of max(F(k+1), ready(j)) + T_ar(bytes of j..k), F(L+1) = 0. F is
-    non-increasing in its argument, so once F(k+1) <= ready(j) every larger k only adds bytes:
-    the inner loop stops there (exact; O(L^2) in the worst case, far less on real profiles)."""
+    F(j) = min over k >= j of max(F(k+1), ready(j)) + T_ar(bytes of j..k), F(L+1) = 0. The
+    right side never decreases in F(k+1), so the earliest end of each suffix is the one to
+    extend. F(k+1) <= F(k) (dropping layer k from the optimum of L..k leaves messages no
+    larger that start no later, as ready(k+1) <= ready(k) and T never decreases), so once
+    F(k+1) <= ready(j) every larger k gives ready(j) + T(more bytes): the inner loop stops
+    there (exact; O(L^2) in the worst case, far less on real profiles)."""
     L = profile.num_layers
     nb = profile.dtype_bytes
     ready = _ready_times(profile)
@@ -611,9 +627,8 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     total = W[1]
     prune = math.isfinite(upper)
     limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
-    lower = _lower(profile, cost, total)
-    cum = list(itertools.accumulate(p))  # cum[k]: parameters of layers 1..k
-    need = [cost.time(nb * c) for c in cum]  # need[k]: T of layers 1..k in one message
+    need = _least_channel(profile, cost)  # need[k]: least channel time of layers 1..k
+    lower = _lower(profile, cost, total, need)
     exact, spent, per_state = True, 0, float(L)
     # per message size: its full-speed time, 1 + rho and sigma (sizes repeat across states)
     terms: dict[int, tuple[float, float, float]] = {}
@@ -667,23 +682,37 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     return runs, exact
 
 
-def _lower(profile: Profile, cost: CostModel, total: float):
+def _least_channel(profile: Profile, cost: CostModel) -> list[float]:
+    """need[k], k = 0..L: the least full-speed channel time that layers 1..k can take, over
+    every grouping of them into consecutive messages. For the paper's line (a, b >= 0) one
+    message is the cheapest, T(their bytes); a measured T need not be subadditive (over TCP a
+    large message can cost more than two halves), so in general it is the programme
+    need[k] = min over j <= k of need[j-1] + T(bytes of j..k). Exact for any T."""
+    L = profile.num_layers
+    nb = profile.dtype_bytes
+    cum = [0, *itertools.accumulate(layer.params for layer in profile.layers)]
+    if not getattr(cost, "times", ()):
+        return [0.0] + [cost.time(nb * c) for c in cum[1:]]
+    time = cost.time
+    need = [0.0] * (L + 1)
+    for k in range(1, L + 1):
+        need[k] = min(need[j - 1] + time(nb * (cum[k] - cum[j - 1])) for j in range(1, k + 1))
+    return need
+
+
+def _lower(profile: Profile, cost: CostModel, total: float, need: list[float] | None = None):
     """lower(k, F, w): a lower bound on the iteration time from the state (F, w) with layers
     1..k still to send. Let R = total - w and x the time a message is in flight between F
     and the end E of backward. Backward runs at most at 1/(1 + rho_min) while one is, so
     E - F >= R + x q (q = rho_min / (1 + rho_min)), and at least at 1/(1 + rho_max), so
     x <= R (1 + rho_max); the channel does at most x / sigma_min of full-speed work before
-    E; layers 1..k need at least C = T(their bytes) of it (one message is the cheapest), and
-    the group holding layer 1 starts after E and lasts at least T1 = T(layer 1's bytes). So
-    the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised over x in
-    [0, R (1 + rho_max)]."""
-    L = profile.num_layers
+    E; layers 1..k need at least C = need[k] of it (`_least_channel`), and the group holding
+    layer 1 starts after E and lasts at least T1 = T(layer 1's bytes) (T never decreases with
+    the size). So the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised
+    over x in [0, R (1 + rho_max)]."""
     nb = profile.dtype_bytes
-    need = [0.0] * (L + 1)
-    params = 0
-    for k in range(1, L + 1):
-        params += profile.layers[k - 1].params
-        need[k] = cost.time(nb * params)
+    if need is None:
+        need = _least_channel(profile, cost)
     first = cost.time(nb * profile.layers[0].params)
     sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
     rho_min = min([r for _, r in cost.interference] or [0.0])

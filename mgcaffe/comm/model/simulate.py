@@ -136,9 +136,9 @@ def simulate_nodes(profile: Profile, cost: CostModel, nodes: int, schemes: Itera
 def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int],
                  schemes: Iterable[str] = SCHEMES, *, use_formula: bool = False,
                  a: float | None = None, b: float | None = None,
-                 bucket_bytes: int | None = None) -> Scaling:
+                 bucket_bytes: int | None = None, model: str | None = None) -> Scaling:
     """Speed-up and efficiency of every scheme for each N in `nodes` (cost per N from
-    `cost_for(network, N, use_formula, a=a, b=b)`)."""
+    `cost_for(network, N, use_formula, a=a, b=b, model=model)`)."""
     schemes = tuple(dict.fromkeys(canonical_scheme(s) for s in schemes))
     if not schemes:
         raise PlanError("simulate: no scheme to simulate")
@@ -147,7 +147,7 @@ def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int]
         raise PlanError("simulate: nodes: give at least one number of nodes")
     points = []
     for n in nodes:
-        cost = cost_for(network, n, use_formula, a=a, b=b)
+        cost = cost_for(network, n, use_formula, a=a, b=b, model=model)
         points.append(simulate_nodes(profile, cost, n, schemes, bucket_bytes))
     bucket = next((points[0].plans[s].bucket_bytes for s in schemes
                    if scheme_named(s).bucket), None)

@@ -2,10 +2,10 @@
 
     mpiexec -n 4 mgcaffe bench-comm --out network.json
 
-Times T_ar(M) for message sizes from a few bytes to megabytes (`--sizes`), fits a + b*M and
-writes `{"fits": {"4": {"a": .., "b": ..}}, "alpha": .., "beta": .., "measurements": ...}`:
-what `mgcaffe plan --network` and `mgcaffe train --network` read (the data of the paper's
-Figure 5(b)). The fit holds for the number of ranks it was measured with; `alpha` and `beta`
+Times T_ar(M) for message sizes from a few bytes to megabytes (`--sizes`) and writes
+`{"fits": {"4": {"a": .., "b": .., "times": [[bytes, seconds], ...]}}, "alpha": .., "beta": ..,
+"measurements": ...}`: the measured curve and the line a + b*M fitted to it, what `mgcaffe
+plan --network` and `mgcaffe train --network` read (the data of the paper's Figure 5(b)). The fit holds for the number of ranks it was measured with; `alpha` and `beta`
 are that fit read through the ring formula (a = 2(N-1) alpha, b = 2(N-1)/N beta), so that
 `plan --nodes M` works for another M, as an extrapolation that the log and the file say is
 one (measure at M for a fit of its own).
@@ -31,7 +31,8 @@ from ..comm.training.world import world
 from ..errors import CommError
 
 NAME = "bench-comm"
-HELP = "measure all-reduce time over message sizes and fit T(M) = a + b*M (run under mpiexec)"
+HELP = ("measure all-reduce time over message sizes: the measured T(M) and its line a + b*M "
+        "(run under mpiexec)")
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -116,9 +117,9 @@ def run(args) -> int:
         where = f"{hosts} host{'s' if hosts > 1 else ''}"
         log.info("all-reduce among %d ranks on %s (%s):\n%s", comm.size, where, comm.name,
                  result.table())
-        log.info("fit T(M) = a + b*M (least relative error): %s", result.describe_fit())
+        log.info("%s", result.describe_fit())
         for text, poor in ((result.warning(), result.poor),
-                           (fit_warning(result.fit.a, result.rms), True)):
+                           (fit_warning(result.fit.a, result.line_check.rms), True)):
             if text:
                 log.log(fit_quality_level(poor, hosts), "%s%s", text, one_host_note(hosts))
         doc = result.network_json()

@@ -45,8 +45,14 @@ def test_benchmark_recovers_an_emulated_cost():
     assert res.sizes == sizes and len(res.times) == len(sizes)
     assert res.fit.a == pytest.approx(a, rel=0.2) and res.fit.b == pytest.approx(b, rel=0.2)
     assert results[1].times == res.times  # the slowest rank's time, agreed by all
+    # the model is the measured curve: every size exactly at its median (they increase)
+    assert res.fit.kind == "piecewise" and res.outside_spread() == []
+    assert [res.fit.time(m) for m in sizes] == res.times
     doc = res.network_json()
     assert set(doc["fits"]) == {"2"} and doc["measurements"]["2"][0] == [4, res.times[0]]
+    assert doc["fits"]["2"]["times"] == [[m, t] for m, t in zip(sizes, res.times)]
+    assert cost_for(Network.from_dict(doc), 2).times == res.fit.times
+    assert [m for m, _, _ in doc["spreads"]["2"]] == sizes
 
 
 def test_benchmark_needs_two_sizes():
@@ -72,7 +78,8 @@ def test_bench_comm_command_writes_a_network_the_planner_reads(tmp_path):
     assert cost.a >= 0 and cost.b > 0
     times = np.array([t for _, t in doc["measurements"]["2"]])
     assert np.all(times > 0) and times[-1] > times[0]  # 16 MB takes longer than 4 bytes
-    assert "fit T(M) = a + b*M" in log
+    assert "T(M) piecewise linear through 4 measured sizes" in log
+    assert cost.kind == "piecewise" and len(cost.times) == 4
     # usable at another number of nodes: alpha and beta of the fit, by the ring formula
     assert doc["algorithm"] == "ring" and "extrapolated" in doc["extrapolation"]
     assert cost_for(load_network(out), 8).origin == "ring formula"
@@ -126,12 +133,17 @@ def test_poor_fit_is_flagged_with_the_worst_point():
     from mgcaffe.comm.training.benchmark import AllreduceBenchmark  # noqa: PLC0415
 
     sizes, times = [4, 1024, 1 << 20], [5e-6, 6e-6, 1e-3]
-    good = AllreduceBenchmark(2, sizes, times, CostModel(5e-6, 1e-9), 0.0,
-                              [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.1e-3)], 0.05)
+    good = AllreduceBenchmark(2, sizes, times, CostModel(5e-6, 1e-9),
+                              [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.1e-3)])
     assert not good.poor and good.warning() is None
     assert good.outside_spread() == []
-    assert "worst 5.0%" in good.describe_fit() and "a = 5.000 us" in good.describe_fit()
-    bad = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9), 0.0,
-                             [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.2e-3)], 24.0)
+    assert "worst 5.4%" in good.describe_fit() and "a = 5.000 us" in good.describe_fit()
+    bad = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9),
+                             [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.2e-3)])
     assert bad.poor and bad.outside_spread() == [4, 1024]
     assert "at 4 B it predicts 125.0 us where 5.0 us" in bad.warning()
+    # the measured curve of the same points fits, and says how far the line alone is off
+    curve = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9, times=tuple(
+        zip(sizes, times))), [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.2e-3)])
+    assert not curve.poor and curve.warning() is None
+    assert "the line alone: worst 2400.1%, rms 0.14 ms, 2 of 3" in curve.describe_fit()

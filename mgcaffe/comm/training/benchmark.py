@@ -1,15 +1,20 @@
-"""All-reduce benchmark: time T_ar(M) over message sizes and fit T_ar(M) = a + b*M (Eq. 9).
+"""All-reduce benchmark: time T_ar(M) over message sizes, and the cost model it gives.
 
 Every rank runs the same sizes in the same order (a collective). For each size, after warm-up
 calls, `iterations` all-reduces are timed one by one, back to back after a barrier; each call's
 time is the slowest rank's (what a synchronous step waits for), and a size's time is the
-median over its calls, with the 10th-90th percentile range as its spread. The fit minimises
-the relative error (`cost.fit_relative`): a plain least-squares fit is dominated by the large
-messages and can miss a 5 us small message by 100 us, which is what decides merging. The fit's
-worst relative error is reported beside a and b, and `poor` says when it exceeds
-POOR_FIT_ERROR (a straight line a + b*M does not describe this network: e.g. a protocol
-switch between eager and rendezvous sends). `network_json` writes the planner's network format
-(`fits: {"<N>": {"a": .., "b": ..}}`), the data of the paper's Figure 5(b).
+median over its calls, with the 10th-90th percentile range as its spread.
+
+The model (`cost_fit.fit_measured`) is the measured curve: piecewise linear through the
+medians, so it predicts every measured size within its spread; its a and b are the line of
+least relative error through the same points (the paper's Eq. 9, `cost.fit_relative`: a plain
+least-squares line is dominated by the large messages and can miss a 5 us small message by
+100 us). `model="paper"` makes that line the model. Over TCP the line misses the largest
+messages by up to a third; the report gives both the model's fit and the line's, and `poor`
+says when the model misses some size beyond its spread by more than 10%
+(`cost_fit.POOR_MISS`). `network_json` writes the planner's network format
+(`fits: {"<N>": {"a": .., "b": .., "times": [[bytes, seconds], ...]}}`), the data of the
+paper's Figure 5(b).
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ import numpy as np
 
 from ...errors import CommError
 from ..backends.communicator import Communicator
-from ..model.cost import CostModel, fit_relative
+from ..model.cost import CostModel, canonical_cost_model
+from ..model.cost_fit import FitCheck, check_fit, fit_measured
 
-__all__ = ["DEFAULT_SIZES", "POOR_FIT_ERROR", "AllreduceBenchmark", "default_sizes",
-           "measure_allreduce"]
+__all__ = ["DEFAULT_SIZES", "AllreduceBenchmark", "default_sizes", "measure_allreduce"]
 
 
 def default_sizes(smallest: int = 4, largest: int = 32 << 20, factor: int = 4) -> list[int]:
@@ -38,69 +43,93 @@ def default_sizes(smallest: int = 4, largest: int = 32 << 20, factor: int = 4) -
 
 
 DEFAULT_SIZES = default_sizes()
-POOR_FIT_ERROR = 0.25  # worst relative error of the fit above which it is called poor
 
 
 @dataclass
 class AllreduceBenchmark:
-    """Measured points (bytes, seconds per all-reduce) and their linear fit."""
+    """Measured points (bytes, median seconds per all-reduce, p10-p90 spread) and the model
+    made from them: `fit` (the measured curve, or its line with `model="paper"`)."""
 
     nodes: int
     sizes: list[int]
     times: list[float]
     fit: CostModel
-    rms: float
     spreads: list[tuple[float, float]] | None = None  # per size, 10th and 90th percentile
-    worst_error: float = 0.0  # max over sizes of |fit - measured| / measured
+
+    @property
+    def check(self) -> FitCheck:
+        """How well `fit` predicts every measured size."""
+        return check_fit(self.fit, self.sizes, self.times, self.spreads)
+
+    @property
+    def line_check(self) -> FitCheck:
+        """How well the line a + b*M alone predicts every measured size."""
+        return check_fit(self.fit.paper(), self.sizes, self.times, self.spreads)
+
+    @property
+    def rms(self) -> float:
+        """The model's root-mean-square error over the sizes, seconds."""
+        return self.check.rms
+
+    @property
+    def worst_error(self) -> float:
+        """The model's worst relative error over the sizes."""
+        return self.check.worst_error
 
     @property
     def poor(self) -> bool:
-        """Whether the line a + b*M misses some size by more than POOR_FIT_ERROR."""
-        return self.worst_error > POOR_FIT_ERROR
+        """Whether the model misses some size beyond its spread by more than 10%."""
+        return self.check.poor
 
     def outside_spread(self) -> list[int]:
         """Sizes whose prediction lies outside their measured 10th-90th percentile range."""
-        if not self.spreads:
-            return []
-        return [m for m, (lo, hi) in zip(self.sizes, self.spreads)
-                if not lo <= self.fit.time(m) <= hi]
+        return self.check.outside() if self.spreads else []
 
     def describe_fit(self) -> str:
-        """One line: a, b and the fit's error beside them."""
-        bw = f"{1 / self.fit.b / 1e9:.3f} GB/s" if self.fit.b > 0 else "inf GB/s"
-        outside = self.outside_spread()
-        return (f"a = {self.fit.a * 1e6:.3f} us, b = {self.fit.b * 1e9:.4f} ns/byte ({bw}); "
-                f"fit error: worst {self.worst_error * 100:.1f}%, rms {self.rms * 1e6:.2f} us, "
-                f"{len(outside)} of {len(self.sizes)} size(s) predicted outside their "
-                f"measured spread")
+        """One line: the model, its error, and the line's error beside it."""
+        line = self.line_check
+        text = f"{self.fit.describe()}; fit error: {self.check.summary()}"
+        if self.fit.times:
+            text += f"; the line alone: {line.summary()}"
+        return text
 
     def warning(self) -> str | None:
-        """A warning line when the fit is poor, else None."""
-        if not self.poor:
+        """A warning line when the model is poor, else None."""
+        misses = self.check.misses()
+        if not misses:
             return None
-        i = max(range(len(self.sizes)), key=lambda k: abs(self.fit.time(self.sizes[k])
-                                                          - self.times[k]) / self.times[k])
-        return (f"the all-reduce fit is poor: at {self.sizes[i]} B it predicts "
-                f"{self.fit.time(self.sizes[i]) * 1e6:.1f} us where {self.times[i] * 1e6:.1f} "
-                f"us was measured ({self.worst_error * 100:.0f}% off, more than "
-                f"{POOR_FIT_ERROR * 100:.0f}%): plans made from it may be far from the best; "
+        m, err = misses[0]
+        t = self.times[self.sizes.index(m)]
+        return (f"the all-reduce model is poor: at {m} B it predicts "
+                f"{self.fit.time(m) * 1e6:.1f} us where {t * 1e6:.1f} us was measured "
+                f"({abs(err) * 100:.0f}% off, outside the measured spread; "
+                f"{len(misses)} size(s) so): plans made from it may be far from the best; "
                 f"give a --network file measured with more iterations, or check the network")
 
     def network_json(self, source: str = "mgcaffe bench-comm") -> dict:
         """The planner's network description, with the raw points kept for plotting."""
-        return {"source": source, "units": "seconds, seconds per byte",
-                "fits": {str(self.nodes): {"a": self.fit.a, "b": self.fit.b,
-                                           "rms_s": self.rms,
-                                           "worst_relative_error": self.worst_error}},
-                "measurements": {str(self.nodes): [[m, t] for m, t in
-                                                   zip(self.sizes, self.times)]}}
+        line = self.line_check
+        fit = {"a": self.fit.a, "b": self.fit.b, "rms_s": line.rms,
+               "worst_relative_error": line.worst_error}
+        if self.fit.times:
+            fit["times"] = [[m, t] for m, t in self.fit.times]
+        doc = {"source": source, "units": "seconds, seconds per byte",
+               "fits": {str(self.nodes): fit},
+               "measurements": {str(self.nodes): [[m, t] for m, t in
+                                                  zip(self.sizes, self.times)]}}
+        if self.spreads:
+            doc["spreads"] = {str(self.nodes): [[m, lo, hi] for m, (lo, hi) in
+                                                zip(self.sizes, self.spreads)]}
+        return doc
 
     def table(self) -> str:
-        lines = [f"{'bytes':>12} {'measured us':>12} {'p10-p90 us':>21} {'fit us':>10}"]
+        lines = [f"{'bytes':>12} {'measured us':>12} {'p10-p90 us':>21} {'model us':>10} "
+                 f"{'line us':>10}"]
         spreads = self.spreads or [(t, t) for t in self.times]
+        line = self.fit.paper()
         for m, t, (lo, hi) in zip(self.sizes, self.times, spreads):
             lines.append(f"{m:12d} {t * 1e6:12.2f} {lo * 1e6:10.2f}-{hi * 1e6:<10.2f} "
-                         f"{self.fit.time(m) * 1e6:10.2f}")
+                         f"{self.fit.time(m) * 1e6:10.2f} {line.time(m) * 1e6:10.2f}")
         return "\n".join(lines)
 
 
@@ -110,9 +139,12 @@ def _iterations_for(nbytes: int, iterations: int) -> int:
 
 
 def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
-                      iterations: int = 20, warmup: int = 2, xp=np) -> AllreduceBenchmark:
-    """Time `comm.allreduce_sum` for every size (bytes) and fit a + b*M; a collective.
-    `xp`: the array module of the buffer (CuPy to time NCCL on device memory)."""
+                      iterations: int = 20, warmup: int = 2, xp=np,
+                      model: str | None = None) -> AllreduceBenchmark:
+    """Time `comm.allreduce_sum` for every size (bytes) and make the cost model of the form
+    `model` (COST_MODELS; default the measured curve); a collective. `xp`: the array module
+    of the buffer (CuPy to time NCCL on device memory)."""
+    model = canonical_cost_model(model)
     sizes = [int(s) for s in sizes]
     if len(set(sizes)) < 2:
         raise CommError(f"rank {comm.rank}: the all-reduce benchmark needs at least two "
@@ -137,8 +169,7 @@ def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
         per_call = np.max(np.array(comm.allgather(mine)), axis=0)  # the slowest rank's
         times.append(float(np.median(per_call)))
         spreads.append((float(np.percentile(per_call, 10)), float(np.percentile(per_call, 90))))
-    fit, worst = fit_relative(sizes, times)
-    rms = float(np.sqrt(np.mean([(fit.time(m) - t) ** 2 for m, t in zip(sizes, times)])))
-    return AllreduceBenchmark(comm.size, sizes, times,
-                              CostModel(fit.a, fit.b, nodes=comm.size, origin="measured fit"),
-                              rms, spreads, worst)
+    curve = fit_measured(sizes, times, spreads)
+    fit = CostModel(curve.a, curve.b, nodes=comm.size, origin="measured",
+                    times=curve.times if model == "piecewise" else ())
+    return AllreduceBenchmark(comm.size, sizes, times, fit, spreads)

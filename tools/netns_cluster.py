@@ -25,7 +25,17 @@ undelayed: Hydra's control traffic does not use the shaped network.
 `mpiexec` runs in the control namespace with `-localhost <control address>` and starts one
 Hydra proxy per host through `-launcher ssh -launcher-exec <script>`: the script enters the
 host's namespace and a new UTS namespace with the host's own hostname (so MPI sees distinct
-nodes), then runs the proxy. `UCX_TLS=tcp,self` (and `FI_PROVIDER=tcp`) keep MPICH off shared
+nodes), pins the proxy (and so every rank it starts) to the host's CPU set with `taskset`,
+then runs the proxy.
+
+CPU sets (`assign_cpus`): a real host has cores of its own, so each emulated host gets a
+disjoint set of the CPUs this tool may use, `CPUs // hosts` each (the ones left over stay
+unpinned work's: the control host, the delay line). A rank then sees only its host's cores,
+and mgcaffe's own thread choice (mgcaffe.cpu.cores reads the affinity mask) is right inside
+the emulation without flags. With fewer CPUs than hosts, hosts must share: host i gets CPU
+i mod CPUs, and `cpu_note` (printed by the command line) says so; every timing then includes
+the other hosts' work on the same core. `pin=False` (`--no-pin`) leaves every host on every
+CPU. `UCX_TLS=tcp,self` (and `FI_PROVIDER=tcp`) keep MPICH off shared
 memory, so every byte between ranks crosses the shaped links; `link_bytes()` counts them.
 
 `down()` removes every namespace of the tag and is idempotent (`remove_stale()` removes those
@@ -49,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 SUBNET = "10.77.0"
@@ -56,6 +67,23 @@ CONTROL_ADDRESS = f"{SUBNET}.254"
 MAX_HOSTS = 16
 DELAY_LINE = Path(__file__).resolve().with_name("delay_line.py")
 TAP_GSO_MAX = 30000  # below the 32 KB tbf bucket: tbf splits larger frames into MTU ones
+
+
+def assign_cpus(hosts: int, cpus: Sequence[int]) -> tuple[list[list[int]], bool]:
+    """Each host's CPU set from the CPUs available, and whether hosts share CPUs: disjoint
+    sets of len(cpus) // hosts consecutive CPUs when there are enough, else CPU i mod
+    len(cpus) for host i (shared)."""
+    cpus = sorted(set(int(c) for c in cpus))
+    if hosts < 1 or not cpus:
+        raise ValueError(f"assign_cpus: need hosts >= 1 and some CPUs, got {hosts}, {cpus}")
+    if len(cpus) >= hosts:
+        each = len(cpus) // hosts
+        return [cpus[i * each:(i + 1) * each] for i in range(hosts)], False
+    return [[cpus[i % len(cpus)]] for i in range(hosts)], True
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cpus)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -115,7 +143,7 @@ case "$host" in
 {cases}
   *) echo "netns_cluster launcher: unknown host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
+exec ip netns exec "$ns" unshare --uts {pin}sh -c "hostname $name && exec $*"
 """
 
 
@@ -125,7 +153,8 @@ class Cluster:
     Use as a context manager (`with Cluster(2, rate="1gbit") as c:`), or `up()` / `down()`."""
 
     def __init__(self, hosts: int = 2, rate: str | None = "1gbit", latency_ms: float = 0.0,
-                 tag: str | None = None, burst: str = "32kb"):
+                 tag: str | None = None, burst: str = "32kb", pin: bool = True,
+                 cpus: Sequence[int] | None = None):
         if not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts: between 1 and {MAX_HOSTS}, got {hosts}")
         if latency_ms < 0:
@@ -140,9 +169,30 @@ class Cluster:
         self.namespaces = [f"{self.tag}-h{i}" for i in range(hosts)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
         self.hostnames = [f"{self.tag}-host{i}" for i in range(hosts)]
+        if pin and shutil.which("taskset") is None:
+            raise ValueError("pin: `taskset` is not installed (give pin=False, --no-pin, to "
+                             "leave every host on every CPU)")
+        self.pin = pin
+        available = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
+        self.cpu_sets, self.shared_cpus = assign_cpus(hosts, available)
+        if not pin:
+            self.cpu_sets, self.shared_cpus = [available] * hosts, hosts > 1
         self.workdir: Path | None = None
         self.delay_line = None  # the relay process (latency without netem)
         self.relay_stats = ""  # its last line, once stopped: frames, bytes, CPU seconds
+
+    @property
+    def cpu_note(self) -> str:
+        """One line: which CPUs each host computes on, and whether hosts share them."""
+        sets = "; ".join(f"{name} CPU {_cpu_list(c)}"
+                         for name, c in zip(self.hostnames, self.cpu_sets))
+        if not self.pin:
+            return f"CPUs not pinned: every host runs on every CPU ({_cpu_list(self.cpu_sets[0])})"
+        if self.shared_cpus:
+            n = len({c for cs in self.cpu_sets for c in cs})
+            return (f"{self.hosts} hosts on {n} CPU(s): hosts must share cores ({sets}); "
+                    f"their timings include each other's work")
+        return f"each host on CPUs of its own: {sets}"
 
     # -------------------------------------------------------------- set-up and removal
     def all_namespaces(self) -> list[str]:
@@ -197,11 +247,12 @@ class Cluster:
             self._shape(ns, "eth0")
             self._shape(self.switch, f"p{i}")
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
-        cases = "\n".join(f"  {addr}|{name}) ns={ns}; name={name} ;;"
-                          for ns, addr, name in zip(self.namespaces, self.addresses,
-                                                    self.hostnames))
+        cases = "\n".join(f"  {addr}|{name}) ns={ns}; name={name}; cpus={_cpu_list(cpus)} ;;"
+                          for ns, addr, name, cpus in zip(self.namespaces, self.addresses,
+                                                          self.hostnames, self.cpu_sets))
         launcher = self.workdir / "launcher.sh"
-        launcher.write_text(_LAUNCHER.format(cases=cases), encoding="utf-8")
+        pin = 'taskset -c "$cpus" ' if self.pin else ""
+        launcher.write_text(_LAUNCHER.format(cases=cases, pin=pin), encoding="utf-8")
         launcher.chmod(0o755)
 
     def _start_delay_line(self) -> None:
@@ -372,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--latency-ms", type=float, default=0.0,
                    help="one-way delay per link and direction (netem, else a TAP delay line)")
     r.add_argument("--ranks-per-host", type=int, default=1)
+    r.add_argument("--no-pin", action="store_true",
+                   help="leave every host on every CPU (default: disjoint CPU sets per host "
+                        "where there are enough CPUs)")
     r.add_argument("--timeout", type=float, default=600.0)
     r.add_argument("--mpiexec", default=_mpiexec_default())
     r.add_argument("mpi_args", nargs=argparse.REMAINDER,
@@ -393,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give mpiexec's arguments after --, e.g. -- -n 2 python prog.py")
     rate = None if args.rate.lower() == "none" else args.rate
     try:
-        with Cluster(args.hosts, rate, args.latency_ms) as cluster:
+        with Cluster(args.hosts, rate, args.latency_ms, pin=not args.no_pin) as cluster:
+            print(f"netns_cluster: {cluster.cpu_note}", file=sys.stderr, flush=True)
             before = cluster.link_bytes()
             t0 = time.perf_counter()
             status, out = cluster.run(args.mpiexec, mpi_args, timeout=args.timeout,

@@ -5,10 +5,11 @@
 Times T_ar(M) for message sizes from a few bytes to megabytes (`--sizes`) and writes
 `{"fits": {"4": {"a": .., "b": .., "times": [[bytes, seconds], ...]}}, "alpha": .., "beta": ..,
 "measurements": ...}`: the measured curve and the line a + b*M fitted to it, what `mgcaffe
-plan --network` and `mgcaffe train --network` read (the data of the paper's Figure 5(b)). The fit holds for the number of ranks it was measured with; `alpha` and `beta`
-are that fit read through the ring formula (a = 2(N-1) alpha, b = 2(N-1)/N beta), so that
-`plan --nodes M` works for another M, as an extrapolation that the log and the file say is
-one (measure at M for a fit of its own).
+plan --network` and `mgcaffe train --network` read (the data of the paper's Figure 5(b)).
+The fit holds for the number of ranks it was measured with; `alpha` and `beta` are that line
+read through the ring formula (a = 2(N-1) alpha, b = 2(N-1)/N beta), so that `plan --nodes M`
+works for another M, as an extrapolation that the log and the file say is one (measure at M
+for a fit of its own).
 """
 
 from __future__ import annotations

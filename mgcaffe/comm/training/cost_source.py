@@ -3,7 +3,8 @@
 In order: `--network` (a fit or a formula for N nodes), else the emulated network, else
 nothing to pay with one rank, else nothing when a `--plan` is given (the plan carries its own
 cost), else measured at start-up: an all-reduce benchmark over sizes from 4 bytes to the
-whole gradient, fitted by least squares, plus the interference probe (how much computation
+whole gradient, kept as the measured curve (piecewise linear through each size's median,
+with the line of least relative error beside it), plus the interference probe (how much computation
 slows while an all-reduce is in flight). A collective when it measures.
 """
 
@@ -44,8 +45,7 @@ def run_cost(options: Options, comm: Communicator, gradient_bytes: int, guard: G
         cost, origin = _measured(comm, gradient_bytes, guard, xp)
         cost = with_interference(cost, comm, gradient_bytes, guard, options.timeout, xp)
     if comm.rank == 0:
-        log.info("All-reduce cost T(M) = a + b*M: a = %.3f us, b = %.4f ns/byte [%s]",
-                 cost.a * 1e6, cost.b * 1e9, origin)
+        log.info("All-reduce cost %s [%s]", cost.describe(), origin)
     return cost
 
 

@@ -81,6 +81,20 @@ def test_bad_arguments_are_refused():
         netns.Cluster(2, latency_ms=-1)
 
 
+def test_each_host_gets_cpus_of_its_own_or_is_told_it_shares():
+    sets, shared = netns.assign_cpus(2, [0, 1, 2, 3, 4])
+    assert sets == [[0, 1], [2, 3]] and not shared  # CPU 4 left to the control host
+    assert netns.assign_cpus(2, [3, 1]) == ([[1], [3]], False)
+    sets, shared = netns.assign_cpus(4, [0, 1])
+    assert shared and sets == [[0], [1], [0], [1]]
+    with pytest.raises(ValueError, match="hosts"):
+        netns.assign_cpus(0, [0])
+    if WHY is None:
+        note = netns.Cluster(4, cpus=[0, 1]).cpu_note
+        assert "4 hosts on 2 CPU(s): hosts must share cores" in note
+        assert "each host on CPUs of its own" in netns.Cluster(2, cpus=[0, 1]).cpu_note
+
+
 @needs_netns
 def test_down_is_idempotent_and_removes_everything():
     cluster = netns.Cluster(2, rate="100mbit", tag=f"mgct{id(object()) % 10000}")

@@ -245,3 +245,44 @@ def test_median_prediction_is_the_median_of_per_iteration_timelines():
     # one layer, one message of 1 s after its backward: each iteration t_f + t_b + 1
     steps = [(0.0, [1.0]), (0.0, [5.0]), (0.0, [2.0])]
     assert median_prediction(OneGroup, steps, CostModel(1.0, 0.0), net) == pytest.approx(3.0)
+
+
+class AfterBackward(Driver):
+    """Each iteration also sends one message of `nbytes` after backward, taking `seconds`."""
+
+    def __init__(self, replanner: Replanner, nbytes: int, seconds: float):
+        self.nbytes, self.seconds = nbytes, seconds
+        super().__init__(replanner)
+
+    def step(self, ready_layers: int | None = None) -> None:
+        if self.executor.intervals is not None:
+            end = self.clock + 1.0 + len(NAMES) * self.layer  # this iteration's backward end
+            self.executor.intervals.append((end + 0.01, end + 0.01 + self.seconds,
+                                            self.nbytes))
+        super().step(ready_layers)
+
+
+def test_re_plan_corrects_T_where_the_window_messages_differ(caplog):
+    r = replanner()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        AfterBackward(r, 400, 0.8).run(30)
+    # conv1's 400 B message took 0.8 s where the line said 0.5 s: T there is the measured
+    # median now, and the larger sizes (start-up points) yield so that T never decreases
+    assert [s.nbytes for s in r.cost_corrections] == [400]
+    assert r.cost.time(400) == pytest.approx(0.8) and r.cost.time(1200) == pytest.approx(0.8)
+    assert r.cost.time(256) == pytest.approx(0.5)  # untouched below the measured size
+    # wfbp: fc1 ready at 2 s ends 2.8, conv2 3 -> 3.8, conv1 4 -> 4.8 (was 4.5 by the line)
+    assert r.median_prediction == pytest.approx(4.8)
+    assert r.startup_prediction == pytest.approx(4.5)
+    assert "corrected from the window's messages at 0.0004 MB (500 -> 800 ms, 11 messages)" \
+        in caplog.text
+
+
+def test_re_plan_keeps_T_where_the_window_messages_agree(caplog):
+    r = replanner()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        AfterBackward(r, 400, 0.5).run(30)
+    assert r.cost_corrections == [] and r.cost is WFBP_COST
+    assert r.median_prediction == pytest.approx(4.5)
+    assert "checked against 11 message(s) of 1 size(s)" in caplog.text
+    assert "T holds within their spread" in caplog.text

@@ -170,16 +170,18 @@ def _line_points(cost: CostModel, largest: int) -> list[tuple[int, float]]:
     return [(s, cost.time(s)) for s in sizes]
 
 
-def correct(cost: CostModel, measured: Sequence[SizeTimes],
-            min_samples: int = MIN_SAMPLES) -> tuple[CostModel, list[SizeTimes]]:
+def correct(cost: CostModel, measured: Sequence[SizeTimes], min_samples: int = MIN_SAMPLES,
+            largest: int = 0) -> tuple[CostModel, list[SizeTimes]]:
     """`cost` with T corrected at the measured sizes it misses (see the module docstring):
     (the corrected model, the sizes that changed it). A size needs `min_samples` messages;
-    the model is returned unchanged when no size differs beyond its spread."""
+    the model is returned unchanged when no size differs beyond its spread. `largest`: the
+    largest message the plan may send (the whole gradient), up to which a `paper` model's
+    line is kept as points (beyond the last point T follows the last segment's slope)."""
     differing = [s for s in measured if s.count >= min_samples
                  and not s.p10 <= cost.time(s.nbytes) <= s.p90]
     if not differing:
         return cost, []
-    largest = max(s.nbytes for s in measured)
+    largest = max(largest, *(s.nbytes for s in measured))
     base = list(cost.times) if cost.times else _line_points(cost, largest)
     new = {s.nbytes: s.median for s in differing}
     points = sorted([(m, t, 1.0) for m, t in base if m not in new]

@@ -7,10 +7,14 @@ A run's plan goes through named phases (`Phase`):
   is timed undisturbed; then rank 0 plans from the slowest rank's times and every rank
   switches to the plan between the same two iterations.
 - WARM_UP: the start-up plan runs until `replan_after` iterations later.
-- REPLAN_PROFILE: a second, longer profile. With measured interference in the cost model the
-  window alternates undisturbed iterations (the profile) with overlapped ones (all-reduces
-  during backward), measuring in situ how much backward slows beside its all-reduces (rho)
-  and how much those slow beside backward (sigma); then the re-plan, switched likewise.
+- REPLAN_PROFILE: a second, longer profile. Every message sent after backward in its
+  undisturbed iterations (the plan's last ones, or the whole gradient at once) is timed as
+  the rank that entered it last saw it; where the cost model's T misses a size beyond those
+  messages' spread, T is corrected there (`cost_fit.correct`) before the re-plan. With
+  measured interference in the cost model the window alternates undisturbed iterations (the
+  profile) with overlapped ones (all-reduces during backward), measuring in situ how much
+  backward slows beside its all-reduces (rho) and how much those slow beside backward
+  (sigma); then the re-plan, switched likewise.
 - FIXED: the plan is final (given by --plan or --profile, re-planned, or no re-plan asked).
 
 Every transition happens on every rank at the same iteration: the counts that drive it are
@@ -29,6 +33,7 @@ from typing import Any
 from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
+from ..model.cost_fit import SizeTimes, correct, summarise
 from ..model.planner import Plan, load_plan, make_plan, timeline
 from ..model.profile import load_profile
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
@@ -122,6 +127,10 @@ class Replanner:
         self.executor: Any = None
         self.timer: Any = None
         self.keep_timer = False  # the trace needs the timer after profiling too
+        # the re-plan window's messages sent after backward: per iteration, (bytes, seconds)
+        self.sent: list[list[tuple[int, float]]] = []
+        self._intervals_seen = 0  # of executor.intervals, those already read into `sent`
+        self.cost_corrections: list[SizeTimes] = []  # sizes the re-plan corrected T at
 
     @property
     def planning(self) -> bool:
@@ -205,6 +214,8 @@ class Replanner:
     def _profile_step(self, it: int, ready: dict[int, float]) -> bool:
         prof, window = self.profiler, self.window
         overlapped = window is not None and self.profiled_iters % 2 == 1
+        if self.phase is Phase.REPLAN_PROFILE and not overlapped:
+            self._record_sent(ready)
         self.profiled_iters += 1  # counted alike on every rank: the switch is a collective
         if overlapped:
             self._add_overlapped(ready)
@@ -253,6 +264,8 @@ class Replanner:
                  f"{self.profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
                  f"{self.size} rank(s)")
         net = self.net
+        if replanning:
+            self._correct_cost()
         plan = self._make_and_share(
             lambda: median_profile(steps, net.net_name, net.names, net.counts),
             f"re-plan after warm-up, {where}" if replanning else where)
@@ -292,6 +305,8 @@ class Replanner:
         self.profiled_iters = 0
         self.profiler = OnlineProfile(self.net.net_name, self.net.names, self.net.counts, skip=1)
         self.timer.install()
+        self.sent, self._intervals_seen = [], 0
+        self.executor.intervals = []  # every message's span: T is checked against them
         runs_on = not getattr(self.cost, "interferes", False)
         if not runs_on:
             self.executor.set_plan(synceasgd_groups(self.net.names))
@@ -308,7 +323,6 @@ class Replanner:
             if 1 < len(groups) < len(self.net.names):
                 overlapped.append(groups)
             self.window = InSituWindow(overlapped)
-            self.executor.intervals = []
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
                      "one is not counted) to re-plan once; meanwhile %s", it,
@@ -320,12 +334,59 @@ class Replanner:
                      "backward (the profile) and all-reduces during backward, per layer or "
                      "by the plan's groups (to measure how much backward slows beside them)")
 
+    # ------------------------------------------------------------------ T from real messages
+    def _record_sent(self, ready: dict[int, float]) -> None:
+        """Keep this iteration's messages sent after backward ended (undisturbed by it); the
+        first iteration of the window warms and is not counted."""
+        intervals = self.executor.intervals
+        if intervals is None or self.executor.mode == "stream":
+            return  # a GPU stream's calls return at once: their spans are not flight times
+        new = intervals[self._intervals_seen:]
+        if self.window is None:  # nothing else reads them: keep the list short
+            intervals.clear()
+            self._intervals_seen = 0
+        else:
+            self._intervals_seen = len(intervals)
+        end = ready.get(1)
+        if self.profiled_iters == 0 or end is None or len(ready) != len(self.net.names):
+            return
+        self.sent.append([(m, t1 - t0) for t0, t1, m in new if t0 >= end])
+
+    def _correct_cost(self) -> None:
+        """Correct T where the window's messages differ from it beyond their spread: each
+        message as the last rank to enter it saw it (a collective: every rank adopts the same
+        model)."""
+        with self.guard("gathering the re-plan window's message times"):
+            gathered = self.comm.allgather(self.sent)
+        self.sent = []
+        if self.cost is None:
+            return
+        rows = last_arrivals(gathered)
+        measured = summarise([(m, t) for messages in rows for m, t in messages])
+        before = self.cost
+        whole = sum(self.net.counts) * self.net.itemsize
+        self.cost, self.cost_corrections = correct(self.cost, measured, largest=whole)
+        if self.rank != 0:
+            return
+        counted = sum(s.count for s in measured)
+        if not self.cost_corrections:
+            log.info("All-reduce cost checked against %d message(s) of %d size(s) sent after "
+                     "backward in the window: T holds within their spread", counted,
+                     len(measured))
+            return
+        log.info("All-reduce cost corrected from the window's messages at %s",
+                 ", ".join(f"{s.nbytes / 1e6:.3g} MB ({before.time(s.nbytes) * 1e3:.3g} -> "
+                           f"{s.median * 1e3:.3g} ms, {s.count} messages)"
+                           for s in self.cost_corrections))
+        log.debug("All-reduce cost after the correction: %s", self.cost.describe())
+
     # ------------------------------------------------------------------ in situ
     def _add_overlapped(self, ready: dict[int, float]) -> None:
         """One overlapped iteration of the re-plan window: each layer's backward time and
         what was in flight meanwhile (the first such iteration warms and is not counted)."""
         window, intervals = self.window, self.executor.intervals or []
         self.executor.intervals = []
+        self._intervals_seen = 0
         window.seen += 1
         if window.seen > 1 and len(ready) == len(self.net.names):
             window.rows.append(layer_overlaps(self.timer.forward_end, ready, intervals,

@@ -141,6 +141,8 @@ def test_poor_fit_is_flagged_with_the_worst_point():
     bad = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9),
                              [(4e-6, 6e-6), (5e-6, 8e-6), (0.9e-3, 1.2e-3)])
     assert bad.poor and bad.outside_spread() == [4, 1024]
+    assert good.doubt() == "" and bad.doubt() == ("the all-reduce model misses 2 measured "
+                                                  "size(s) beyond their spread (at 4 B by 2400%)")
     assert "at 4 B it predicts 125.0 us where 5.0 us" in bad.warning()
     # the measured curve of the same points fits, and says how far the line alone is off
     curve = AllreduceBenchmark(2, sizes, times, CostModel(125e-6, 1e-9, times=tuple(

@@ -286,3 +286,23 @@ def test_re_plan_keeps_T_where_the_window_messages_agree(caplog):
     assert r.median_prediction == pytest.approx(4.5)
     assert "checked against 11 message(s) of 1 size(s)" in caplog.text
     assert "T holds within their spread" in caplog.text
+
+
+def test_a_doubtful_T_starts_with_one_all_reduce_after_backward_until_the_re_plan(caplog):
+    doubtful = CostModel(0.5, 0.0, doubt="the all-reduce model misses 1 measured size(s)")
+    r = replanner(cost=doubtful)
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Driver(r).run(30)
+    # provisional, then synceasgd's one message as the start-up plan, then wfbp's at the
+    # re-plan (nothing contradicted T, nothing corrected)
+    assert d.executor.plans == [[["fc1", "conv2", "conv1"]], [["fc1", "conv2", "conv1"]],
+                                [["fc1"], ["conv2"], ["conv1"]]]
+    assert d.switches == [3, 17] and r.plan.scheme == "wfbp"
+    assert ("Start-up plan: one all-reduce after backward (as synceasgd) until the re-plan, "
+            "not wfbp's 3 messages: the all-reduce model misses 1") in caplog.text
+
+
+def test_a_doubtful_T_without_a_re_plan_keeps_the_scheme():
+    r = replanner(cost=CostModel(0.5, 0.0, doubt="far off"), replan_after=0)
+    d = Driver(r).run(10)
+    assert d.executor.plans[-1] == [["fc1"], ["conv2"], ["conv1"]]

@@ -102,8 +102,8 @@ class CostModel:
     byte), or, with `times`, piecewise linear through measured (bytes, seconds) points (a and
     b are then the line fitted to them: Algorithm 1's start-up and output only).
 
-    `nodes` and `origin` (e.g. "fit", "ring formula", "--a/--b") are informational and do not
-    take part in comparisons."""
+    `nodes`, `origin` (e.g. "fit", "ring formula", "--a/--b") and `doubt` are informational and
+    do not take part in comparisons."""
 
     a: float
     b: float
@@ -112,6 +112,9 @@ class CostModel:
     interference: tuple[tuple[int, float], ...] = ()  # (bytes, backward slowdown), sorted
     comm_slowdown: tuple[tuple[int, float], ...] = ()  # (bytes, sigma >= 1), sorted
     times: tuple[tuple[int, float], ...] = ()  # (bytes, seconds), sorted: the piecewise T_ar
+    # why T may be far off (the start-up benchmark's fit missed a size beyond its spread);
+    # "" when nothing is known against it. Informational, like origin.
+    doubt: str = field(default="", compare=False)
 
     def __post_init__(self):
         for name in ("a", "b"):

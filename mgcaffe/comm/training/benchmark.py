@@ -106,6 +106,15 @@ class AllreduceBenchmark:
                 f"{len(misses)} size(s) so): plans made from it may be far from the best; "
                 f"give a --network file measured with more iterations, or check the network")
 
+    def doubt(self) -> str:
+        """Why plans from this model may be off, in a few words; "" when the model fits."""
+        misses = self.check.misses()
+        if not misses:
+            return ""
+        m, err = misses[0]
+        return (f"the all-reduce model misses {len(misses)} measured size(s) beyond their "
+                f"spread (at {m} B by {abs(err) * 100:.0f}%)")
+
     def network_json(self, source: str = "mgcaffe bench-comm") -> dict:
         """The planner's network description, with the raw points kept for plotting."""
         line = self.line_check

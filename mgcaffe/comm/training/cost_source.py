@@ -10,6 +10,7 @@ slows while an all-reduce is in flight). A collective when it measures.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -61,7 +62,7 @@ def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
                  bench.table())
         if bench.warning():
             log.warning("%s", bench.warning())
-    return bench.fit, origin
+    return dataclasses.replace(bench.fit, doubt=bench.doubt()), origin
 
 
 def with_interference(cost: CostModel, comm: Communicator, gradient_bytes: int, guard: Guard,

@@ -6,6 +6,11 @@ A run's plan goes through named phases (`Phase`):
   still drift) are profiled with all gradients in one all-reduce after backward, so backward
   is timed undisturbed; then rank 0 plans from the slowest rank's times and every rank
   switches to the plan between the same two iterations.
+  When the start-up benchmark's model is in doubt (`CostModel.doubt`: it misses some
+  measured size beyond its spread) and a re-plan follows, the start-up plan is the
+  conservative one: every gradient in one all-reduce after backward, as synceasgd, which no
+  error of T can make slower than itself; the re-plan then plans from T corrected by the
+  real messages.
 - WARM_UP: the start-up plan runs until `replan_after` iterations later.
 - REPLAN_PROFILE: a second, longer profile. Every message sent after backward in its
   undisturbed iterations (the plan's last ones, or the whole gradient at once) is timed as
@@ -166,8 +171,10 @@ class Replanner:
         """The communication thread and the net's timer the phases drive."""
         self.executor, self.timer, self.keep_timer = executor, timer, keep_timer
 
-    def _make_and_share(self, get_profile: Callable[[], Any], where: str) -> Any:
-        """Rank 0 plans from get_profile(); every rank receives the plan (a collective)."""
+    def _make_and_share(self, get_profile: Callable[[], Any], where: str,
+                        startup: bool = False) -> Any:
+        """Rank 0 plans from get_profile(); every rank receives the plan (a collective).
+        `startup`: the plan runs until a re-plan (conservative while T is in doubt)."""
         o = self.options
         payload = None
         if self.rank == 0:
@@ -176,6 +183,8 @@ class Replanner:
                 plan = make_plan(profile, self.cost, o.scheme,
                                  int(o.bucket_mb * (1 << 20)) if o.comm == "threshold" else None,
                                  nodes=o.emulate_nodes or self.size)
+                if startup:
+                    plan = self._conservative(profile, plan)
                 if not plan.exact:
                     log.warning("Plan %s: the optimal search was cut (too many states): the "
                                 "plan is not proven optimal under the model", where)
@@ -192,6 +201,18 @@ class Replanner:
             log.info("%s", describe_profile(profile_dict, where))
         self._adopt(plan, where)
         return plan
+
+    def _conservative(self, profile: Any, plan: Plan) -> Plan:
+        """The start-up plan: `plan`, or synceasgd's one all-reduce after backward when T is
+        in doubt and `plan` sends more messages (a schedule plan is kept: it decides more
+        than groups)."""
+        doubt = getattr(self.cost, "doubt", "")
+        if not doubt or plan.schedule is not None or len(plan.groups) == 1:
+            return plan
+        sync = make_plan(profile, self.cost, "synceasgd", nodes=plan.nodes)
+        log.info("Start-up plan: one all-reduce after backward (as synceasgd) until the "
+                 "re-plan, not %s's %d messages: %s", plan.scheme, len(plan.groups), doubt)
+        return sync
 
     def _adopt(self, plan: Any, where: str) -> None:
         self.plan = plan
@@ -268,7 +289,8 @@ class Replanner:
             self._correct_cost()
         plan = self._make_and_share(
             lambda: median_profile(steps, net.net_name, net.names, net.counts),
-            f"re-plan after warm-up, {where}" if replanning else where)
+            f"re-plan after warm-up, {where}" if replanning else where,
+            startup=not replanning and self.options.replan_after > 0)
         with self.guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(self.comm, net.names, net.counts, plan, it)
         # Switched here, between iterations, on every rank alike (the agreement above

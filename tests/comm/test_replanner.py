@@ -298,6 +298,7 @@ def test_a_doubtful_T_starts_with_one_all_reduce_after_backward_until_the_re_pla
     assert d.executor.plans == [[["fc1", "conv2", "conv1"]], [["fc1", "conv2", "conv1"]],
                                 [["fc1"], ["conv2"], ["conv1"]]]
     assert d.switches == [3, 17] and r.plan.scheme == "wfbp"
+    assert r.startup_prediction == pytest.approx(1.0 + 3.0 + 0.5)  # one message after all
     assert ("Start-up plan: one all-reduce after backward (as synceasgd) until the re-plan, "
             "not wfbp's 3 messages: the all-reduce model misses 1") in caplog.text
 

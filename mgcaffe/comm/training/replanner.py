@@ -203,13 +203,15 @@ class Replanner:
         return plan
 
     def _conservative(self, profile: Any, plan: Plan) -> Plan:
-        """The start-up plan: `plan`, or synceasgd's one all-reduce after backward when T is
-        in doubt and `plan` sends more messages (a schedule plan is kept: it decides more
-        than groups)."""
+        """The start-up plan: `plan`, or synceasgd's one all-reduce after backward (under
+        the run's scheme name) when T is in doubt and `plan` sends more messages (a schedule
+        plan is kept: it decides more than groups)."""
         doubt = getattr(self.cost, "doubt", "")
         if not doubt or plan.schedule is not None or len(plan.groups) == 1:
             return plan
-        sync = make_plan(profile, self.cost, "synceasgd", nodes=plan.nodes)
+        # still the run's scheme (its --comm value), with synceasgd's one group
+        sync = timeline(profile, self.cost, [list(reversed(profile.names))],
+                        scheme=plan.scheme, nodes=plan.nodes)
         log.info("Start-up plan: one all-reduce after backward (as synceasgd) until the "
                  "re-plan, not %s's %d messages: %s", plan.scheme, len(plan.groups), doubt)
         return sync

@@ -8,7 +8,7 @@ from ..backend import to_host
 from ..kernels import cuda_softmax_loss
 from ..proto import caffe_pb2
 from .base import Layer
-from .choice import Choice
+from .choice.softmax_loss import choose_softmax_loss_gpu
 from .layer_util import canonical_axis, count
 from .loss_base import LossLayer, normalization_mode, normalizer
 from .registry import register_layer
@@ -229,12 +229,3 @@ class SoftmaxWithLossLayer(LossLayer):
         dx -= one_hot
         dx *= self._saved_valid[:, None, :]
         dx *= top[0].diff / self._normalizer
-
-
-def choose_softmax_loss_gpu(dtype) -> Choice:
-    """SoftmaxWithLoss's way on a GPU for blobs of `dtype`: the CUDA kernels where they are
-    compiled for it, else the array code."""
-    name = np.dtype(dtype).name
-    if name in ("float32", "float64"):
-        return Choice("gpu-cuda-kernels", "one CUDA kernel forward, one backward")
-    return Choice("gpu-array-code", f"no CUDA kernel for {name}")

@@ -238,3 +238,16 @@ def test_the_environment_switches_turn_the_pooling_loops_off():
     off = LayerRules.from_environment({"MGCAFFE_POOLING_LOOPS": "0"})
     assert off.pooling.compiled is False and off.convolution == ConvolutionRules()
     assert LayerRules.from_environment({"MGCAFFE_POOLING_LOOPS": "1"}).pooling.compiled
+
+
+def test_gpu_kernel_choices_cover_exactly_the_types_the_kernels_compile_for():
+    # the choice module cannot import the kernels' dtype table (no array backend there):
+    # this holds the two lists equal, so a new kernel type is chosen as soon as it compiles
+    from mgcaffe.kernels import cuda_kernels
+    from mgcaffe.layer_types.choice import CUDA_KERNEL_TYPES
+    from mgcaffe.layer_types.choice.softmax_loss import choose_softmax_loss_gpu
+
+    compiled = sorted(str(d) for d in cuda_kernels._REAL_TYPES)
+    assert sorted(CUDA_KERNEL_TYPES) == compiled
+    assert [choose_softmax_loss_gpu(t).path for t in ("float32", "float64", "float16")] == \
+        ["gpu-cuda-kernels", "gpu-cuda-kernels", "gpu-array-code"]

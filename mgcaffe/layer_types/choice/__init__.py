@@ -68,6 +68,11 @@ def target_for(xp) -> Target:
     return Target(gpu=xp is not np)
 
 
+#: Blob types mgcaffe's CUDA kernels are compiled for (kernels/cuda_kernels.py's element
+#: types; a test holds the two equal): a GPU path built on them is chosen only for these.
+CUDA_KERNEL_TYPES = ("float32", "float64")
+
+
 def cpu_with(*loops: str) -> Target:
     """A CPU target on which exactly the loop sets `loops` load (for tests and tables)."""
     unknown = set(loops) - set(LOOPS)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ...errors import LayerError
 from ...kernels import sample_columns, shift_conv, winograd
-from . import Choice, Target
+from . import CUDA_KERNEL_TYPES, Choice, Target
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,6 @@ class ConvolutionRules:
     #: On a GPU, im2col and col2im as CUDA kernels and every 1x1 kernel direct (float32,
     #: float64); False: the CPU's layouts and size rules under `gpu-` names.
     gpu_kernels: bool = True
-
-
-#: Blob types the CUDA im2col/col2im kernels are compiled for.
-CUDA_KERNEL_TYPES = ("float32", "float64")
 
 
 def _gpu_kernels(g: ConvGeometry, target: Target, rules: ConvolutionRules) -> bool:

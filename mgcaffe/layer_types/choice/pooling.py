@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import Choice, Target
+from . import CUDA_KERNEL_TYPES, Choice, Target
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,6 @@ class PoolingRules:
     #: MAX and AVE on a GPU as one CUDA kernel per pass (float32 and float64 blobs); False:
     #: the offset passes, a few array calls per kernel offset.
     gpu_kernels: bool = True
-
-
-#: Blob types the CUDA pooling kernels are compiled for.
-CUDA_KERNEL_TYPES = ("float32", "float64")
 
 
 def choose_pooling(g: PoolingGeometry, target: Target, rules: PoolingRules) -> Choice:

@@ -21,10 +21,13 @@ training run sent):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ...errors import PlanError
 from .cost import CostModel, fit_relative
@@ -139,14 +142,6 @@ class SizeTimes:
     count: int
 
 
-def _percentile(sorted_xs: list[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default method)."""
-    pos = (len(sorted_xs) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
 def summarise(samples: Sequence[tuple[int, float]]) -> list[SizeTimes]:
     """(bytes, seconds) samples grouped by size, smallest first."""
     by_size: dict[int, list[float]] = {}
@@ -154,9 +149,9 @@ def summarise(samples: Sequence[tuple[int, float]]) -> list[SizeTimes]:
         by_size.setdefault(int(m), []).append(float(t))
     out = []
     for m in sorted(by_size):
-        xs = sorted(by_size[m])
-        out.append(SizeTimes(m, statistics.median(xs), _percentile(xs, 0.1),
-                             _percentile(xs, 0.9), len(xs)))
+        xs = by_size[m]
+        median, p10, p90 = (float(v) for v in np.percentile(xs, [50, 10, 90]))
+        out.append(SizeTimes(m, median, p10, p90, len(xs)))
     return out
 
 
@@ -188,6 +183,7 @@ def correct(cost: CostModel, measured: Sequence[SizeTimes], min_samples: int = M
                     + [(m, t, _TRUSTED) for m, t in new.items()])
     knots = monotone([t for _, t, _ in points], [w for _, _, w in points])
     origin = f"{cost.origin or 'model'}, corrected at {len(differing)} size(s) in training"
-    return (CostModel(cost.a, cost.b, cost.nodes, origin, cost.interference,
-                      cost.comm_slowdown, tuple((m, t) for (m, _, _), t in zip(points, knots))),
-            differing)
+    # measured in training: the start-up fit's doubt no longer applies
+    corrected = dataclasses.replace(cost, origin=origin, doubt="",
+                                    times=tuple((m, t) for (m, _, _), t in zip(points, knots)))
+    return corrected, differing

@@ -382,6 +382,11 @@ class Solver:
         """Whether some layer's update of the last iteration still waits for its forward."""
         return self._per_layer is not None and self._per_layer.active
 
+    @property
+    def updates_per_layer(self) -> bool:
+        """Whether the latest iteration's update waits, layer by layer, for the next forward."""
+        return self._waits_per_layer
+
     def finish_updates(self) -> None:
         """Apply every pending per-layer update now (before a test, a snapshot, the end)."""
         if self._per_layer is not None:

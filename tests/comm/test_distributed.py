@@ -129,7 +129,7 @@ def test_defaults_and_the_old_merge_spelling():
 
 @pytest.mark.parametrize("given, message", [
     (dict(comm="ring"), "--comm: expected one of wfbp, synceasgd, mgwfbp, mgwfbp-paper, "
-                        "threshold, got 'ring'"),
+                        "threshold, overlap, bytescheduler, dear, got 'ring'"),
     (dict(merge="greedy"), "--merge: expected one of optimal, paper"),
     (dict(bucket_mb=0.0), "--bucket-mb: must be > 0"),
     (dict(emulate_nodes=8), "--emulate-network and --emulate-nodes go together"),

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 
 from .cost import CostModel
 from .profile import Profile
-from .schedule import Schedule, _part_of, barrier_schedule, cycle, edf_order, part_bounds
+from .schedule import Schedule, _part_of, barrier_schedule, cycle, edf_order
 
 __all__ = ["BYTESCHEDULER_CREDIT_PARAMS", "BYTESCHEDULER_PART_PARAMS", "DEAR_GROUP_BYTES",
            "Bound", "Choice", "bucket_runs", "bytescheduler_schedule", "dear_schedule",
@@ -217,11 +217,13 @@ class _Fast:
         return t
 
     def messages(self, runs: Runs, parts: Sequence[int]) -> list[tuple]:
-        """(release, priority, bytes, low layer, high layer) per message."""
+        """(release, priority, bytes, low layer, high layer) per message; priority an
+        integer, smaller first: the input-most layer held, then the input-side part."""
         p, W = self.p, self.W
         out = []
+        span = 1 + max(parts, default=1)
         for (hi, lo), k in zip(runs, parts):
-            n = sum(p[hi - i] for i in range(hi - lo + 1))
+            n = sum(p[lo:hi + 1])
             k = max(1, min(k, n)) if n else 1
             lows = [0] * k
             highs = [0] * k
@@ -235,11 +237,12 @@ class _Fast:
                         highs[q] = l
                     lows[q] = l
                 offset += size
-            bounds = part_bounds(n, k)
+            cuts = [q * n // k for q in range(k + 1)] if n else [0, 0]
+            nb = self.nb
             for q in range(k):
                 lo_q = lows[q] or lo
-                out.append((W[lo_q], (lo_q, -q), (bounds[q][1] - bounds[q][0]) * self.nb,
-                            lo_q, highs[q] or lo_q))
+                out.append((W[lo_q], lo_q * span - q, (cuts[q + 1] - cuts[q]) * nb, lo_q,
+                            highs[q] or lo_q))
         return out
 
     def period(self, runs: Runs, parts: Sequence[int]) -> float:
@@ -250,15 +253,16 @@ class _Fast:
         ready: list = []
         t, i, n = 0.0, 0, len(msgs)
         time = self.time
+        push, pop = heapq.heappush, heapq.heappop
         while i < n or ready:
             while i < n and msgs[i][0] <= t:
-                m = msgs[i]
-                heapq.heappush(ready, (m[1], m[2], m[3], m[4]))
+                push(ready, (msgs[i][1], i))
                 i += 1
             if not ready:
                 t = msgs[i][0]
                 continue
-            _, nbytes, lo, hi = heapq.heappop(ready)
+            _, j = pop(ready)
+            _, _, nbytes, lo, hi = msgs[j]
             t += time(nbytes)
             for l in range(lo, hi + 1):
                 if t > done[l]:

@@ -39,6 +39,7 @@ class NetTimer:
         self.synchronize = synchronize  # GPU: wait for the layer's kernels before timing
         self.forward_start = 0.0  # of the latest forward pass
         self.forward_end = 0.0
+        self.forward_begin: dict[int, float] = {}  # net layer -> its step's start, latest pass
         self._installed = False
 
     def install(self) -> NetTimer:
@@ -58,6 +59,7 @@ class NetTimer:
             t0 = clock()
             if i == 0:
                 self.forward_start = t0
+            self.forward_begin[i] = t0
             try:
                 return forward_step(i, *args, **kwargs)
             finally:

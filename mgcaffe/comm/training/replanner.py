@@ -39,12 +39,13 @@ from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
 from ..model.cost_fit import SizeTimes, correct, summarise
-from ..model.planner import Plan, load_plan, make_plan, timeline
+from ..model.planner import Plan, load_plan, make_plan, scheduled_timeline, scheme_named, timeline
 from ..model.profile import load_profile
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .gradient_comm import Guard
 from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
 from .options import Options
+from .overlap import ForwardShape
 from .startup import (
     agree_on_layers_and_plan,
     check_plan_sizes,
@@ -92,15 +93,22 @@ class Learnables:
     itemsize: int
 
 
-def median_prediction(plan: Any, steps: list, cost: CostModel, net: Learnables) -> float:
+def median_prediction(plan: Any, steps: list, cost: CostModel, net: Learnables,
+                      shape: Any = None) -> float:
     """The median over the profiled iterations of the plan's timeline on each one's own
     times: what the measured median is compared with. Not the timeline of the median
     profile: where communication and backward end close together (where merging pays),
     each iteration ends with whichever is later that time, and the median of those maxima
-    exceeds the maximum of the medians."""
-    return statistics.median(
-        timeline(as_profile(s, net.net_name, net.names, net.counts), cost,
-                 plan.groups).iteration_time for s in steps)
+    exceeds the maximum of the medians. A plan with a schedule: its steady-state cycle, with
+    the measured per-layer forward and update times (`shape`)."""
+    def predict(step):
+        profile = as_profile(step, net.net_name, net.names, net.counts)
+        if getattr(plan, "schedule", None) is None:
+            return timeline(profile, cost, plan.groups).iteration_time
+        return scheduled_timeline(ForwardShape.apply(profile, shape), cost, plan.groups,
+                                  plan.schedule).iteration_time
+
+    return statistics.median(predict(s) for s in steps)
 
 
 class Replanner:
@@ -136,6 +144,9 @@ class Replanner:
         self.sent: list[list[tuple[int, float]]] = []
         self._intervals_seen = 0  # of executor.intervals, those already read into `sent`
         self.cost_corrections: list[SizeTimes] = []  # sizes the re-plan corrected T at
+        self.scheme = options.scheme  # what is planned (the trainer may fall back)
+        self.shape: ForwardShape | None = None  # per-layer forward/update times, scheduled
+        self.forward_shape: Any = None  # the ranks' combined shape of the latest profile
 
     @property
     def planning(self) -> bool:
@@ -180,12 +191,19 @@ class Replanner:
         if self.rank == 0:
             try:
                 profile = get_profile()
-                plan = make_plan(profile, self.cost, o.scheme,
-                                 int(o.bucket_mb * (1 << 20)) if o.comm == "threshold" else None,
+                plan = make_plan(profile, self.cost, self.scheme,
+                                 int(o.bucket_mb * (1 << 20))
+                                 if scheme_named(self.scheme).bucket else None,
                                  nodes=o.emulate_nodes or self.size)
                 if startup:
                     plan = self._conservative(profile, plan)
-                if not plan.exact:
+                bound = getattr(plan.schedule, "bound", None)
+                if bound:  # the scheduler's search: its gap to the bound, not a cut DP
+                    log.info("Plan %s: %s predicts %.3f ms, %.1f%% above the lower bound "
+                             "%.3f ms%s", where, plan.scheme, plan.iteration_time * 1e3,
+                             max(0.0, plan.iteration_time / bound - 1) * 100, bound * 1e3,
+                             " (proven optimal)" if plan.exact else "")
+                elif not plan.exact:
                     log.warning("Plan %s: the optimal search was cut (too many states): the "
                                 "plan is not proven optimal under the model", where)
                 payload = ("ok", plan.to_dict(), profile.to_dict())
@@ -225,16 +243,26 @@ class Replanner:
                 log.info("Wrote the plan to %s", self.options.save_plan)
 
     # ------------------------------------------------------------------ every iteration
-    def after_iteration(self, it: int, ready: dict[int, float]) -> bool:
+    def may_switch(self, it: int) -> bool:
+        """Whether `after_iteration(it, ...)` may change what the thread runs (its work of the
+        last iteration must be done first)."""
+        return self.profiling or (self.phase is Phase.WARM_UP and it >= self.replan_at)
+
+    def after_iteration(self, it: int, ready: dict[int, float],
+                        gates: dict[int, float] | None = None,
+                        updates: list[float] | None = None) -> bool:
         """Advance the phase after iteration `it - 1` (the solver's count already includes
-        it), given each learnable layer's gradient-ready time; True when the plan switched."""
+        it), given each learnable layer's gradient-ready time (and, per layer, the seconds
+        the forward waited for gradients and updated: `gates`, and the update times);
+        True when the plan switched."""
         if self.profiling:
-            return self._profile_step(it, ready)
+            return self._profile_step(it, ready, gates or {}, updates)
         if self.phase is Phase.WARM_UP and it >= self.replan_at:
             self._start_replan_profile(it)
         return False
 
-    def _profile_step(self, it: int, ready: dict[int, float]) -> bool:
+    def _profile_step(self, it: int, ready: dict[int, float], gates: dict[int, float],
+                      updates: list[float] | None) -> bool:
         prof, window = self.profiler, self.window
         overlapped = window is not None and self.profiled_iters % 2 == 1
         if self.phase is Phase.REPLAN_PROFILE and not overlapped:
@@ -243,7 +271,11 @@ class Replanner:
         if overlapped:
             self._add_overlapped(ready)
         elif len(ready) == len(self.net.names):
-            prof.add(self.timer.forward_start, self.timer.forward_end, ready)
+            # t_f without the waits of a layer-by-layer plan for the previous gradients
+            prof.add(self.timer.forward_start + sum(gates.values()), self.timer.forward_end,
+                     ready)
+            if self.shape is not None:
+                self.shape.sample(self.timer, gates, updates)
         if window is not None:  # the next iteration's kind: odd ones overlap
             n = self.profiled_iters
             self.executor.set_plan(window.overlapped[(n // 2) % len(window.overlapped)]
@@ -282,6 +314,12 @@ class Replanner:
         # iteration by iteration.
         with self.guard("gathering the ranks' profiles"):
             steps = per_iteration_slowest(self.comm.allgather(prof.window(recent)))
+        shape = None
+        if self.shape is not None:
+            with self.guard("gathering the ranks' forward and update times"):
+                shape = ForwardShape.combine(self.comm.allgather(self.shape.mine(recent)))
+            self.shape.samples.clear()
+        self.forward_shape = shape
         before = self.plan
         where = (f"median profile of the last {min(recent, len(prof))} of "
                  f"{self.profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
@@ -290,7 +328,8 @@ class Replanner:
         if replanning:
             self._correct_cost()
         plan = self._make_and_share(
-            lambda: median_profile(steps, net.net_name, net.names, net.counts),
+            lambda: ForwardShape.apply(median_profile(steps, net.net_name, net.names,
+                                                      net.counts), shape),
             f"re-plan after warm-up, {where}" if replanning else where,
             startup=not replanning and self.options.replan_after > 0)
         with self.guard("agreement on the plan and the learnable layers"):
@@ -299,7 +338,7 @@ class Replanner:
         # compared the iteration): the next iteration communicates by the new plan.
         self.executor.set_plan(plan)
         before_median = self.median_prediction
-        self.median_prediction = median_prediction(plan, steps, self.cost, net)
+        self.median_prediction = median_prediction(plan, steps, self.cost, net, shape)
         self.plan_switches.append((it, plan.digest()))
         self.phase = Phase.FIXED
         if replanning:

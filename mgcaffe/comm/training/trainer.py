@@ -16,7 +16,9 @@ How `mgcaffe train` uses it (see docs/distributed.md):
 2. gets T_ar(M) (cost_source.py: a network file, the emulation, or measured at start-up);
 3. gets the plan and keeps it up to date (replanner.py: given, or profiled at start-up and
    re-planned once after warm-up, every rank switching between the same two iterations);
-4. starts the communication thread (`GradientExecutor`) and hooks into the solver.
+4. starts the communication thread (`GradientExecutor`; for a plan with a schedule, which
+   also overlaps the next forward, `ScheduledExecutor` on a duplicate communicator: see
+   overlap.py) and hooks into the solver.
 
 Each iteration every rank then OR-s its stop/snapshot requests with the others' (one tiny
 all-reduce), so all stop or snapshot at the same iteration, and every `--check-sync K`
@@ -45,6 +47,7 @@ from .faults import LeaveGuard, Watchdog, check_in_sync
 from .gradient_comm import gradient_channel
 from .liveness import start_liveness
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
+from .overlap import ForwardShape, runs_a_schedule, scheduled_executor
 from .replanner import Learnables, Replanner
 from .requests import NONE as _SOLVER_ACTION_NONE
 from .requests import STOPS, agree_on_requests
@@ -98,7 +101,10 @@ class DistributedTraining:
     MPI requires every rank to issue collectives on a communicator in the same order. The
     main thread's collectives (barrier, agreements, plan broadcast, check-sync) all happen
     between `wait()` returning and the next backward, when the communication thread has
-    nothing in flight, so the two threads never interleave theirs."""
+    nothing in flight, so the two threads never interleave theirs. A scheduled plan's thread
+    goes on beside the next forward (the solver then calls `wait_layer(k)` per layer instead
+    of `wait()`): it has a duplicate communicator of its own, and its work is finished
+    before the plan changes or the weights are compared."""
 
     #: It reads gradients only through the net's buffer and blobs: the solver's clear of
     #: the parameter diffs may stay lazy (Solver._user_code_before_backward).
@@ -143,7 +149,14 @@ class DistributedTraining:
                         self._guard, channel.emulated_cost, net.xp if on_device else np)
         self.replanner = Replanner(comm, o, Learnables(net.name, self.names, self.counts,
                                                        net.dtype.itemsize), cost, self._guard)
+        if runs_a_schedule(o.scheme, None) and not o.plan and solver.per_layer_blockers():
+            self.replanner.scheme = "mgwfbp"
+            if self.rank == 0:
+                log.info("--comm=%s updates each layer before its next forward, but this "
+                         "solver updates after every gradient (%s): training mgwfbp's plan "
+                         "instead", o.scheme, "; ".join(solver.per_layer_blockers()))
         provisional = self.replanner.initial_plan()
+        self.scheduled = runs_a_schedule(self.replanner.scheme, self.replanner.plan)
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
         # On a GPU, layer times need the device to finish first (kernels are asynchronous).
@@ -153,11 +166,16 @@ class DistributedTraining:
             self.timer.install()
         if not o.pack_gradients:
             flatten_gradients(net)
-        self.executor = GradientExecutor.from_net(net, provisional, self.comm,
-                                                  timeout=o.timeout, tracer=self.tracer,
-                                                  watchdog=self.watchdog,
-                                                  in_place=not o.pack_gradients,
-                                                  thread_nice=o.thread_nice)
+        run = dict(timeout=o.timeout, tracer=self.tracer, watchdog=self.watchdog,
+                   in_place=not o.pack_gradients, thread_nice=o.thread_nice)
+        if self.scheduled:
+            with self._guard("duplicating the gradients' communicator"):
+                self.executor = scheduled_executor(net, provisional, self.comm, solver.device,
+                                                   self.replanner.scheme, **run)
+            self.replanner.shape = ForwardShape(net)
+            solver.update_times = [0.0] * len(self.names)
+        else:
+            self.executor = GradientExecutor.from_net(net, provisional, self.comm, **run)
         self.replanner.start(self.executor, self.timer, keep_timer=self.tracer is not None)
         if self.rank == 0:
             log.info("%s", describe_gradient_buffer(self.executor))
@@ -171,6 +189,8 @@ class DistributedTraining:
         self._t_grads = 0.0
         self.grad_times: list[float] = []  # forward start -> reduced gradients, per iteration
         self.iteration_times: list[float] = []
+        self.periods: list[float] = []  # forward start -> the next forward start
+        self._gates: dict[int, float] = {}  # this forward's waits for layer k's gradient
         self._agreed = _SOLVER_ACTION_NONE
         self._stop = False
         self.signals: Any = None  # vote_with
@@ -240,6 +260,21 @@ class DistributedTraining:
         if live is not None:
             live.at(live.iteration, "the update")
 
+    @property
+    def per_layer(self) -> bool:
+        """Whether the running plan lets each layer's update wait for its next forward."""
+        return getattr(self.executor, "per_layer", False)
+
+    def wait_layer(self, k: int) -> None:
+        """Block until layer k's gradient of the last iteration is reduced (the next forward
+        is about to read its parameters)."""
+        t0 = self.clock()
+        self.executor.wait_layer(k)
+        t1 = self.clock()
+        self._gates[k] = t1 - t0
+        if self.tracer is not None and t1 - t0 > 1e-5:
+            self.tracer.span(f"wait for {self.names[k - 1]}", "wait", COMPUTE, t0, t1, layer=k)
+
     # ------------------------------------------------------------------ iteration hook
     def before_iteration(self, solver: Any) -> None:
         if self.liveness is not None:
@@ -264,21 +299,32 @@ class DistributedTraining:
         if self.tracer is not None:
             self.tracer.iteration = solver.iter
         self._ready.clear()
-        self._t_start = self.clock()
+        self._gates = {}
+        now = self.clock()
+        if self._t_start and self.plan is not None and not self.replanner.profiling:
+            self.periods.append(now - self._t_start)
+        self._t_start = now
 
     def after_iteration(self, solver: Any) -> None:
         t_end = self.clock()
         it = solver.iter  # already counts this update
         if self.tracer is not None:
             self.tracer.span(f"iteration {it - 1}", "iteration", COMPUTE, self._t_start, t_end)
-        if self.plan is not None and not self.replanner.profiling:
+        if self.plan is not None and not self.replanner.profiling and \
+                not getattr(solver, "updates_per_layer", False):
             self.grad_times.append(self._t_grads - self._t_start)
             self.iteration_times.append(t_end - self._t_start)
-        if self.replanner.after_iteration(it, self._ready):
+        k = self.options.check_sync
+        if self.replanner.may_switch(it) or (k and it % k == 0 and self.size > 1):
+            solver.finish_updates()  # the thread's work of this iteration done, weights final
+        updates = solver.update_times
+        gates = ({k: w + (updates[k - 1] if updates else 0.0) for k, w in self._gates.items()}
+                 if self.scheduled else {})
+        if self.replanner.after_iteration(it, self._ready, gates, updates):
             self.grad_times.clear()  # measured against the new plan's prediction from here on
             self.iteration_times.clear()
+            self.periods.clear()
         self._agree_on_requests()
-        k = self.options.check_sync
         if k and it % k == 0 and self.size > 1:
             with self._guard(f"weight check at iteration {it}"):
                 check_in_sync(self.base_comm,
@@ -327,7 +373,17 @@ class DistributedTraining:
 
     # ------------------------------------------------------------------ the end
     def summary(self) -> str | None:
-        """Measured forward-to-reduced-gradients time beside the plan's prediction."""
+        """Measured forward-to-reduced-gradients time beside the plan's prediction (a plan
+        that updates layer by layer: forward start to the next forward start)."""
+        schedule = getattr(self.plan, "schedule", None)
+        if schedule is not None and schedule.update == "per-layer" and self.periods:
+            times = self.periods[1:] or self.periods
+            measured = statistics.median(times)
+            predicted = self.replanner.median_prediction or self.plan.iteration_time
+            return (f"iteration (forward start to the next forward start, update included): "
+                    f"measured {measured * 1e3:.2f} ms (median of {len(times)}), predicted "
+                    f"{predicted * 1e3:.2f} ms by plan {self.plan.scheme} "
+                    f"({(measured / predicted - 1) * 100:+.1f}%)")
         if self.plan is None or not self.grad_times:
             return None
         times = self.grad_times[1:] or self.grad_times  # the first after a plan change warms

@@ -146,7 +146,8 @@ def test_invalid_options(given, message):
 
 @pytest.mark.parametrize("field, value, message", [
     ("comm", "mgwbfp", "s.prototxt: comm_param.comm: expected one of wfbp, synceasgd, "
-                       "mgwfbp, mgwfbp-paper, threshold, got 'mgwbfp'; did you mean 'mgwfbp'?"),
+                       "mgwfbp, mgwfbp-paper, threshold, overlap, bytescheduler, dear, got "
+                       "'mgwbfp'; did you mean 'mgwfbp'?"),
     ("merge", "greedy", "s.prototxt: comm_param.merge: expected one of optimal, paper, got "
                         "'greedy'"),
     ("bucket_mb", -1.0, "s.prototxt: comm_param.bucket_mb: must be > 0 MiB, got -1"),

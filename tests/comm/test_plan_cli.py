@@ -11,7 +11,8 @@ import pytest
 
 from mgcaffe.cli import main
 from mgcaffe.comm.model.cost import cost_for, load_network
-from mgcaffe.comm.model.planner import SCHEMES, load_plan, make_plan
+from mgcaffe.comm.model.planner import MERGE_SCHEMES as SCHEMES
+from mgcaffe.comm.model.planner import load_plan, make_plan
 from mgcaffe.comm.model.profile import load_profile
 
 

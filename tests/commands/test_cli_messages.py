@@ -105,7 +105,8 @@ def test_comm_param_typo_suggests_and_names_the_solver_field(model, cli):
     assert code == 1
     assert err.splitlines()[-1] == (
         f"mgcaffe train: error: {solver}: comm_param.comm: expected one of wfbp, synceasgd, "
-        f"mgwfbp, mgwfbp-paper, threshold, got 'mgwbfp'; did you mean 'mgwfbp'?")
+        f"mgwfbp, mgwfbp-paper, threshold, overlap, bytescheduler, dear, got 'mgwbfp'; did "
+        f"you mean 'mgwfbp'?")
 
 
 @pytest.mark.parametrize("command", ["train", "plan", "simulate"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ...errors import PlanError
 from .cost import CostModel, Network, cost_for
-from .planner import SCHEMES, Plan, canonical_scheme, make_plan, scheme_named
+from .planner import MERGE_SCHEMES, Plan, canonical_scheme, make_plan, scheme_named
 from .profile import Profile, as_int
 
 __all__ = ["SchemePoint", "ScalingPoint", "Scaling", "efficiency", "ratio_pairs", "speedup",
@@ -120,7 +120,8 @@ class Scaling:
                 "points": [p.to_dict() for p in self.points]}
 
 
-def simulate_nodes(profile: Profile, cost: CostModel, nodes: int, schemes: Iterable[str] = SCHEMES,
+def simulate_nodes(profile: Profile, cost: CostModel, nodes: int,
+                   schemes: Iterable[str] = MERGE_SCHEMES,
                    bucket_bytes: int | None = None) -> ScalingPoint:
     """Plan every scheme for one N under `cost` and summarise it."""
     plans: dict[str, Plan] = {}
@@ -134,7 +135,7 @@ def simulate_nodes(profile: Profile, cost: CostModel, nodes: int, schemes: Itera
 
 
 def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int],
-                 schemes: Iterable[str] = SCHEMES, *, use_formula: bool = False,
+                 schemes: Iterable[str] = MERGE_SCHEMES, *, use_formula: bool = False,
                  a: float | None = None, b: float | None = None,
                  bucket_bytes: int | None = None, model: str | None = None) -> Scaling:
     """Speed-up and efficiency of every scheme for each N in `nodes` (cost per N from

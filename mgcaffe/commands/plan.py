@@ -92,7 +92,12 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
         rows.append(row)
     lines += [head, "-" * max(len(r) for r in [head, *rows]), *rows]
     for s, p in plans.items():
-        if not p.exact:
+        bound = getattr(p.schedule, "bound", None)
+        if bound:  # the scheduler's search: how far from the lower bound it computes
+            lines.append(f"{s}: {100 * max(0.0, p.iteration_time / bound - 1):.2f}% above the "
+                         f"lower bound {bound * 1e3:.3f} ms on any schedule"
+                         f"{' (proven optimal)' if p.exact else ''}")
+        elif not p.exact:
             lines.append(f"{s}: the search was cut (too many states): not proven optimal, "
                          f"never slower than wfbp, synceasgd or mgwfbp-paper")
     for s, p in plans.items():

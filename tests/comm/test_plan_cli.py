@@ -184,3 +184,16 @@ def test_plan_and_simulate_show_rho_and_sigma(capsys, paper_dir, tmp_path):
     assert "N = 2: backward slowed during an all-reduce" in out and "x1.25" in out
     rc, out, err = run(capsys, "simulate", *args, "--json")
     assert json.loads(out)["points"][0]["comm_slowdown"] == [[1, 1.25]]
+
+
+def test_the_schedulers_schemes_by_name_with_the_gap_to_the_lower_bound(capsys, inputs):
+    rc, out, err = run(capsys, "plan", *inputs, "--nodes", "64", "--scheme", "mgwfbp",
+                       "overlap", "bytescheduler", "dear")
+    assert rc == 0, err
+    rows = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+) +\d+ +([\d.]+) ", out, re.M)}
+    assert set(rows) == {"mgwfbp", "overlap", "bytescheduler", "dear"}
+    assert rows["overlap"] < min(rows["mgwfbp"], rows["bytescheduler"], rows["dear"])
+    gap = re.search(r"^overlap: ([\d.]+)% above the lower bound ([\d.]+) ms", out, re.M)
+    assert gap and float(gap[2]) <= rows["overlap"]
+    assert float(gap[1]) == pytest.approx((rows["overlap"] / float(gap[2]) - 1) * 100, abs=0.01)
+    assert "the search was cut" not in out

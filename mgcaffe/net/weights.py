@@ -104,11 +104,12 @@ def copy_trained_layers(net, source) -> set[str]:
     return loaded
 
 
-def report_initialised(net, loaded: set[str], sources: str) -> None:
-    """After loading `sources` (the --weights text): an error when they initialise none of
-    the net's layers with parameters, a warning listing those left at their fillers when
-    they initialise some. Caffe says nothing; a typo in layer names then trains from
-    scratch without a word."""
+def report_initialised(net, loaded: set[str], sources: str,
+                       remedy: str = "leave --weights out to train from the fillers") -> None:
+    """After loading `sources` (the --weights text, or the weights of a --snapshot): an error
+    when they initialise none of the net's layers with parameters (`remedy` says what to do),
+    a warning listing those left at their fillers when they initialise some. Caffe says
+    nothing; a typo in layer names then trains from scratch without a word."""
     learnable = [name for name, layer in zip(net.layer_names, net.layers) if layer.blobs]
     missing = [name for name in learnable if name not in loaded]
     if not missing:
@@ -116,8 +117,7 @@ def report_initialised(net, loaded: set[str], sources: str) -> None:
     if len(missing) == len(learnable):
         raise NetError(f"weights {sources}: no layer name matches a layer of net "
                        f"{net.name!r} with parameters ({_names(learnable)}), so they would "
-                       "initialise nothing; rename the layers, or leave --weights out to "
-                       "train from the fillers")
+                       f"initialise nothing; rename the layers, or {remedy}")
     log.warning("weights %s initialise %d of the %d layers with parameters; left at their "
                 "fillers: %s", sources, len(learnable) - len(missing), len(learnable),
                 _names(missing))

@@ -609,7 +609,11 @@ class Solver:
         snap.recover_pair(path, writer=self.rank == 0)
         state = snap.read_state(path)
         if state.learned_net:
-            snap.load_weights(self.net, snap.resolve_learned_net(state.learned_net, path))
+            model = snap.resolve_learned_net(state.learned_net, path)
+            # a state of another net resumes layers of the same name only: say which not
+            report_initialised(self.net, snap.load_weights(self.net, model),
+                               f"{model} (of --snapshot {path})",
+                               "resume from a state of this net")
         if len(state.history) != len(self.history):
             raise SolverError(f"{path}: {len(state.history)} history blobs, a {self.type} "
                               f"solver for this net needs {len(self.history)}")

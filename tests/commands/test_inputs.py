@@ -220,3 +220,25 @@ def test_log_directory_check_accepts_one_to_be_created(tmp_path):
 
     check_output_directory(tmp_path / "new" / "logs", "--log_dir")  # made at the first line
     assert not (tmp_path / "new").exists()  # the check creates nothing
+
+
+def test_a_snapshot_of_another_net_warns_of_the_layers_left_at_their_fillers(model, cli,
+                                                                           tmp_path):
+    """--snapshot of a net whose IP2 was named fc2: IP1 resumes, IP2 starts from its filler,
+    which --weights says and --snapshot said nothing of."""
+    other = tmp_path / "other.prototxt"
+    other.write_text(TWO_IP.replace('name: "IP2"', 'name: "fc2"'))
+    rc, err = cli("train", "--solver", model.solver(net=str(other), name="other_solver.prototxt",
+                                                    prefix=str(tmp_path / "other")),
+                  "--iterations", 10)
+    assert rc == 0, err
+    net = tmp_path / "two.prototxt"
+    net.write_text(TWO_IP)
+    state = tmp_path / "other_iter_10.solverstate"
+    rc, err = cli("train", "--solver", model.solver(net=str(net)), "--snapshot", state,
+                  "--iterations", 12)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if "left at their fillers" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        f"] weights {tmp_path / 'other_iter_10.caffemodel'} (of --snapshot {state}) "
+        "initialise 1 of the 2 layers with parameters; left at their fillers: IP2")

@@ -16,6 +16,7 @@ import argparse
 import logging
 
 from ..backend import Device, gpu_available
+from ..comm.backends.launcher import launcher_size
 from ..errors import SolverError
 
 log = logging.getLogger("mgcaffe.commands")
@@ -89,3 +90,18 @@ def device_from_flag(flag: str | None) -> Device | None:
 def stages(args) -> list[str]:
     """--stage values, comma-separated lists split."""
     return [s for value in args.stage for s in value.split(",") if s]
+
+
+def note_launcher(command: str, environ=None) -> str | None:
+    """For `mgcaffe test` and `time`, which run in one process: under a launcher of several
+    processes, a warning that each runs the whole job alone (logged here, and returned)."""
+    seen = launcher_size(environ)
+    if seen is None:
+        return None
+    size, _, who = seen
+    text = (f"{who} started {size} processes: each runs `mgcaffe {command}` alone on the "
+            f"whole net (nothing is split between them or averaged"
+            + ("; their times share the machine's cores" if command == "time" else "")
+            + f"); run `mgcaffe {command}` without a launcher")
+    log.warning("%s", text)
+    return text

@@ -25,7 +25,13 @@ from ..proto import caffe_pb2
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
 from ._engine import layer_rules
-from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
+from ._flags import (
+    add_device_argument,
+    add_state_arguments,
+    device_from_flag,
+    note_launcher,
+    stages,
+)
 
 NAME = "test"
 HELP = "score a model's TEST phase with trained weights (Caffe's `caffe test`)"
@@ -54,6 +60,7 @@ def run(args) -> int:
         raise NetError(f"--weights {args.weights!r}: an empty file name")
     if args.iterations <= 0:
         raise NetError(f"--iterations: expected > 0, found {args.iterations}")
+    note_launcher(NAME)
     threads.configure(getattr(args, "threads", None))
     device = device_from_flag(args.gpu) or CPU
     if device.kind == "gpu":

@@ -31,7 +31,7 @@ from ..net.synthetic_data import (
     synthesize_data_layers,
 )
 from ._engine import layer_rules
-from ._flags import add_device_argument, device_from_flag, stages
+from ._flags import add_device_argument, device_from_flag, note_launcher, stages
 
 NAME = "time"
 HELP = "benchmark a model's forward and backward passes, layer by layer (Caffe's `caffe time`)"
@@ -92,6 +92,7 @@ def run(args) -> int:
     if args.iterations < 1:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
     check_output_path(args.profile_out, "--profile-out", NetError)  # written after timing
+    note_launcher(NAME)
     threads.configure(getattr(args, "threads", None))
     net = build_net(args)
     require_layers(net, args.model, "time")

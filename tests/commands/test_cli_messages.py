@@ -126,3 +126,24 @@ def test_train_help_lists_every_scheme_with_what_it_sends(capsys):
     for scheme in SCHEMES:
         assert f"{scheme}: " in text
     assert "(default mgwfbp)" in text and "deprecated: --merge paper is --comm=mgwfbp-paper" in text
+
+
+@pytest.mark.parametrize("command", ["test", "time"])
+def test_test_and_time_under_a_launcher_say_each_process_runs_alone(model, cli, monkeypatch,
+                                                                  command):
+    """`mpiexec -n 2 mgcaffe test` ran two full copies without a word."""
+    assert cli("train", "--solver", model.solver(), "--iterations", 1)[0] == 0
+    monkeypatch.setenv("PMI_SIZE", "2")  # what mpiexec -n 2 sets in each process
+    argv = (["test", "--model", model.net_file, "--weights", model.dir / "snap_iter_1.caffemodel",
+             "--iterations", 1] if command == "test" else
+            ["time", "--model", model.net_file, "--iterations", 1])
+    rc, err = cli(*argv)
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if "started 2 processes" in line]
+    assert len(lines) == 1 and lines[0].startswith("W")
+    assert (f"a PMI launcher (MPICH/Hydra mpiexec, Intel MPI) started 2 processes: each runs "
+            f"`mgcaffe {command}` alone on the whole net") in lines[0]
+    assert lines[0].endswith(f"run `mgcaffe {command}` without a launcher")
+    monkeypatch.delenv("PMI_SIZE")
+    rc, err = cli(*argv)
+    assert rc == 0 and "started 2 processes" not in err

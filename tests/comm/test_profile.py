@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from mgcaffe.cli import main
+from mgcaffe.comm.model.cost import cost_for, load_network
+from mgcaffe.comm.model.planner import SCHEMES, make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.errors import PlanError
 
@@ -148,3 +151,28 @@ def test_forward_and_update_times_per_layer_are_optional():
         Profile.from_dict({"model": "m", "forward_time": 0, "layers": [
             {"name": "a", "params": 1, "backward_time": 0},
             {"name": "b", "params": 1, "backward_time": 0, "update_time": -1}]}, "p")
+
+
+def test_a_saved_plan_reads_as_the_profile_it_was_made_from(paper_dir, tmp_path, capsys):
+    """Every scheme planned from a plan's profile gets the same groups and times as from the
+    profile itself: `mgcaffe plan --profile plan.json` compares the schemes on the profile a
+    training run measured."""
+    profile = load_profile(paper_dir / "googlenet-k80.json")
+    cost = cost_for(load_network(paper_dir / "network-10gbe.json"), 8)
+    path = tmp_path / "plan.json"
+    make_plan(profile, cost, "mgwfbp").save(path)
+    back = load_profile(path)
+    assert back.names == profile.names and back.total_params == profile.total_params
+    for s in SCHEMES:
+        want, got = make_plan(profile, cost, s), make_plan(back, cost, s)
+        assert got.groups == want.groups
+        assert got.iteration_time == pytest.approx(want.iteration_time, rel=1e-12)
+    assert main(["plan", "--profile", str(path), "--network",
+                 str(paper_dir / "network-10gbe.json"), "--nodes", "8"]) == 0
+    assert "googlenet: 64 learnable layers" in capsys.readouterr().out
+    # predicted with interference: its layer times are slowed ones, not a profile
+    slowed = make_plan(profile, cost.with_interference([(1, 0.5)]), "wfbp")
+    slowed.save(path)
+    with pytest.raises(PlanError, match=rf"{path}: interference: this plan was predicted "
+                                        r"with interference"):
+        load_profile(path)

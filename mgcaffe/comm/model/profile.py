@@ -20,6 +20,12 @@ JSON format (times in seconds; `model`, `forward_time` and `layers` are required
   time (the paper's convention t_f = t_b / 2 gives the same shares) and its update is free.
 - Unknown extra keys (e.g. `source`, a free-text provenance note) are ignored.
 
+A saved plan (`mgcaffe train --save-plan`, `mgcaffe plan --save-plan`) is read as the profile
+it was made from: its forward time, and each layer's bytes and backward time (its backward
+end minus its start). So `mgcaffe plan --profile plan.json` plans every scheme from the
+profile a training run measured. A plan predicted with interference holds slowed times, not
+a profile: it is refused.
+
 Every validation error is a `PlanError` of one line naming the file and the field:
 `profile.json: layers[3].backward_time: must be >= 0, got -1`.
 """
@@ -162,9 +168,12 @@ class Profile:
     # -- (de)serialisation
     @classmethod
     def from_dict(cls, d: Any, source: str = "profile") -> Profile:
-        """Validate a parsed profile; `source` (usually the file name) prefixes every error."""
+        """Validate a parsed profile (or a saved plan: `from_plan`); `source` (usually the
+        file name) prefixes every error."""
         source = str(source)
         d = require_mapping(d, source)
+        if "groups" in d and "profile" not in d:
+            return cls.from_plan(d, source)
         model = require(d, "model", source)
         if not isinstance(model, str):
             raise PlanError(f"{source}: model: must be a string, got {model!r}")
@@ -199,6 +208,34 @@ class Profile:
             ut = as_float(raw.get("update_time", 0.0), source, f"{at}.update_time")
             layers.append(LayerProfile(name, params, bt, ft, ut))
         return cls(model, batch_size, dtype_bytes, forward_time, tuple(layers))
+
+    @classmethod
+    def from_plan(cls, d: dict, source: str = "plan") -> Profile:
+        """The profile a saved plan (its JSON) was made from: t_f, and per layer its bytes
+        (as float32 parameters) and backward time, backward_end - backward_start."""
+        for key in ("interference", "comm_slowdown"):
+            if d.get(key):
+                raise PlanError(f"{source}: {key}: this plan was predicted with interference, "
+                                "so its layer times are slowed ones, not a profile; give the "
+                                "profile itself")
+        model = d.get("model") or "plan"
+        forward_time = as_float(require(d, "forward_time", source), source, "forward_time")
+        raw_layers = require(d, "layers", source)
+        if not isinstance(raw_layers, list) or not raw_layers:
+            raise PlanError(f"{source}: layers: must be a non-empty list")
+        layers = []
+        for i, raw in enumerate(raw_layers):
+            at = f"layers[{i}]"
+            raw = require_mapping(raw, source, at)
+            name = require(raw, "name", source, f"{at}.")
+            nbytes = as_int(require(raw, "bytes", source, f"{at}."), source, f"{at}.bytes")
+            start, end = (as_float(require(raw, k, source, f"{at}."), source, f"{at}.{k}")
+                          for k in ("backward_start", "backward_end"))
+            if nbytes % 4:
+                raise PlanError(f"{source}: {at}.bytes: {nbytes} is not a whole number of "
+                                "float32 values")
+            layers.append(LayerProfile(str(name), nbytes // 4, max(0.0, end - start)))
+        return cls(str(model), None, 4, forward_time, tuple(layers))
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"model": self.model}

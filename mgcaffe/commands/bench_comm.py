@@ -27,7 +27,7 @@ from ..comm.training.interference import (
     interference_sizes,
     measure_interference,
 )
-from ..comm.training.notices import fit_quality_level, one_host_note
+from ..comm.training.notices import fit_notices, fit_quality_level
 from ..comm.training.world import world
 from ..errors import CommError
 
@@ -119,10 +119,12 @@ def run(args) -> int:
         log.info("all-reduce among %d ranks on %s (%s):\n%s", comm.size, where, comm.name,
                  result.table())
         log.info("%s", result.describe_fit())
-        for text, poor in ((result.warning(), result.poor),
-                           (fit_warning(result.fit.a, result.line_check.rms), True)):
-            if text:
-                log.log(fit_quality_level(poor, hosts), "%s%s", text, one_host_note(hosts))
+        # a poor fit: a warning across hosts, expected on one host (notices.py)
+        for level, line in fit_notices(result.warning(), result.worst_error, hosts):
+            log.log(level, "%s", line)
+        rms_warning = fit_warning(result.fit.a, result.line_check.rms)
+        if rms_warning:
+            log.log(fit_quality_level(True, hosts), "%s", rms_warning)
         doc = result.network_json()
         alpha, beta = ring_constants(result.fit.a, result.fit.b, comm.size)
         doc.update(alpha=alpha, beta=beta, algorithm="ring",

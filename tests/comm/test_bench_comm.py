@@ -12,7 +12,7 @@ from mgcaffe.comm.backends.emulate import EmulatedCommunicator
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.cost import Network, cost_for, load_network
 from mgcaffe.comm.training.benchmark import DEFAULT_SIZES, default_sizes, measure_allreduce
-from mgcaffe.comm.training.notices import fit_quality_level, one_host_note
+from mgcaffe.comm.training.notices import fit_notices, fit_quality_level, one_host_note
 from mgcaffe.commands.bench_comm import parse_size, ring_constants
 from mgcaffe.errors import CommError
 from mgcaffe.testing.comm import run_mpi, run_ranks
@@ -120,12 +120,17 @@ def test_bench_comm_help_says_the_sizes_it_uses(capsys):
 
 def test_a_poor_fit_on_one_host_is_information_not_a_warning():
     """One host's all-reduce goes through shared memory: a + b*M never fits it well, and
-    nothing is wrong. Across hosts a poor fit is worth a warning."""
-    assert fit_quality_level(poor=True, hosts=1) == logging.INFO
+    nothing is wrong: its detail goes to the verbose level and one INFO line says so. Across
+    hosts a poor fit is worth a warning."""
+    assert fit_quality_level(poor=True, hosts=1) == logging.DEBUG
     assert fit_quality_level(poor=True, hosts=2) == logging.WARNING
     assert fit_quality_level(poor=False, hosts=4) == logging.INFO
-    assert "expected with every rank on one host" in one_host_note(1)
-    assert one_host_note(3) == ""
+    assert fit_notices(None, 0.05, 1) == []
+    assert fit_notices("the fit is poor", 0.57, 3) == [(logging.WARNING, "the fit is poor")]
+    (debug, detail), (info, note) = fit_notices("the fit is poor", 0.57, 1)
+    assert (debug, detail, info) == (logging.DEBUG, "the fit is poor", logging.INFO)
+    assert note == one_host_note(0.57) and note.startswith(
+        "the all-reduce fit misses some sizes by up to 57%: expected with every rank on one host")
 
 
 def test_poor_fit_is_flagged_with_the_worst_point():

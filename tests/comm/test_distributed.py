@@ -4,6 +4,7 @@ two ranks as threads of one process (LocalWorld)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from types import SimpleNamespace
 
@@ -46,8 +47,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc3" bottom: "label" top: 
 """
 
 FLAGS = ("comm", "merge", "bucket_mb", "profile", "network", "plan", "save_plan",
-         "profile_iters", "timeline", "emulate_network", "emulate_nodes", "check_sync",
-         "comm_timeout", "replan_after")
+         "profile_iters", "timeline", "timeline_iters", "emulate_network", "emulate_nodes",
+         "check_sync", "comm_timeout", "replan_after")
 
 
 def flags(**given):
@@ -316,7 +317,9 @@ def test_replan_after_warm_up_plans_from_the_later_iterations_once_on_every_rank
     assert [list(g) for g in handles[1].plan.groups] == [g.names for g in
                                                          handles[1].executor.groups]
     assert len(handles[0].grad_times) == iters - replan_at  # measured against the re-plan
-    assert "median over the profiled iterations" in handles[0].summary()
+    # predicted: the median of the plan's timeline over the profiled iterations
+    assert (f"predicted {handles[0].replanner.median_prediction * 1e3:.2f} ms by plan wfbp"
+            in handles[0].summary())
     # no interference in the model: the re-plan's profile ran under the start-up plan (wfbp,
     # one message per layer) from the start-up plan's switch on
     assert messages[0] == messages[1] == [1] * profile_iters + [3] * (iters - profile_iters)
@@ -458,3 +461,59 @@ def test_a_plan_whose_layer_sizes_differ_from_the_net_is_refused(tmp_path):
     assert isinstance(errors[0], CommError)
     assert "layer 'fc1' has 396 bytes of parameters in the plan but 140 in the net" \
         in str(errors[0])
+
+
+def test_info_holds_one_line_summaries_and_details_go_to_the_verbose_level(tmp_path):
+    """A run that profiles, plans, re-plans and traces: every INFO line is one short line
+    (the plan, the re-plan, the closing line), the profile and the plan's groups come at
+    the verbose level only, and the trace keeps the window asked for."""
+    network = tmp_path / "net.json"
+    network.write_text(json.dumps({"fits": {"2": {"a": 0.002, "b": 1e-9}}}))
+    trace = tmp_path / "t.json"
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("mgcaffe")
+    handler, level = Keep(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        _, handles, errors = train(2, flags(comm="mgwfbp", profile_iters=3, replan_after=2,
+                                            network=str(network), timeline=str(trace),
+                                            timeline_iters="10:13"), iters=20)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert errors == [None, None]
+    info = [r.getMessage() for r in records if r.levelno >= logging.INFO
+            and r.name == "mgcaffe.comm"]
+    debug = [r.getMessage() for r in records if r.levelno == logging.DEBUG]
+    assert info and all("\n" not in line and len(line) <= 300 for line in info), info
+    assert [line for line in info if line.startswith("Plan mgwfbp (")] == [
+        line for line in info if "all-reduce" in line and "predicted" in line
+        and line.startswith("Plan ")]
+    assert sum(line.startswith("Plan mgwfbp (") for line in info) == 2  # start-up, re-plan
+    assert any(line.startswith("Distributed training: 2 ranks on 1 host") and
+               line.endswith("--comm=mgwfbp") for line in info)
+    assert any(line.startswith("profile (") for line in debug)  # the profile: verbose only
+    assert not any(line.startswith("profile (") for line in info)
+    assert any("  group 0: " in line for line in debug)
+    assert any(line.startswith("iteration (forward start to reduced gradients): measured")
+               for line in info)
+    assert any(line.endswith(f"(iterations 10..12) to {trace}") for line in info)
+    doc = json.loads(trace.read_text())
+    assert {e["args"]["iter"] for e in doc["traceEvents"] if "args" in e and "iter" in
+            e["args"]} == {10, 11, 12}
+    assert doc["metadata"]["traced"] == "iterations 10..12"
+    assert handles[0].plan.scheme == "mgwfbp"
+
+
+def test_timeline_iters_needs_a_timeline_and_a_window():
+    with pytest.raises(CommError, match="--timeline-iters: give --timeline TRACE.json too"):
+        options_from(flags(timeline_iters="0:10"))
+    with pytest.raises(CommError, match="--timeline-iters: expected A:B"):
+        options_from(flags(timeline="t.json", timeline_iters="ten"))
+    assert options_from(flags(timeline="t.json")).trace_window.last == 100

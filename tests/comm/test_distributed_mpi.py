@@ -144,7 +144,7 @@ def test_replan_after_warm_up_switches_every_rank_at_the_same_iteration(digits):
         its = iterations(doc, rank)
         got = {it: [e["args"]["layers"] for e in ars] for it, (_, ars) in its.items()}
         assert got == want, rank
-    assert "measured in situ on the slowest of 2 rank(s)" in log
+    assert "Measured in situ on 2 ranks: backward takes" in log
 
 
 @pytest.mark.parametrize("n, mode", [(2, m) for m in MODES] + [(4, "mgwfbp")])
@@ -167,7 +167,7 @@ def test_every_mode_matches_one_process_with_the_combined_batch(digits, referenc
         assert float(np.abs(got - want).max()) <= 1e-5 * scale
     check_trace(load_trace(trace), n, mode)
     assert "measured" in log and "predicted" in log  # measured vs predicted is logged
-    assert re.search(r"plan [\w-]+ \([0-9a-f]{12}\)", log)
+    assert re.search(r"Plan [\w-]+ \([0-9a-f]{12}\)", log)
     if n == 4:
         assert log.count("Testing net (#0)") == 3  # iterations 0, 3, 6
 
@@ -239,7 +239,8 @@ def test_in_place_reduction_is_bit_identical_to_packing(digits, mode):
         out = root / f"w_{how}_{mode}"
         status, log, _ = run_mpi(2, [DRIVER, "--solver", solver(COMBINED_BATCH // 2),
                                      *MODES[mode], "--profile-iters", PROFILE_ITERS,
-                                     "--dump-weights", out, *extra], timeout=240)
+                                     "--dump-weights", out, *extra], timeout=240,
+                                 env={"GLOG_v": "1"})  # the buffer's line is verbose detail
         assert status == 0, log
         said = "all-reduced in place" if how == "in-place" else "packed into"
         assert said in log, log

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..model.cost import CostModel, cost_for, load_network
 from .benchmark import measure_allreduce
 from .gradient_comm import Guard
 from .interference import interference_sizes, measure_interference
+from .notices import fit_notices
 from .options import Options
 from .startup import benchmark_sizes
 
@@ -57,11 +59,13 @@ def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
         bench = measure_allreduce(comm, sizes, iterations=10, xp=xp)
     origin = (f"measured all-reduce of {len(sizes)} sizes from {sizes[0]} B to "
               f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
+    hosts = len(set(comm.allgather(socket.gethostname())))
     if comm.rank == 0:
-        log.info("All-reduce benchmark among %d ranks (%s):\n%s", comm.size, comm.name,
-                 bench.table())
-        if bench.warning():
-            log.warning("%s", bench.warning())
+        log.debug("All-reduce benchmark among %d ranks (%s):\n%s", comm.size, comm.name,
+                  bench.table())
+        # a poor fit: a warning across hosts, expected on one host (notices.py)
+        for level, line in fit_notices(bench.warning(), bench.worst_error, hosts):
+            log.log(level, "%s", line)
     return dataclasses.replace(bench.fit, doubt=bench.doubt()), origin
 
 

@@ -47,8 +47,8 @@ def gradient_channel(base: Communicator, device: Any, options: Options,
         return GradientChannel(base)
     cost = cost_for(load_network(options.emulate_network), options.emulate_nodes)
     emulated = EmulatedCommunicator(base, cost, options.emulate_nodes)
-    if rank == 0:
-        log.warning("%s [from %s]", emulated.describe(), options.emulate_network)
+    if rank == 0:  # asked for: information, not a warning
+        log.info("%s [from %s]", emulated.describe(), options.emulate_network)
     return GradientChannel(emulated, cost)
 
 

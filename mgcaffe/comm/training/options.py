@@ -17,6 +17,7 @@ from typing import Any
 from ...errors import CommError, PlanError
 from ..backends.communicator import Communicator
 from ..model.planner import DEFAULT_SCHEME, SCHEMES, Plan, load_plan, scheme_named
+from ..runtime.trace import TraceWindow
 
 __all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "check_for_world",
            "options_from", "wanted"]
@@ -53,6 +54,7 @@ class Options:
     replan_after: int = 50  # re-plan once this many iterations after the start-up plan
     timeout: float = 120.0
     timeline: str | None = None
+    timeline_iters: str | None = None  # the iterations a trace keeps (default: the last 100)
     emulate_network: str | None = None
     emulate_nodes: int | None = None
     check_sync: int = 0
@@ -69,6 +71,13 @@ class Options:
         """The scheme this run trains: a saved plan's (when --comm is left out), else the
         --comm value."""
         return self.plan_scheme or self.comm
+
+    @property
+    def trace_window(self) -> TraceWindow:
+        """The iterations --timeline keeps (`--timeline-iters`; the last 100 by default)."""
+        if self.timeline_iters is None:
+            return TraceWindow()
+        return TraceWindow.parse(self.timeline_iters)
 
     def named(self, name: str, flag: str | None = None) -> str:
         """Where the value of field `name` came from, for messages: the flag, the solver
@@ -107,6 +116,10 @@ class Options:
                             "(--comm-backend mpi)")
         if self.emulate_nodes is not None and self.emulate_nodes < 1:
             raise CommError(f"--emulate-nodes: must be >= 1, got {self.emulate_nodes}")
+        if self.timeline_iters is not None:
+            self.trace_window  # noqa: B018 - parsed for its error
+            if not self.timeline:
+                raise CommError("--timeline-iters: give --timeline TRACE.json too")
         return self
 
 
@@ -138,7 +151,11 @@ def add_arguments(parser) -> None:
                    help="profile again N iterations after the start-up plan (warm-up over) "
                         "and re-plan once from that profile; 0: never (default 50)")
     g.add_argument("--timeline", default=None, metavar="TRACE.json",
-                   help="write a Chrome/Perfetto trace of every rank (rank 0 writes)")
+                   help="write a Chrome/Perfetto trace of every rank (rank 0 writes) of the "
+                        "last 100 iterations, or of --timeline-iters")
+    g.add_argument("--timeline-iters", default=None, metavar="A:B[:K]",
+                   help="the iterations the trace keeps: A:B (A to B-1), A:B:K (every K-th), "
+                        "A: (from A on, unbounded)")
     g.add_argument("--emulate-network", default=None, metavar="NET.json",
                    help="make each gradient all-reduce last at least this network's a + b*M")
     g.add_argument("--emulate-nodes", type=int, default=None, metavar="N",
@@ -176,7 +193,7 @@ _COMM_PARAM_FIELDS = (("comm", "comm"), ("merge", "merge"), ("bucket_mb", "bucke
 _FLAGS = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
           "network": "network", "plan": "plan", "save_plan": "save_plan",
           "profile_iters": "profile_iters", "replan_after": "replan_after",
-          "timeline": "timeline",
+          "timeline": "timeline", "timeline_iters": "timeline_iters",
           "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
           "check_sync": "check_sync", "comm_timeout": "timeout",
           "comm_backend": "backend", "pack_gradients": "pack_gradients",

@@ -44,6 +44,7 @@ from ..model.profile import load_profile
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .gradient_comm import Guard
 from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
+from .notices import in_situ_summary
 from .options import Options
 from .overlap import ForwardShape
 from .startup import (
@@ -51,6 +52,7 @@ from .startup import (
     check_plan_sizes,
     describe_plan,
     describe_profile,
+    plan_summary,
     synceasgd_groups,
 )
 
@@ -165,16 +167,16 @@ class Replanner:
         if o.plan:
             plan = load_plan(o.plan)
             check_plan_sizes(plan, self.net.names, self.net.counts, self.net.itemsize, o.plan)
-            self._adopt(plan, f"read from {o.plan}")
+            self._adopt(plan, f"from {o.plan}")
             return plan
         if o.profile:
-            return self._make_and_share(lambda: load_profile(o.profile), f"from {o.profile}")
+            return self._make_and_share(lambda: load_profile(o.profile),
+                                        f"made from {o.profile}")
         self.phase = Phase.STARTUP_PROFILE
         self.profiler = OnlineProfile(self.net.net_name, self.net.names, self.net.counts, skip=1)
         if self.rank == 0:
-            log.info("Profiling the first %d iterations (the first one is not counted; up to "
-                     "%d while the times still drift); meanwhile all gradients go in one "
-                     "all-reduce after backward", o.profile_iters,
+            log.info("Profiling the first %d iterations (up to %d while the times drift), all "
+                     "gradients in one all-reduce after backward meanwhile", o.profile_iters,
                      PROFILE_EXTENSION * o.profile_iters)
         return synceasgd_groups(self.net.names)
 
@@ -204,8 +206,8 @@ class Replanner:
                              max(0.0, plan.iteration_time / bound - 1) * 100, bound * 1e3,
                              " (proven optimal)" if plan.exact else "")
                 elif not plan.exact:
-                    log.warning("Plan %s: the optimal search was cut (too many states): the "
-                                "plan is not proven optimal under the model", where)
+                    log.info("Plan %s: the search for the optimum was cut (too many states): "
+                             "the plan is not proven optimal under the model", where)
                 payload = ("ok", plan.to_dict(), profile.to_dict())
             except MgcaffeError as exc:  # every rank must learn why, not wait for a plan
                 payload = ("error", str(exc), None)
@@ -216,7 +218,7 @@ class Replanner:
         plan = Plan.from_dict(body, source="plan from rank 0")
         self.profile_dict = profile_dict
         if self.rank == 0:
-            log.info("%s", describe_profile(profile_dict, where))
+            log.debug("%s", describe_profile(profile_dict, where))
         self._adopt(plan, where)
         return plan
 
@@ -237,7 +239,8 @@ class Replanner:
     def _adopt(self, plan: Any, where: str) -> None:
         self.plan = plan
         if self.rank == 0:
-            log.info("Using %s\n%s", where, describe_plan(plan))
+            log.info("%s", plan_summary(plan, where))
+            log.debug("%s", describe_plan(plan))
             if self.options.save_plan:
                 plan.save(self.options.save_plan)
                 log.info("Wrote the plan to %s", self.options.save_plan)
@@ -298,7 +301,7 @@ class Replanner:
                             f"iterations (the backward hook did not report every layer)")
         recent = max(1, wanted_iters - 1)  # the first of a phase is skipped
         if self.rank == 0:
-            log.info("%s", prof.describe_spread(recent))
+            log.debug("%s", prof.describe_spread(recent))
         if window is not None:
             self._adopt_in_situ_rho(window)
         self.profiler = None
@@ -309,7 +312,6 @@ class Replanner:
 
     def _replan(self, it: int, prof: OnlineProfile, recent: int, replanning: bool) -> None:
         """Plan from the profile's last `recent` iterations and switch every rank to it."""
-        first = it - self.profiled_iters
         # The step waits for the slowest rank: plan with the latest ready time of each layer,
         # iteration by iteration.
         with self.guard("gathering the ranks' profiles"):
@@ -321,16 +323,15 @@ class Replanner:
             self.shape.samples.clear()
         self.forward_shape = shape
         before = self.plan
-        where = (f"median profile of the last {min(recent, len(prof))} of "
-                 f"{self.profiled_iters} iteration(s) ({first}-{it - 1}), slowest of "
-                 f"{self.size} rank(s)")
+        where = (f"the median profile of iterations {it - min(recent, len(prof))}-{it - 1} "
+                 f"(slowest of {self.size} ranks)")
         net = self.net
         if replanning:
             self._correct_cost()
         plan = self._make_and_share(
             lambda: ForwardShape.apply(median_profile(steps, net.net_name, net.names,
                                                       net.counts), shape),
-            f"re-plan after warm-up, {where}" if replanning else where,
+            f"re-planned after warm-up from {where}" if replanning else f"made from {where}",
             startup=not replanning and self.options.replan_after > 0)
         with self.guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(self.comm, net.names, net.counts, plan, it)
@@ -387,15 +388,14 @@ class Replanner:
                 overlapped.append(groups)
             self.window = InSituWindow(overlapped)
         if self.rank == 0:
-            log.info("Warm-up over at iteration %d: profiling %d more iterations (the first "
-                     "one is not counted) to re-plan once; meanwhile %s", it,
-                     PROFILE_EXTENSION * self.options.profile_iters,
-                     "the plan runs on (the profile includes what its overlapped "
-                     "all-reduces cost backward)" if runs_on else
-                     "all gradients go in one all-reduce after backward" if not measure else
-                     "iterations alternate between all gradients in one all-reduce after "
-                     "backward (the profile) and all-reduces during backward, per layer or "
-                     "by the plan's groups (to measure how much backward slows beside them)")
+            log.info("Warm-up over at iteration %d: profiling %d more iterations to re-plan "
+                     "once", it, PROFILE_EXTENSION * self.options.profile_iters)
+            log.debug("Meanwhile %s", "the plan runs on (the profile includes what its "
+                      "overlapped all-reduces cost backward)" if runs_on else
+                      "all gradients go in one all-reduce after backward" if not measure else
+                      "iterations alternate between all gradients in one all-reduce after "
+                      "backward (the profile) and all-reduces during backward, per layer or "
+                      "by the plan's groups (to measure how much backward slows beside them)")
 
     # ------------------------------------------------------------------ T from real messages
     def _record_sent(self, ready: dict[int, float]) -> None:
@@ -484,16 +484,17 @@ class Replanner:
             self.insitu_comm = comm_est
             self.cost = self.cost.with_comm_slowdown(comm_est.points)
             if self.rank == 0:
-                log.info("Communication slows beside backward, measured in situ (each "
-                         "message as the last of %d rank(s) to enter it saw it): %s; the "
-                         "model now uses %s", self.size, comm_est.describe(),
-                         ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
+                log.debug("Communication slows beside backward, measured in situ (each "
+                          "message as the last of %d rank(s) to enter it saw it): %s; the "
+                          "model now uses %s", self.size, comm_est.describe(),
+                          ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
         probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
         if not found:
             if self.rank == 0:
-                log.warning("In-situ interference: no all-reduce was in flight during "
-                            "backward in the window; keeping the start-up probe's (%s)",
-                            probe_text)
+                log.info("Interference in situ: no all-reduce was in flight during backward in "
+                         "the window; keeping the start-up probe's rho (%s)", probe_text)
+                if comm_est is not None:
+                    log.info("%s", in_situ_summary(None, comm_est.single, self.size))
             return
         est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
         self.insitu, self.probe_interference = est, probe
@@ -503,10 +504,12 @@ class Replanner:
                           self.comm.allgather((window.comm_measured, window.comm_modelled)))
         self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
         if self.rank == 0:
-            log.info("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
-                     "rank; whole messages, also their part after backward)", slowest)
-            log.info("Computation slows beside the all-reduces, measured in situ on the "
-                     "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
-                     "%s)", self.size, est.describe(),
-                     ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
-                     probe_text)
+            log.info("%s", in_situ_summary(est.single, getattr(comm_est, "single", None),
+                                           self.size))
+            log.debug("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
+                      "rank; whole messages, also their part after backward)", slowest)
+            log.debug("Computation slows beside the all-reduces, measured in situ on the "
+                      "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
+                      "%s)", self.size, est.describe(),
+                      ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
+                      probe_text)

@@ -14,7 +14,8 @@ from ..backends.communicator import Communicator
 from ..runtime.executor import check_plan_layers
 
 __all__ = ["agree_on_layers_and_plan", "benchmark_sizes", "broadcast_parameters",
-           "describe_plan", "describe_profile", "learnable_summary", "synceasgd_groups"]
+           "describe_groups", "describe_plan", "describe_profile", "learnable_summary",
+           "plan_summary", "synceasgd_groups"]
 
 
 def _blob_arrays(net: Any) -> list[Any]:
@@ -102,8 +103,30 @@ def synceasgd_groups(names: list[str]) -> SimpleNamespace:
     return SimpleNamespace(groups=[list(reversed(names))])
 
 
+def describe_groups(plan: Any, limit: int = 6) -> str:
+    """The plan's messages in a short phrase, output side first: `ip2+ip1 | conv2+conv1`,
+    spans of long groups as `first..last (k)`, and only a count past `limit` groups."""
+    groups = [list(g) for g in plan.groups]
+    if len(groups) > 1 and all(len(g) == 1 for g in groups):
+        return "one per layer"
+    if len(groups) > limit:
+        return f"{len(groups)} groups of {min(map(len, groups))}-{max(map(len, groups))} layers"
+    return " | ".join("+".join(g) if len(g) <= 3 else f"{g[0]}..{g[-1]} ({len(g)})"
+                      for g in groups)
+
+
+def plan_summary(plan: Any, where: str) -> str:
+    """The plan in one log line: its scheme (the --comm value), digest, where it came from,
+    its messages and its predicted iteration."""
+    n = len(plan.groups)
+    return (f"Plan {plan.scheme} ({plan.digest()[:12]}) {where}: {n} all-reduce"
+            f"{'s' if n != 1 else ''} ({describe_groups(plan)}) for {len(plan.layers)} "
+            f"learnable layers; predicted {plan.iteration_time * 1e3:.2f} ms per iteration "
+            f"(t_f + t_b {plan.ideal * 1e3:.2f} ms)")
+
+
 def describe_plan(plan: Any) -> str:
-    """The plan in a few log lines: scheme, groups, predicted times."""
+    """The plan in a few log lines: scheme, groups, predicted times (the verbose level)."""
     lines = [f"plan {plan.scheme} ({plan.digest()[:12]}): {len(plan.groups)} all-reduce(s) "
              f"for {len(plan.layers)} learnable layers, a = {plan.a * 1e6:.2f} us, "
              f"b = {plan.b * 1e9:.4f} ns/B"]

@@ -28,6 +28,8 @@ iterations compares checksums of the learnable weights.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import statistics
 import time
 from contextlib import contextmanager
@@ -38,6 +40,7 @@ import numpy as np
 from ...backend import to_host
 from ...errors import CommError
 from ..backends.communicator import Communicator
+from ..model.planner import scheme_named
 from ..runtime.executor import GradientExecutor
 from ..runtime.timing import NetTimer
 from ..runtime.trace import COMPUTE, Tracer, merge_traces, save_trace
@@ -46,6 +49,7 @@ from .cost_source import run_cost
 from .faults import LeaveGuard, Watchdog, check_in_sync
 from .gradient_comm import gradient_channel
 from .liveness import start_liveness
+from .notices import likely_causes, overrun_warning
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
 from .overlap import ForwardShape, runs_a_schedule, scheduled_executor
 from .replanner import Learnables, Replanner
@@ -76,6 +80,14 @@ def flatten_gradients(net: Any) -> None:
         return
     if tuple(net.flat_param_ids) != tuple(net.reduced_param_ids()):
         flatten()
+
+
+def describe_scheme(o: Options) -> str:
+    """What trains, as the flags say it: `--comm=threshold --bucket-mb 25`, or the plan."""
+    text = f"--comm={o.scheme}"
+    if scheme_named(o.scheme).bucket and not o.plan:
+        text += f" --bucket-mb {o.bucket_mb:g}"
+    return text + (f" (the plan of {o.plan})" if o.plan else "")
 
 
 def describe_gradient_buffer(executor: GradientExecutor) -> str:
@@ -129,15 +141,19 @@ class DistributedTraining:
         # Before any collective whose shape depends on them (the NCCL choice, the broadcast).
         with self._guard("agreement on the solver, net and distributed settings"):
             agree_on_settings(comm, settings_of(solver, o))
-        self.tracer = Tracer(comm.rank) if o.timeline else None
+        self.tracer = Tracer(comm.rank, window=o.trace_window) if o.timeline else None
         channel = gradient_channel(comm, solver.device, o, self._guard)
         self.comm = channel.comm
+        with self._guard("exchange of host names"):
+            hosts = comm.allgather(socket.gethostname())
+        self.hosts = len(set(hosts))  # the ranks' hosts, and how many ranks share this one
+        self.ranks_here = hosts.count(hosts[self.rank])
 
         if self.rank == 0:
-            log.info("Distributed training: %d rank(s) (%s), comm=%s%s", self.size,
-                     getattr(comm, "library", comm.name), o.comm,
-                     f" merge={o.merge}" if o.comm == "mgwfbp" else
-                     f" bucket={o.bucket_mb} MB" if o.comm == "threshold" else "")
+            log.info("Distributed training: %d rank%s on %d host%s (%s), %s", self.size,
+                     "s" if self.size != 1 else "", self.hosts, "s" if self.hosts != 1 else "",
+                     " ".join(str(getattr(comm, "library", comm.name)).split()),
+                     describe_scheme(o))
         with self._guard("broadcast of rank 0's parameters"):
             sent = broadcast_parameters(comm, net)
         if self.rank == 0 and self.size > 1:
@@ -178,12 +194,13 @@ class DistributedTraining:
             self.executor = GradientExecutor.from_net(net, provisional, self.comm, **run)
         self.replanner.start(self.executor, self.timer, keep_timer=self.tracer is not None)
         if self.rank == 0:
-            log.info("%s", describe_gradient_buffer(self.executor))
-            if o.thread_nice is not None:
-                log.info("Communication thread %s", f"at nice {o.thread_nice}"
-                         if self.executor.favoured else f"left at its priority (nice "
-                         f"{o.thread_nice} needs root or CAP_SYS_NICE): its wake-ups may "
-                         f"wait for backward's time slice on busy cores")
+            log.debug("%s", describe_gradient_buffer(self.executor))
+            if o.thread_nice is not None and self.executor.favoured:
+                log.debug("Communication thread at nice %d", o.thread_nice)
+            elif o.thread_nice is not None:
+                log.info("Communication thread left at its priority (nice %d needs root or "
+                         "CAP_SYS_NICE): its wake-ups may wait for backward on busy cores",
+                         o.thread_nice)
         self._ready: dict[int, float] = {}
         self._t_start = 0.0
         self._t_grads = 0.0
@@ -372,31 +389,63 @@ class DistributedTraining:
             return self.base_comm.allgather(obj)
 
     # ------------------------------------------------------------------ the end
-    def summary(self) -> str | None:
-        """Measured forward-to-reduced-gradients time beside the plan's prediction (a plan
-        that updates layer by layer: forward start to the next forward start)."""
+    def _per_layer(self) -> bool:
+        """Whether the plan updates layer by layer (its iteration runs from a forward start
+        to the next forward start) and such iterations were measured."""
         schedule = getattr(self.plan, "schedule", None)
-        if schedule is not None and schedule.update == "per-layer" and self.periods:
-            times = self.periods[1:] or self.periods
-            measured = statistics.median(times)
-            predicted = self.replanner.median_prediction or self.plan.iteration_time
-            return (f"iteration (forward start to the next forward start, update included): "
-                    f"measured {measured * 1e3:.2f} ms (median of {len(times)}), predicted "
-                    f"{predicted * 1e3:.2f} ms by plan {self.plan.scheme} "
-                    f"({(measured / predicted - 1) * 100:+.1f}%)")
-        if self.plan is None or not self.grad_times:
+        return schedule is not None and schedule.update == "per-layer" and bool(self.periods)
+
+    def measured(self) -> tuple[float, float, int] | None:
+        """(measured median, predicted, iterations) of forward start to reduced gradients
+        (a plan that updates layer by layer: to the next forward start) since the plan was in
+        place; None before."""
+        if self.plan is None:
             return None
-        times = self.grad_times[1:] or self.grad_times  # the first after a plan change warms
-        measured = statistics.median(times)
+        times = self.periods if self._per_layer() else self.grad_times
+        if not times:
+            return None
+        times = times[1:] or times  # the first after a plan change warms
         predicted = self.replanner.median_prediction or self.plan.iteration_time
+        return statistics.median(times), predicted, len(times)
+
+    def summary(self) -> str | None:
+        """Measured iteration time beside the plan's prediction."""
+        got = self.measured()
+        if got is None:
+            return None
+        measured, predicted, n = got
+        told = (f"measured {measured * 1e3:.2f} ms (median of {n}), predicted "
+                f"{predicted * 1e3:.2f} ms by plan {self.plan.scheme} "
+                f"({(measured / predicted - 1) * 100:+.1f}%)")
+        if self._per_layer():
+            return f"iteration (forward start to the next forward start, update included): {told}"
         whole = statistics.median(self.iteration_times[1:] or self.iteration_times)
-        how = ("" if self.replanner.median_prediction is None else
-               f"; median over the profiled iterations, {self.plan.iteration_time * 1e3:.2f} "
-               f"ms at the median profile")
-        return (f"iteration (forward start to reduced gradients): measured {measured * 1e3:.2f}"
-                f" ms (median of {len(times)}), predicted {predicted * 1e3:.2f} ms by plan "
-                f"{self.plan.scheme} ({(measured / predicted - 1) * 100:+.1f}%{how}); whole "
-                f"iteration with the update {whole * 1e3:.2f} ms")
+        return (f"iteration (forward start to reduced gradients): {told}; whole iteration "
+                f"with the update {whole * 1e3:.2f} ms")
+
+    def likely_causes(self) -> list[str]:
+        """Why an iteration may run far above its prediction, the most specific first."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            os.cpu_count() or 1
+        return likely_causes(self.options, getattr(self.plan, "nodes", None),
+                             self.options.emulate_nodes or self.size, cores,
+                             os.getloadavg()[0], self.ranks_here,
+                             getattr(self.cost, "interferes", False))
+
+    def report(self) -> None:
+        """Rank 0's closing lines: the summary, and a warning when the measured iteration is
+        far above the prediction, naming the likely cause."""
+        text = self.summary()
+        if text:
+            log.info("%s", text)
+            if self.replanner.median_prediction is not None:
+                log.debug("predicted: the median over the profiled iterations of the plan's "
+                          "timeline on each one's times; the timeline of the median profile "
+                          "gives %.2f ms", self.plan.iteration_time * 1e3)
+            measured, predicted, _ = self.measured()
+            warning = overrun_warning(measured, predicted, self.likely_causes())
+            if warning:
+                log.warning("%s", warning)
 
     def close(self) -> None:
         """Stop the communication thread, log the summary, write the trace (a collective)."""
@@ -405,9 +454,8 @@ class DistributedTraining:
         self.closed = True
         self.executor.close()
         self.timer.remove()
-        text = self.summary()
-        if self.rank == 0 and text:
-            log.info("%s", text)
+        if self.rank == 0:
+            self.report()
         if getattr(self.comm, "padded_s", None) is not None and self.rank == 0:
             log.info("EMULATION: slept %.3f s in %d all-reduces to match the modelled network",
                      self.comm.padded_s, self.comm.calls)
@@ -415,16 +463,17 @@ class DistributedTraining:
             with self._guard("gathering the trace"):
                 events = self.base_comm.allgather(self.tracer.snapshot())
             if self.rank == 0:
-                meta = {"world_size": self.size, "comm": self.options.comm,
+                meta = {"world_size": self.size, "comm": self.options.scheme,
                         "scheme": getattr(self.plan, "scheme", None),
+                        "traced": self.tracer.window.describe(),
                         "predicted_iteration_s": getattr(self.plan, "iteration_time", None),
                         "measured_iteration_s": (statistics.median(self.grad_times[1:])
                                                  if len(self.grad_times) > 1 else None),
                         "plan": self.plan.to_dict() if self.plan is not None else None,
                         "emulated_nodes": self.options.emulate_nodes}
                 save_trace(merge_traces(events, meta), self.options.timeline)
-                log.info("Wrote the timeline of %d rank(s) to %s", self.size,
-                         self.options.timeline)
+                log.info("Wrote the timeline of %d ranks (%s) to %s", self.size,
+                         self.tracer.window.describe(), self.options.timeline)
         if self.watchdog is not None:
             self.watchdog.close()
         if self.leave_guard is not None:

@@ -188,7 +188,7 @@ def test_in_situ_window_without_messages_keeps_the_probe(caplog):
     r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE))
     d = Driver(r, in_flight=False)  # nothing is ever in flight during backward
     d.run(5)
-    with caplog.at_level(logging.WARNING, logger="mgcaffe"):
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
         d.run(12)
     assert d.switches == [3, 17] and r.phase is Phase.FIXED
     assert r.insitu is None and r.insitu_comm is None and r.cost.interference == PROBE

@@ -184,7 +184,7 @@ def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Optimization Done." in proc.stderr
     # the cost model is measured where the gradients go: NCCL, on device memory
-    assert "All-reduce benchmark among 2 ranks (nccl)" in proc.stderr
+    assert "measured all-reduce among 2 ranks (nccl)" in proc.stderr
     for rank in (0, 1):
         c = json.loads((tmp_path / f"counts{rank}.json").read_text())
         nccl = [s for s in c["launches_by_stream"] if s.startswith("stream")]

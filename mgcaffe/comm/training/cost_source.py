@@ -57,7 +57,8 @@ def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
     sizes = benchmark_sizes(gradient_bytes)
     with guard("all-reduce benchmark"):
         bench = measure_allreduce(comm, sizes, iterations=10, xp=xp)
-    origin = (f"measured all-reduce of {len(sizes)} sizes from {sizes[0]} B to "
+    origin = (f"measured all-reduce among {comm.size} ranks ({comm.name}) of {len(sizes)} "
+              f"sizes from {sizes[0]} B to "
               f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
     hosts = len(set(comm.allgather(socket.gethostname())))
     if comm.rank == 0:

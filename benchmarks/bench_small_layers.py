@@ -1,13 +1,13 @@
 """The non-GEMM layers of LeNet and CIFAR-10 quick: previous and current CPU paths side by side.
 
 Each case builds the layer twice, once with the previous path switched back on (its layer
-rules, or a class switch for a layer without rules) and once as it is now, and times forward
+rules) and once as it is now, and times forward
 and backward alternately in one process, repetition by repetition, so that both see the same
 load. Prints best-of-R ms and after/before. Between calls it writes `--evict-mb` of memory,
 as the rest of a net does.
 Usage: python benchmarks/bench_small_layers.py [--repeats R] [--only WORD] [--evict-mb MB].
 Pooling's "before" is its numpy path (PoolingRules.compiled False), "after" the compiled loops
-(`--only pool` for the pooling cases alone); LRN's likewise (`LRN.compiled = False`,
+(`--only pool` for the pooling cases alone); LRN's likewise (LRNRules.compiled False,
 `--only LRN`).
 """
 
@@ -27,23 +27,18 @@ from google.protobuf import text_format  # noqa: E402
 from mgcaffe.blob import Blob  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.choice.rules import LayerRules  # noqa: E402
-from mgcaffe.layer_types.inner_product import InnerProduct  # noqa: E402
-from mgcaffe.layer_types.lrn import LRN  # noqa: E402
-from mgcaffe.layer_types.scale_bias import ScaleLayer  # noqa: E402
-from mgcaffe.layer_types.softmax import SoftmaxWithLossLayer  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
 
-#: The previous paths, per layer type: (the LayerRules field, or the class of a layer
-#: without rules, whose attributes are switched), the settings.
+#: The previous paths, per layer type: (the LayerRules field, the rule changes).
 BEFORE = {
     # the numpy passes (MAX backward by index, AVE GEMM)
     "Pooling": ("pooling", {"compiled": False}),
-    "LRN": (LRN, {"compiled": False}),  # the numpy passes
-    "SoftmaxWithLoss": (SoftmaxWithLossLayer, {"plain_path": False}),
+    "LRN": ("lrn", {"compiled": False}),  # the numpy passes
+    "SoftmaxWithLoss": ("softmax_loss", {"plain_path": False}),
     "Convolution": ("convolution", {"per_sample_upto_rows": 0}),
-    "Scale": (ScaleLayer, {"fused_rows": False}),
-    "InnerProduct": (InnerProduct, {"weight_major_upto": 0, "overwrite_block_elements": 0,
-                                    "dx_block_rows": 0}),
+    "Scale": ("scale", {"fused_rows": False}),
+    "InnerProduct": ("inner_product", {"weight_major_upto": 0, "overwrite_block_elements": 0,
+                                       "dx_block_rows": 0}),
 }
 
 
@@ -51,14 +46,9 @@ def rules_of(settings: dict) -> LayerRules:
     """LayerRules with the rule changes of `settings` (BEFORE's form)."""
     rules = LayerRules()
     for where, values in settings.values():
-        if isinstance(where, str):
-            rules = replace(rules, **{where: replace(getattr(rules, where), **values)})
+        rules = replace(rules, **{where: replace(getattr(rules, where), **values)})
     return rules
 
-
-def class_switches(settings: dict) -> dict:
-    """{class: {attribute: value}} for the layers of `settings` that have no rules."""
-    return {where: values for where, values in settings.values() if not isinstance(where, str)}
 
 #: ResNet-50's Scale after each BatchNorm: in place, with a bias.
 SCALE = 'type: "Scale" scale_param { bias_term: true }'
@@ -136,32 +126,16 @@ CASES = [
 
 
 def build(text: str, shapes, settings: dict, in_place: bool = False):
-    """The layer, bottoms and tops, built with the rules and class switches in `settings`."""
+    """The layer, bottoms and tops, built with the rule changes in `settings`."""
     param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
-    rules, switches = rules_of(settings), class_switches(settings)
-    saved = {}
-    for cls, values in switches.items():
-        saved[cls] = {k: getattr(cls, k) for k in values}
-        for k, v in values.items():
-            setattr(cls, k, v)
-    try:
-        layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, rules=rules))
-        rng = np.random.default_rng(1)
-        bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
-        bottom[0].data[...] = rng.standard_normal(shapes[0])
-        for blob in bottom[1:]:
-            blob.data[...] = rng.integers(0, 10, size=blob.shape)
-        top = bottom[:1] if in_place else [Blob((), name="y")]
-        layer.setup(bottom, top)
-    finally:
-        for cls, values in saved.items():
-            for k, v in values.items():
-                setattr(cls, k, v)
-    # The switches are class attributes read at call time: keep them on the instance.
-    for cls, values in switches.items():
-        if isinstance(layer, cls):
-            for k, v in values.items():
-                setattr(layer, k, v)
+    layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, rules=rules_of(settings)))
+    rng = np.random.default_rng(1)
+    bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
+    bottom[0].data[...] = rng.standard_normal(shapes[0])
+    for blob in bottom[1:]:
+        blob.data[...] = rng.integers(0, 10, size=blob.shape)
+    top = bottom[:1] if in_place else [Blob((), name="y")]
+    layer.setup(bottom, top)
     top[0].diff[...] = rng.standard_normal(top[0].shape)
     return layer, bottom, top
 

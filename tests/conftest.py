@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import mgcaffe.layer_types.lrn  # noqa: F401 - reads MGCAFFE_LRN_LOOPS before it is set
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The `mgcaffe` commands that tests run (MPI ranks, CLI runs, in this process too) pool and

@@ -1,9 +1,9 @@
 """What the commands that build nets (train, test, time, extract_features) pass to every Net.
 
 The layers' path rules come from the environment here, in one place: the measured defaults,
-with MGCAFFE_POOLING_LOOPS=0 turning the compiled pooling loops off (a short-lived process
-saves less than importing numba costs). Library code that builds a Net itself gets the
-defaults unless it passes rules of its own.
+with MGCAFFE_POOLING_LOOPS=0 and MGCAFFE_LRN_LOOPS=0 turning the compiled pooling and LRN
+loops off (a short-lived process saves less than importing numba costs). Library code that
+builds a Net itself gets the defaults unless it passes rules of its own.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..kernels import batch_norm_loops, scale_loops
 from ..proto import caffe_pb2
 from .base import TEST, Layer
+from .choice.normalization import choose_batch_norm
 from .layer_util import count, ensure_param_blob
 from .registry import register_layer
 
@@ -32,13 +33,6 @@ class BatchNormLayer(Layer):
     type = "BatchNorm"
     exact_num_bottom = 1
     exact_num_top = 1
-    #: On the CPU (float32/float64, numba importable) the statistics, the normalisation and
-    #: the input gradient run as compiled loops per (sample, channel) row on the chunk
-    #: threads (kernels.batch_norm_loops): one trip through memory for the statistics, one
-    #: for y and its kept copy, two for the input gradient, instead of six and eight
-    #: whole-array passes. False: numpy's passes. The statistics and the gradient's sums are
-    #: then float64.
-    compiled_loops = True
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -56,6 +50,10 @@ class BatchNormLayer(Layer):
         self._x_norm = None
         self._scratch = None
         self._std = None
+        # The path (choice.normalization.choose_batch_norm): on the CPU, float32/float64,
+        # numba importable, compiled row loops whose statistics and gradient sums are float64.
+        self.choice = choose_batch_norm(np.dtype(self.dtype).name, self.choice_target(),
+                                        self.ctx.rules.batch_norm)
 
     def _pin_param_specs(self):
         """Caffe forces the statistics out of optimisation: lr_mult 0 for all three blobs."""
@@ -104,11 +102,7 @@ class BatchNormLayer(Layer):
 
     def loops(self):
         """The compiled row loops where they apply, else None (numpy's passes)."""
-        if not self.compiled_loops or self.xp is not np or \
-                np.dtype(self.dtype) not in (np.float32, np.float64):
-            return None
-        loops = batch_norm_loops.load()
-        return loops if loops is not None and scale_loops.load() is not None else None
+        return batch_norm_loops.load() if self.choice.path == "compiled-rows" else None
 
     def for_each_row(self, rows, body):
         """body(start, stop) over chunks of the (sample, channel) rows on the chunk threads."""

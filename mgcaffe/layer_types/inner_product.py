@@ -18,6 +18,7 @@ from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.sample_gemm import for_each_gemm
 from .base import Layer
+from .choice.inner_product import choose_inner_product
 from .registry import register_layer
 
 
@@ -28,39 +29,12 @@ class InnerProduct(Layer):
     type = "InnerProduct"
     exact_num_bottom = 1
     exact_num_top = 1
-    #: On the CPU, a forward of at most this many rows (M, the batch) into at least 4x as
-    #: many outputs computes top.T = W @ bottom.T (then one small transposing copy, with the
-    #: bias): OpenBLAS runs that layout faster at M = 8 (bench_small_layers.py, interleaved,
-    #: ms: AlexNet fc6 b8 77.9 -> 33.9 on two busy threads, 31.5 -> 18.7 on one; fc7 64.9 ->
-    #: 13.9, 14.0 -> 7.9; fc8 1.9-3.0 -> 1.5-1.7), the same bits in every shape measured. At
-    #: M = 64 it lost on two threads (LeNet ip1: 0.47-0.49 -> 0.50-0.55). 0: bottom @ W.T.
-    weight_major_upto = 16
-    #: On the CPU, at most `weight_major_upto` rows: the weight gradient over a lazily
-    #: cleared diff goes in blocks of about this many diff elements (OpenBLAS's beta = 0
-    #: first zeroes its whole output, then adds into it: two trips through fc6's 151 MB
-    #: diff; per cache-sized block the zeroing stays in the cache), `overwrite_blocks_per_
-    #: chunk` blocks to a chunk of the runner, each GEMM on one BLAS thread (no wait inside
-    #: a small GEMM for a busy core; the same blocks, so the same bits, on any thread
-    #: count); 0: one call. fc6's dW alone at batch 8, one call / blocks, best of 7: one
-    #: thread 26.0 -> 11.1 ms (fc7 11.3 -> 5.3), two threads 15.3 -> 11.1 (fc7 6.8 -> 5.4).
-    #: Whole fc6 backward in AlexNet at batch 8 (`mgcaffe time --threads 2`, alternated):
-    #: 29.8-30.8 -> 22.8-28.0 ms. On a 2-core AMD EPYC (Zen 3) the blocks lose instead:
-    #: fc6's dW best of 9, two threads, one call 19.8 ms, blocks 28.1 (2-D tiles no better,
-    #: 19.5-37), whole fc6 backward in AlexNet 36-39 ms against 56-68. So where
-    #: `--threads adaptive` lets timing choose (bits differ between the two), each layer
-    #: times both ways, per BLAS thread count, and keeps the faster (parallel.CallSite).
-    overwrite_block_elements = 1 << 16
-    #: Blocks a chunk of the runner takes at once (fewer hand-outs, each a few MB of diff).
-    overwrite_blocks_per_chunk = 8
-    #: With the BLAS on one thread, at most `weight_major_upto` rows, the bottom diff sums
-    #: the products of blocks of this many weight rows (the first overwrites, the rest add
-    #: inside the GEMM): fc6 32.3 -> 17.4 ms, fc7 13.2 -> 10.4, fc8 2.8 -> 2.0 (another
-    #: rounding order than one GEMM); 0: one call. On two BLAS threads it loses badly on a
-    #: busy machine (each small GEMM synchronises the BLAS's threads: fc6 backward 170 ->
-    #: 780 ms), and split over the runner's threads by columns it lost idle (fc6 11.5 ->
-    #: 14.8 ms against one two-thread GEMM), so it runs only when the BLAS has one thread
-    #: (`--threads 1`, ranks filling the cores, or `--threads adaptive`'s one-thread way).
-    dx_block_rows = 64
+    # How it runs is its path (choice.inner_product.choose_inner_product, made in reshape):
+    # on the CPU a small batch (at most InnerProductRules.weight_major_upto rows) computes
+    # top.T = W @ bottom.T into many outputs (OpenBLAS runs that layout faster there), writes
+    # an overwritten weight gradient in cache-sized blocks of rows (OpenBLAS's beta = 0 first
+    # zeroes its whole output), and sums the bottom diff over blocks of weight rows while the
+    # BLAS has one thread (on two, each small GEMM waits for the other thread).
 
     def layer_setup(self, bottom, top):
         #: {BLAS threads: CallSite}: one call (True) against blocks, timed per thread count.
@@ -99,6 +73,13 @@ class InnerProduct(Layer):
                              f"{shape}")
         self.m = prod(shape[:self.axis])
         top[0].reshape(shape[:self.axis] + (self.num_output,))
+        self.rules = self.ctx.rules.inner_product
+        self.choice = choose_inner_product(self.m, self.num_output, self.transpose,
+                                           self.choice_target(), self.rules)
+        small = self.choice.path == "small-batch"
+        self._weight_major = small and self.choice.option("forward") == "weight-major"
+        self._weight_grad_blocks = small and self.choice.option("weight_grad") == "blocks"
+        self._input_grad_blocks = small and self.choice.option("input_grad") == "row-blocks"
 
     def _overwrite_weight_diff(self, a, b, diff):
         """diff = a @ b (numpy, few rows) in blocks, or in one call where `--threads
@@ -114,7 +95,7 @@ class InnerProduct(Layer):
         if one_call:
             gemm_accumulate(a, b, diff, None, True)
         else:
-            rows = max(1, self.overwrite_block_elements // diff.shape[1])
+            rows = max(1, self.rules.overwrite_block_elements // diff.shape[1])
 
             def blocks(start, stop):
                 for lo in range(start, stop, rows):
@@ -122,7 +103,7 @@ class InnerProduct(Layer):
                     gemm_accumulate(a[lo:hi], b, diff[lo:hi], None, True)
 
             for_each_gemm(np, diff.shape[0], blocks, self.ctx.chunk_runner,
-                          grain=rows * self.overwrite_blocks_per_chunk)
+                          grain=rows * self.rules.overwrite_blocks_per_chunk)
         if site is not None:
             site.record(one_call, time.perf_counter() - start)
 
@@ -133,8 +114,7 @@ class InnerProduct(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(self.m, self.k)
         out = top[0].data.reshape(self.m, self.num_output)
-        if (self.xp is np and not self.transpose and self.m <= self.weight_major_upto
-                and self.num_output >= 4 * self.m):
+        if self._weight_major:
             product = self.scratch(1, (self.num_output, self.m))
             np.matmul(self.blobs[0].data, x.T, out=product)
             if self.bias_term:
@@ -155,8 +135,7 @@ class InnerProduct(Layer):
             a, b = (x.T, top_diff) if self.transpose else (top_diff.T, x)
             # A lazily cleared diff (the iteration's first write) is overwritten: beta = 0.
             diff, overwrite = weight.diff_for_write()
-            if (self.xp is np and overwrite and self.m <= self.weight_major_upto
-                    and self.overwrite_block_elements > 0):
+            if overwrite and self._weight_grad_blocks:
                 self._overwrite_weight_diff(a, b, diff)
             elif self.xp is np:  # inside the GEMM (beta = 1): one pass over the diff
                 gemm_accumulate(a, b, diff, lambda shape: self.scratch(0, shape), overwrite)
@@ -170,9 +149,9 @@ class InnerProduct(Layer):
             self.blobs[1].add_to_diff(top_diff.sum(axis=0))
         if propagate_down[0]:
             out = bottom[0].diff.reshape(self.m, self.k)
-            rows = self.dx_block_rows
-            if (self.xp is np and not self.transpose and self.m <= self.weight_major_upto
-                    and 0 < rows < self.num_output and blas_threads() == 1):
+            rows = self.rules.dx_block_rows
+            # Only while the BLAS runs on one thread, which is known here, at call time.
+            if self._input_grad_blocks and blas_threads() == 1:
                 for start in range(0, self.num_output, rows):
                     gemm_accumulate(top_diff[:, start:start + rows],
                                     weight.data[start:start + rows], out,

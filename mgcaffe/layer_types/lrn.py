@@ -9,13 +9,14 @@ WITHIN_CHANNEL: Caffe composes it from split, square, AVE pooling (kernel n, str
 Backward for both: dx = dtop * scale^-beta - 2*alpha*beta/area * x * window_sum(dtop * top /
 scale), area n or n^2; the window is symmetric since n must be odd (Caffe requires it).
 
-On the CPU, ACROSS_CHANNELS runs as compiled loops (`kernels/lrn_loops.py`, numba) where numba
-can be imported; WITHIN_CHANNEL, CuPy, and `LRN.compiled = False` keep the numpy passes.
+How the layer runs is its path, chosen in `layer_setup` by `choice.normalization.choose_lrn`
+from the region, the target and `ctx.rules.lrn`: on the CPU, ACROSS_CHANNELS runs as compiled
+loops (`kernels/lrn_loops.py`, numba) where numba can be imported; WITHIN_CHANNEL, CuPy, and
+`LRNRules(compiled=False)` keep the numpy passes.
 """
 
 from __future__ import annotations
 
-import os
 from math import prod
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..cpu.parallel import for_each_chunk
 from ..kernels import lrn_loops
 from ..proto import caffe_pb2
 from .base import Layer
+from .choice.normalization import choose_lrn
 from .registry import register_layer
 
 _R = caffe_pb2.LRNParameter
@@ -52,10 +54,6 @@ class LRN(Layer):
     type = "LRN"
     exact_num_bottom = 1
     exact_num_top = 1
-    #: On the CPU, ACROSS_CHANNELS runs as compiled loops (kernels/lrn_loops.py) when numba
-    #: can be imported; False: the numpy passes. MGCAFFE_LRN_LOOPS=0 in the environment (read
-    #: at import) makes False the default.
-    compiled = os.environ.get("MGCAFFE_LRN_LOOPS", "1") != "0"
 
     def layer_setup(self, bottom, top):
         p = self.param.lrn_param
@@ -70,9 +68,10 @@ class LRN(Layer):
             self.area, self.axes = self.size * self.size, (2, 3)
             self.k = 1.0  # Caffe's power layer uses shift 1 whatever k says
         self.half = (self.size - 1) // 2
-        self._loops = None
-        if self.compiled and self.xp is np and self.region == _R.ACROSS_CHANNELS:
-            self._loops = lrn_loops.load()
+        self.rules = self.ctx.rules.lrn
+        self.choice = choose_lrn(self.region == _R.ACROSS_CHANNELS, self.choice_target(),
+                                 self.rules)
+        self._loops = lrn_loops.load() if self.choice.path == "compiled-loops" else None
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

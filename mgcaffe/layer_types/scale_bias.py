@@ -12,6 +12,7 @@ import numpy as np
 from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..kernels import scale_loops
 from .base import Layer
+from .choice.normalization import choose_scale
 from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place
 from .registry import register_layer
 
@@ -105,23 +106,11 @@ class ScaleLayer(_BroadcastLayer):
     """
 
     type = "Scale"
-    #: On the CPU, forward and backward run over cache-sized blocks of (outer, channel) rows,
-    #: each block making all its passes while it is in the cache (the in-place copy, the
-    #: product and the bias; the two sums and the bottom diff), on the chunk threads: one
-    #: trip through memory per array instead of one per pass. False: whole-array passes.
-    fused_rows = True
-    #: ... in forward, on numpy's calls (without `compiled_loops`), only for rows of at
-    #: least this many elements: on short rows (ResNet's 14x14 and 7x7 planes) the
-    #: whole-array passes measured faster (1.05 vs 1.15 ms at 4x1024x14x14, 0.50 vs 0.65 ms
-    #: at 4x2048x7x7; the other way at 56x56: 4.3 vs 3.6 ms).
-    fused_forward_min_inner = 1024
-    #: The blocks' passes as compiled loops (kernels.scale_loops; numba importable), one
-    #: loop per row with the operands per row; False: numpy calls per block. Measured
-    #: (ResNet-50's shapes at batch 4, in place, with bias, ms, best of 7, 1 / 2 threads):
-    #: forward 4x256x56x56 1.93 / 1.32 -> 0.84 / 0.81, 4x1024x14x14 0.44 / 0.32 -> 0.12 /
-    #: 0.15; backward 56x56 2.19 / 1.46 -> 1.52 / 1.47, 14x14 0.65 / 0.51 -> 0.34 / 0.30,
-    #: 7x7 0.37 / 0.40 -> 0.23 / 0.24. Its sums are float64 (see kernels.scale_loops).
-    compiled_loops = True
+    # How it runs is its path (choice.normalization.choose_scale, made in reshape): on the
+    # CPU, forward and backward over cache-sized blocks of (outer, channel) rows, each block
+    # making all its passes while it is in the cache (the in-place copy, the product and the
+    # bias; the two sums and the bottom diff) on the chunk threads, as compiled loops
+    # (kernels.scale_loops, sums float64) or numpy calls per block.
 
     def layer_setup(self, bottom, top):
         p = self.param.scale_param
@@ -167,15 +156,16 @@ class ScaleLayer(_BroadcastLayer):
             if self._dims != broadcast_dims(self, bottom[0].shape, bias, self.axis):
                 raise self.error(f"bias shape {tuple(bias.shape)} does not match scale shape "
                                  f"{tuple(scale.shape)}")
+        self.choice = choose_scale(self._dims[2], np.dtype(self.dtype).name,
+                                   self.choice_target(), self.ctx.rules.scale)
 
-    def _rows_path(self, array) -> bool:
-        return self.fused_rows and self.xp is np and array.dtype.kind == "f"
+    def _rows_backward(self) -> bool:
+        """Whether backward goes by blocks of rows (forward too, but on row-blocks-backward)."""
+        return self.choice.path in ("compiled-rows", "row-blocks", "row-blocks-backward")
 
     def _loops(self):
         """The compiled row loops where they apply (else None: numpy's calls per block)."""
-        if not self.compiled_loops or np.dtype(self.dtype) not in (np.float32, np.float64):
-            return None
-        return scale_loops.load()
+        return scale_loops.load() if self.choice.path == "compiled-rows" else None
 
     def _per_row(self, values):
         """A (dim,) operand repeated for each of the `outer` blocks: one value per row."""
@@ -188,8 +178,7 @@ class ScaleLayer(_BroadcastLayer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        if self._rows_path(bottom[0].data) and (
-                self._dims[2] >= self.fused_forward_min_inner or self._loops() is not None):
+        if self.choice.path in ("compiled-rows", "row-blocks"):
             self._forward_rows(bottom, top)
             return
         if in_place(bottom, top):
@@ -296,7 +285,7 @@ class ScaleLayer(_BroadcastLayer):
 
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
-        if self._rows_path(top[0].diff):
+        if self._rows_backward():
             self._backward_rows(top, propagate_down, bottom)
             return
         dy = self._view(top[0].diff)

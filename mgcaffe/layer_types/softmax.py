@@ -8,7 +8,7 @@ from ..backend import to_host
 from ..kernels import cuda_softmax_loss
 from ..proto import caffe_pb2
 from .base import Layer
-from .choice.softmax_loss import choose_softmax_loss_gpu
+from .choice.softmax_loss import choose_softmax_loss
 from .layer_util import canonical_axis, count
 from .loss_base import LossLayer, normalization_mode, normalizer
 from .registry import register_layer
@@ -75,8 +75,6 @@ class SoftmaxWithLossLayer(LossLayer):
     min_top = 1
     max_top = 2
     exact_num_top = None
-    #: Take `_forward_plain` in the common case (see `_plain`).
-    plain_path = True
 
     def layer_setup(self, bottom, top):
         lp = self.param.loss_param
@@ -98,8 +96,8 @@ class SoftmaxWithLossLayer(LossLayer):
             top[1].reshape(bottom[0].shape)
         if self._prob is None or self._prob.shape != bottom[0].shape:
             self._prob = self.xp.zeros(bottom[0].shape, dtype=self.dtype)
-        if self.choice_target().gpu:
-            self.choice = choose_softmax_loss_gpu(self.dtype)
+        self.choice = choose_softmax_loss(inner, self.ignore_label is not None, self.dtype,
+                                          self.choice_target(), self.ctx.rules.softmax_loss)
 
     def _kernels(self) -> bool:
         choice = getattr(self, "choice", None)
@@ -141,8 +139,7 @@ class SoftmaxWithLossLayer(LossLayer):
         """The common case, run with fewer numpy calls: the CPU, one prediction per sample
         (inner 1), no ignore_label, no probability top (a tiny layer: its time is per-call
         overhead, 0.1-0.2 ms in a LeNet pass for some 20 calls)."""
-        return (self.plain_path and self.xp is np and self._dims[2] == 1
-                and self.ignore_label is None)
+        return self.choice.path == "plain"
 
     def _forward_plain(self, bottom, top):
         outer, channels, _ = self._dims

@@ -41,7 +41,7 @@ class NormChain:
         """Whether the chain can run as one sweep now (numpy, float32/float64, the compiled
         loops, Scale per channel over BatchNorm's rows)."""
         bn, sc, blob = self.batch_norm, self.scale, self.blob
-        if bn.loops() is None or sc.xp is not np or not (sc.compiled_loops and sc.fused_rows) \
+        if bn.loops() is None or sc.choice is None or sc.choice.path != "compiled-rows" \
                 or blob.data.dtype not in (np.float32, np.float64) or blob.num_axes < 2:
             return False
         n, c = blob.shape[:2]

@@ -11,20 +11,38 @@ from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.errors import LayerError
 from mgcaffe.kernels import batch_norm_loops
 from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
-from mgcaffe.layer_types.batch_norm import BatchNormLayer
+from mgcaffe.layer_types.choice import target_for
+from mgcaffe.layer_types.choice.normalization import BatchNormRules, choose_batch_norm
+from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.testing.gradient_check import check_layer_gradients
+from mgcaffe.testing.gradient_check import make_layer as _make_layer
 
 EPS = float(np.float32(1e-5))
 
 
+#: The rules this test's layers are built with (set by the `way` fixture).
+_RULES = [LayerRules()]
+
+
 @pytest.fixture(autouse=True, params=["loops", "numpy"])
-def way(request, monkeypatch):
+def way(request):
     """Every test on both paths: the compiled row loops and numpy's passes."""
     if request.param == "loops" and batch_norm_loops.load() is None:
         pytest.skip("numba is not importable: the compiled loops cannot run")
-    monkeypatch.setattr(BatchNormLayer, "compiled_loops", request.param == "loops")
-    return request.param
+    _RULES[0] = rules_for(request.param)
+    yield request.param
+    _RULES[0] = LayerRules()
+
+
+def rules_for(way: str) -> LayerRules:
+    """The default rules, BatchNorm's compiled loops on for "loops", off for "numpy"."""
+    return LayerRules(batch_norm=BatchNormRules(compiled_loops=way == "loops"))
+
+
+def make_layer(*args, **kwargs):
+    """gradient_check.make_layer under this test's rules."""
+    return _make_layer(*args, rules=_RULES[0], **kwargs)
 
 
 def param(text: str = "") -> caffe_pb2.LayerParameter:
@@ -148,7 +166,8 @@ def test_in_place_matches_out_of_place(phase):
     x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
     results = []
     for in_place in (False, True):
-        layer = create_layer(param(), LayerContext(phase=phase, dtype=np.float64))
+        ctx = LayerContext(phase=phase, dtype=np.float64, rules=_RULES[0])
+        layer = create_layer(param(), ctx)
         bottom = Blob(shape, dtype=np.float64)
         bottom.data[...] = x
         top = bottom if in_place else Blob((), dtype=np.float64)
@@ -172,7 +191,7 @@ def test_channel_mismatch_on_reshape():
 
 
 def float32_layer(shape, phase=TRAIN, runner=None):
-    layer = create_layer(param(), LayerContext(phase=phase, dtype=np.float32))
+    layer = create_layer(param(), LayerContext(phase=phase, dtype=np.float32, rules=_RULES[0]))
     if runner is not None:
         layer.ctx.chunk_runner = runner
     bottom, top = Blob(shape, dtype=np.float32), Blob((), dtype=np.float32)
@@ -238,6 +257,7 @@ def test_the_loops_keep_no_work_buffer(way):
         results.append((top.data.copy(), bottom.diff.copy()))
         if len(results) == 1:
             assert (layer._scratch is None) == (way == "loops")
-            layer.compiled_loops = way != "loops"
+            other = rules_for("numpy" if way == "loops" else "loops").batch_norm
+            layer.choice = choose_batch_norm("float32", target_for(np), other)
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

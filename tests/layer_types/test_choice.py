@@ -1,4 +1,5 @@
-"""The path choices of Convolution, Deconvolution and Pooling as tables: geometry, target and
+"""The path choices of Convolution, Deconvolution, Pooling, LRN, BatchNorm, Scale,
+InnerProduct and SoftmaxWithLoss as tables: geometry, target and
 rules in, a path name out. Rows are the benchmark nets' own layers; each comment says which
 rule (choice/convolution.py, choice/pooling.py) decides the row."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mgcaffe.errors import LayerError
@@ -16,8 +18,18 @@ from mgcaffe.layer_types.choice.convolution import (
     choose_convolution,
     choose_deconvolution,
 )
+from mgcaffe.layer_types.choice.inner_product import InnerProductRules, choose_inner_product
+from mgcaffe.layer_types.choice.normalization import (
+    BatchNormRules,
+    LRNRules,
+    ScaleRules,
+    choose_batch_norm,
+    choose_lrn,
+    choose_scale,
+)
 from mgcaffe.layer_types.choice.pooling import PoolingGeometry, PoolingRules, choose_pooling
 from mgcaffe.layer_types.choice.rules import LayerRules
+from mgcaffe.layer_types.choice.softmax_loss import SoftmaxLossRules, choose_softmax_loss
 
 LOADED = cpu_with(*LOOPS)   # numba importable: every compiled loop set loads
 BARE = cpu_with()           # no numba, no direct BLAS call
@@ -245,9 +257,156 @@ def test_gpu_kernel_choices_cover_exactly_the_types_the_kernels_compile_for():
     # this holds the two lists equal, so a new kernel type is chosen as soon as it compiles
     from mgcaffe.kernels import cuda_kernels
     from mgcaffe.layer_types.choice import CUDA_KERNEL_TYPES
-    from mgcaffe.layer_types.choice.softmax_loss import choose_softmax_loss_gpu
 
     compiled = sorted(str(d) for d in cuda_kernels._REAL_TYPES)
     assert sorted(CUDA_KERNEL_TYPES) == compiled
-    assert [choose_softmax_loss_gpu(t).path for t in ("float32", "float64", "float16")] == \
+    assert [choose_softmax_loss(1, False, t, GPU, SoftmaxLossRules()).path
+            for t in ("float32", "float64", "float16")] == \
         ["gpu-cuda-kernels", "gpu-cuda-kernels", "gpu-array-code"]
+
+
+# LRN, BatchNorm, Scale, InnerProduct, SoftmaxWithLoss: each row's expected path is what the
+# layers' conditions said before these choices existed (compiled loops where they load and
+# the rule allows them, numpy passes otherwise, the device's own name on a GPU).
+
+LRN_OFF = LRNRules(compiled=False)
+
+LRNS = [
+    ("AlexNet norm1 across", True, LOADED, LRNRules(), "compiled-loops"),
+    ("across, no numba", True, BARE, LRNRules(), "passes"),
+    ("across, MGCAFFE_LRN_LOOPS=0", True, LOADED, LRN_OFF, "passes"),
+    ("within channel", False, LOADED, LRNRules(), "passes"),
+    ("across on a GPU", True, GPU, LRNRules(), "gpu-passes"),
+]
+
+
+@pytest.mark.parametrize("name, across, target, rules, path", LRNS, ids=[r[0] for r in LRNS])
+def test_lrn_table(name, across, target, rules, path):
+    assert choose_lrn(across, target, rules).path == path
+
+
+BATCH_NORMS = [
+    ("ResNet bn float32", "float32", LOADED, BatchNormRules(), "compiled-rows"),
+    ("float64", "float64", LOADED, BatchNormRules(), "compiled-rows"),
+    ("float16: the loops take float32/64", "float16", LOADED, BatchNormRules(), "passes"),
+    ("Scale's loops missing", "float32", cpu_with("batch-norm"), BatchNormRules(), "passes"),
+    ("no numba", "float32", BARE, BatchNormRules(), "passes"),
+    ("loops off", "float32", LOADED, BatchNormRules(compiled_loops=False), "passes"),
+    ("GPU", "float32", GPU, BatchNormRules(), "gpu-passes"),
+]
+
+
+@pytest.mark.parametrize("name, dtype, target, rules, path", BATCH_NORMS,
+                         ids=[r[0] for r in BATCH_NORMS])
+def test_batch_norm_table(name, dtype, target, rules, path):
+    assert choose_batch_norm(dtype, target, rules).path == path
+
+
+SCALES = [
+    ("ResNet res2 56x56, loops", 56 * 56, "float32", LOADED, ScaleRules(), "compiled-rows"),
+    ("ResNet res5 7x7, loops", 7 * 7, "float64", LOADED, ScaleRules(), "compiled-rows"),
+    ("56x56 without numba", 56 * 56, "float32", BARE, ScaleRules(), "row-blocks"),
+    ("rows of exactly 1024", 1024, "float32", BARE, ScaleRules(), "row-blocks"),
+    ("rows of 1023", 1023, "float32", BARE, ScaleRules(), "row-blocks-backward"),
+    ("7x7 without numba", 49, "float32", BARE, ScaleRules(), "row-blocks-backward"),
+    ("float16: blocks, no loops", 56 * 56, "float16", LOADED, ScaleRules(), "row-blocks"),
+    ("loops off", 56 * 56, "float32", LOADED, ScaleRules(compiled_loops=False), "row-blocks"),
+    ("int32 blobs", 56 * 56, "int32", LOADED, ScaleRules(), "whole-array"),
+    ("row blocks off", 56 * 56, "float32", LOADED, ScaleRules(fused_rows=False),
+     "whole-array"),
+    ("GPU", 56 * 56, "float32", GPU, ScaleRules(), "gpu-whole-array"),
+]
+
+
+@pytest.mark.parametrize("name, inner, dtype, target, rules, path", SCALES,
+                         ids=[r[0] for r in SCALES])
+def test_scale_table(name, inner, dtype, target, rules, path):
+    assert choose_scale(inner, dtype, target, rules).path == path
+
+
+IP = InnerProductRules()
+INNER_PRODUCTS = [
+    # (name, rows, outputs, transpose, target, rules, path, forward, weight_grad, input_grad)
+    ("AlexNet fc6 b8", 8, 4096, False, LOADED, IP, "small-batch", "weight-major", "blocks",
+     "row-blocks"),
+    ("fc8 stored transposed b8", 8, 1000, True, BARE, IP, "small-batch", "batch-major",
+     "blocks", "one-call"),
+    ("16 rows into 63 (< 4x)", 16, 63, False, LOADED, IP, "small-batch", "batch-major",
+     "blocks", "one-call"),
+    ("16 rows into 64 (4x)", 16, 64, False, LOADED, IP, "small-batch", "weight-major",
+     "blocks", "one-call"),
+    ("2 rows into 65", 2, 65, False, LOADED, IP, "small-batch", "weight-major", "blocks",
+     "row-blocks"),
+    ("LeNet ip1 b64", 64, 500, False, LOADED, IP, "gemm", None, None, None),
+    ("17 rows", 17, 4096, False, LOADED, IP, "gemm", None, None, None),
+    ("small batches off", 8, 4096, False, LOADED, InnerProductRules(weight_major_upto=0),
+     "gemm", None, None, None),
+    ("weight blocks off", 8, 4096, False, LOADED,
+     InnerProductRules(overwrite_block_elements=0, dx_block_rows=0), "small-batch",
+     "weight-major", "one-call", "one-call"),
+    ("GPU", 8, 4096, False, GPU, IP, "gpu-gemm", None, None, None),
+]
+
+
+@pytest.mark.parametrize("name, rows, outputs, transpose, target, rules, path, forward, "
+                         "weight_grad, input_grad", INNER_PRODUCTS,
+                         ids=[r[0] for r in INNER_PRODUCTS])
+def test_inner_product_table(name, rows, outputs, transpose, target, rules, path, forward,
+                             weight_grad, input_grad):
+    choice = choose_inner_product(rows, outputs, transpose, target, rules)
+    assert choice.path == path
+    assert (choice.option("forward"), choice.option("weight_grad"),
+            choice.option("input_grad")) == (forward, weight_grad, input_grad)
+
+
+SOFTMAX_LOSSES = [
+    ("LeNet loss", 1, False, "float32", LOADED, SoftmaxLossRules(), "plain"),
+    ("ignore_label", 1, True, "float32", LOADED, SoftmaxLossRules(), "general"),
+    ("FCN: 4 predictions a sample", 4, False, "float32", LOADED, SoftmaxLossRules(), "general"),
+    ("plain path off", 1, False, "float32", LOADED, SoftmaxLossRules(plain_path=False),
+     "general"),
+    ("float16 on the CPU", 1, False, "float16", LOADED, SoftmaxLossRules(), "plain"),
+    ("GPU float32", 1, True, "float32", GPU, SoftmaxLossRules(), "gpu-cuda-kernels"),
+    ("GPU float16: no kernel", 4, False, "float16", GPU, SoftmaxLossRules(),
+     "gpu-array-code"),
+]
+
+
+@pytest.mark.parametrize("name, inner, ignore, dtype, target, rules, path", SOFTMAX_LOSSES,
+                         ids=[r[0] for r in SOFTMAX_LOSSES])
+def test_softmax_loss_table(name, inner, ignore, dtype, target, rules, path):
+    assert choose_softmax_loss(inner, ignore, dtype, target, rules).path == path
+
+
+def test_the_environment_switches_turn_the_lrn_loops_off():
+    off = LayerRules.from_environment({"MGCAFFE_LRN_LOOPS": "0"})
+    assert off.lrn == LRN_OFF and off.pooling == PoolingRules()
+    assert LayerRules.from_environment({}).lrn.compiled
+
+
+def test_the_layers_keep_and_print_their_choice():
+    """The choice a layer makes in setup/reshape is the table's, and shows in its repr."""
+    from google.protobuf import text_format
+
+    from mgcaffe.proto import caffe_pb2
+    from mgcaffe.testing.gradient_check import make_layer
+
+    def layer(text, shapes, rules=None, top_count=None):
+        param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
+        return make_layer(param, shapes, dtype=np.float32, rules=rules,
+                          top_count=top_count)[0]
+
+    lrn = layer('type: "LRN" lrn_param { local_size: 5 }', [(2, 8, 4, 4)],
+                LayerRules(lrn=LRN_OFF))
+    assert lrn.choice.path == "passes" and "path=passes" in repr(lrn)
+    ip = layer('type: "InnerProduct" inner_product_param { num_output: 40 }', [(8, 12)])
+    assert ip.choice == choose_inner_product(8, 40, False, Target(), IP)
+    assert "path=small-batch" in repr(ip)
+    scale = layer('type: "Scale"', [(2, 3, 4, 4)], LayerRules(scale=ScaleRules(
+        compiled_loops=False)))
+    assert scale.choice.path == "row-blocks-backward"
+    bn = layer('type: "BatchNorm"', [(2, 3, 4, 4)],
+               LayerRules(batch_norm=BatchNormRules(compiled_loops=False)))
+    assert bn.choice.path == "passes" and bn.loops() is None
+    loss = layer('type: "SoftmaxWithLoss"', [(4, 3), np.zeros(4, np.float32)], top_count=1)
+    assert loss.choice.path == "plain"

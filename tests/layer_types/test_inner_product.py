@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 from threadpoolctl import threadpool_limits
 
 from mgcaffe.cpu import parallel
@@ -137,11 +138,14 @@ def test_weight_gradient_in_blocks_over_a_lazily_cleared_diff(transpose, threads
     memory is poisoned with NaN), the same bits on 1 and 3 threads; the next backward
     accumulates."""
     body = "num_output: 9" + (" transpose: true" if transpose else "")
-    layer, bottom, top = make_layer(ip_param(body), [(3, 4)])
+    weight_row = 9 if transpose else 4  # the weight is (4, 9) transposed, else (9, 4)
+    rules = changed(inner_product={"overwrite_block_elements": 2 * weight_row,
+                                   "overwrite_blocks_per_chunk": 1 if transpose else 2})
+    layer, bottom, top = make_layer(ip_param(body), [(3, 4)], rules=rules)
+    assert layer.choice.path == "small-batch"
+    assert layer.choice.option("weight_grad") == "blocks"
     layer.ctx.chunk_runner = ChunkRunner(threads, chunk_elements=1, serial_below=1,
                                          adaptive=False)
-    layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
-    layer.overwrite_blocks_per_chunk = 1 if transpose else 2
     calls = _count_gemm_calls(monkeypatch)
     rng = np.random.default_rng(8)
     top[0].diff[...] = rng.standard_normal((3, 9))
@@ -176,8 +180,8 @@ def test_adaptive_threads_keep_the_faster_way_to_overwrite_the_weight_diff(slow,
     from mgcaffe.layer_types import inner_product
 
     monkeypatch.setattr(parallel, "_adaptive_blas", True)
-    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)])
-    layer.overwrite_block_elements = 2 * layer.blobs[0].shape[1]
+    rules = changed(inner_product={"overwrite_block_elements": 2 * 4})  # 2 rows of (9, 4)
+    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)], rules=rules)
     calls, real = [], inner_product.gemm_accumulate
 
     def timed(a, b, c, *args):
@@ -228,8 +232,9 @@ def _count_gemm_calls(monkeypatch) -> list:
 def test_bottom_diff_summed_over_blocks_of_weight_rows(monkeypatch):
     """Few rows: the bottom diff sums blocks of 2 weight rows (5 blocks over 9 outputs, the
     last one short); the first block overwrites the stale diff."""
-    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)])
-    layer.dx_block_rows = 2
+    rules = changed(inner_product={"dx_block_rows": 2})
+    layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)], rules=rules)
+    assert layer.choice.option("input_grad") == "row-blocks"
     layer.param_propagate_down = [False, False]
     calls = _count_gemm_calls(monkeypatch)
     rng = np.random.default_rng(9)

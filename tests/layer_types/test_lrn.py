@@ -8,21 +8,33 @@ import itertools
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.errors import LayerError
 from mgcaffe.kernels import lrn_loops
-from mgcaffe.layer_types.lrn import LRN
+from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
+from mgcaffe.testing.gradient_check import check_layer_gradients
+from mgcaffe.testing.gradient_check import make_layer as _make_layer
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def lrn_path(request, monkeypatch):
+def lrn_path(request):
     """Every test runs on the compiled loops and on the numpy passes."""
     if request.param == "compiled" and lrn_loops.load() is None:
         pytest.skip("the compiled LRN loops need numba")
-    monkeypatch.setattr(LRN, "compiled", request.param == "compiled")
-    return request.param
+    _RULES[0] = changed(lrn={"compiled": request.param == "compiled"})
+    yield request.param
+    _RULES[0] = LayerRules()
+
+
+#: The rules this test's layers are built with (set by the `lrn_path` fixture).
+_RULES = [LayerRules()]
+
+
+def make_layer(*args, **kwargs):
+    """gradient_check.make_layer under this test's rules."""
+    return _make_layer(*args, rules=_RULES[0], **kwargs)
 
 
 def lrn_param(body: str, name: str = "norm") -> caffe_pb2.LayerParameter:

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
@@ -52,8 +53,9 @@ def lrn(text, shape, dtype, compiled, threads=1):
     param = text_format.Parse(f'name: "norm" type: "LRN" lrn_param {{ {text} }}',
                               caffe_pb2.LayerParameter())
     runner = ChunkRunner(threads, chunk_elements=64, serial_below=0, adaptive=False)
-    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, chunk_runner=runner))
-    layer.compiled = compiled
+    rules = changed(lrn={"compiled": compiled})
+    layer = create_layer(param, LayerContext(dtype=dtype, seed=0, chunk_runner=runner,
+                                             rules=rules))
     bottom, top = Blob(shape, dtype=dtype, name="x"), Blob((), dtype=dtype, name="y")
     return layer, bottom, top
 
@@ -132,6 +134,7 @@ def test_without_numba_the_numpy_path_runs(monkeypatch):
     layer, bottom, top = lrn(text, x.shape, np.float64, True)
     bottom.data[...] = x
     layer.setup([bottom], [top])
-    assert layer._loops is None and layer.compiled
+    assert layer._loops is None and layer.rules.compiled
+    assert layer.choice.path == "passes" and "no compiled loops" in layer.choice.reason
     layer.forward([bottom], [top])
     np.testing.assert_allclose(top.data, reference(x, *params(text), dtop)[0], rtol=1e-13)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.errors import LayerError
@@ -183,16 +184,17 @@ def test_scale_row_blocks_on_threads(in_place, dtype, compiled):
     shape = (3, 4, 5, 6)
     x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
     s, b = rng.standard_normal(4).astype(dtype), rng.standard_normal(4).astype(dtype)
+    # this test's rows are short: row blocks forward too
+    rules = changed(scale={"compiled_loops": compiled, "fused_forward_min_inner": 1})
     ctx = LayerContext(dtype=dtype, chunk_runner=ChunkRunner(2, chunk_elements=1,
-                                                             serial_below=0, adaptive=False))
+                                                             serial_below=0, adaptive=False),
+                       rules=rules)
     layer = create_layer(param("Scale", "scale_param { bias_term: true }"), ctx)
     bottom = Blob(shape, dtype=dtype)
     bottom.data[...] = x
     top = bottom if in_place else Blob((), dtype=dtype)
     layer.setup([bottom], [top])
-    assert layer.fused_rows
-    layer.compiled_loops = compiled
-    layer.fused_forward_min_inner = 1  # this test's rows are short
+    assert layer.choice.path == ("compiled-rows" if compiled else "row-blocks")
     layer.blobs[0].data[...] = s
     layer.blobs[1].data[...] = b
     layer.forward([bottom], [top])

@@ -16,7 +16,6 @@ from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.base import Workspace
-from mgcaffe.layer_types.lrn import LRN
 from mgcaffe.proto import caffe_pb2
 
 SLOTS = 4
@@ -96,8 +95,7 @@ def test_workspace_slots_grow_and_reuse_memory():
 
 def test_layers_sharing_a_workspace_hold_less_scratch_than_their_own(monkeypatch):
     # Pooling's and LRN's numpy passes (their compiled loops keep no scratch between calls).
-    rules = changed(pooling={"compiled": False})
-    monkeypatch.setattr(LRN, "compiled", False)
+    rules = changed(pooling={"compiled": False}, lrn={"compiled": False})
     shape = (4, 8, 12, 12)
     texts = ['name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 '
              'pad: 1 }', 'name: "n" type: "LRN" lrn_param { local_size: 5 }']

@@ -13,10 +13,16 @@ import os
 from dataclasses import dataclass, field, replace
 
 from .convolution import ConvolutionRules
+from .inner_product import InnerProductRules
+from .normalization import BatchNormRules, LRNRules, ScaleRules
 from .pooling import PoolingRules
+from .softmax_loss import SoftmaxLossRules
 
 #: Environment switches the commands read: variable -> the rule it turns off ("0").
-ENVIRONMENT_SWITCHES = {"MGCAFFE_POOLING_LOOPS": ("pooling", "compiled")}
+ENVIRONMENT_SWITCHES = {
+    "MGCAFFE_POOLING_LOOPS": ("pooling", "compiled"),
+    "MGCAFFE_LRN_LOOPS": ("lrn", "compiled"),
+}
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,11 @@ class LayerRules:
 
     convolution: ConvolutionRules = field(default_factory=ConvolutionRules)
     pooling: PoolingRules = field(default_factory=PoolingRules)
+    lrn: LRNRules = field(default_factory=LRNRules)
+    batch_norm: BatchNormRules = field(default_factory=BatchNormRules)
+    scale: ScaleRules = field(default_factory=ScaleRules)
+    inner_product: InnerProductRules = field(default_factory=InnerProductRules)
+    softmax_loss: SoftmaxLossRules = field(default_factory=SoftmaxLossRules)
 
     @classmethod
     def from_environment(cls, environ=None) -> LayerRules:

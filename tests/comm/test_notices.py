@@ -32,7 +32,13 @@ def test_a_run_far_above_its_prediction_warns_with_the_likeliest_cause():
     plan8 = Options(plan="p8.json", origin={"plan": "--plan"})
     causes = likely_causes(plan8, 8, 2, cores=2, load=0.5, ranks_here=2, interferes=False)
     assert causes[0] == "--plan p8.json was made for 8 nodes, this run has 2; plan again for 2"
-    assert "share 2 cores with their communication threads" in causes[1]
+    assert "2 ranks and their communication threads share 2 cores" in causes[1]
+    # every cause keeps the warning one log line (the INFO/WARNING lines stay under 300)
+    busy_everything = likely_causes(Options(plan="p8.json", profile="elsewhere/p.json",
+                                            origin={"plan": "--plan"}), 64, 2, cores=2,
+                                    load=99.0, ranks_here=16, interferes=False)
+    assert len(busy_everything) == 4
+    assert all(len(overrun_warning(99.9, 0.1, [c])) <= 300 for c in busy_everything)
     quiet = likely_causes(Options(), None, 2, cores=16, load=1.0, ranks_here=2,
                           interferes=False)
     assert quiet == []

@@ -89,8 +89,7 @@ def likely_causes(options: Any, plan_nodes: int | None, nodes: int, cores: int, 
         causes.append(f"the machine is busy (load average {load:.1f} on {cores} cores): other "
                       "processes take the cores backward needs")
     if not interferes and 2 * ranks_here > cores:
-        causes.append(f"the {ranks_here} ranks on this host share {cores} cores with their "
-                      "communication threads, and the model (without an interference term) "
-                      "does not count what the all-reduces cost backward; plan with a "
-                      "--network measured by mgcaffe bench-comm --interference")
+        causes.append(f"{ranks_here} ranks and their communication threads share {cores} "
+                      "cores, which a model without an interference term does not count; use "
+                      "a --network from `mgcaffe bench-comm --interference`")
     return causes

@@ -105,9 +105,9 @@ class Driver:
 WFBP_COST = CostModel(0.5, 0.0)  # every message 0.5 s
 
 
-def replanner(comm=None, cost=WFBP_COST, **options) -> Replanner:
+def replanner(communicator=None, cost=WFBP_COST, **options) -> Replanner:
     options = {"comm": "wfbp", "profile_iters": 3, "replan_after": 2, **options}
-    return Replanner(comm or SingleCommunicator(), Options(**options), LAYERS, cost,
+    return Replanner(communicator or SingleCommunicator(), Options(**options), LAYERS, cost,
                      lambda what, timeout=None: nullcontext())
 
 
@@ -290,17 +290,26 @@ def test_re_plan_keeps_T_where_the_window_messages_agree(caplog):
 
 def test_a_doubtful_T_starts_with_one_all_reduce_after_backward_until_the_re_plan(caplog):
     doubtful = CostModel(0.5, 0.0, doubt="the all-reduce model misses 1 measured size(s)")
-    r = replanner(cost=doubtful)
+    r = replanner(cost=doubtful, comm="mgwfbp")
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
         d = Driver(r).run(30)
-    # provisional, then synceasgd's one message as the start-up plan, then wfbp's at the
-    # re-plan (nothing contradicted T, nothing corrected)
+    # provisional, then synceasgd's one message as the start-up plan, then the optimum's
+    # three (messages of 0.5 s beside layers of 1 s) at the re-plan (nothing contradicted T)
     assert d.executor.plans == [[["fc1", "conv2", "conv1"]], [["fc1", "conv2", "conv1"]],
                                 [["fc1"], ["conv2"], ["conv1"]]]
-    assert d.switches == [3, 17] and r.plan.scheme == "wfbp"
+    assert d.switches == [3, 17] and r.plan.scheme == "mgwfbp"
     assert r.startup_prediction == pytest.approx(1.0 + 3.0 + 0.5)  # one message after all
     assert ("Start-up plan: one all-reduce after backward (as synceasgd) until the re-plan, "
-            "not wfbp's 3 messages: the all-reduce model misses 1") in caplog.text
+            "not mgwfbp's 3 messages: the all-reduce model misses 1") in caplog.text
+
+
+def test_a_doubtful_T_leaves_a_scheme_whose_groups_it_does_not_choose(caplog):
+    """--comm=wfbp is one message per layer whatever T says: the user's choice stands."""
+    r = replanner(cost=CostModel(0.5, 0.0, doubt="far off"))
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Driver(r).run(30)
+    assert d.executor.plans[1:] == [[["fc1"], ["conv2"], ["conv1"]]] * 2
+    assert "Start-up plan" not in caplog.text
 
 
 def test_a_doubtful_T_without_a_re_plan_keeps_the_scheme():

@@ -853,6 +853,12 @@ class Scheme:
     schedule: Callable[[Profile, CostModel, int | None],
                        tuple[list[tuple[int, int]], Schedule, bool]] | None = None
 
+    @property
+    def fixed(self) -> bool:
+        """Whether the groups are fixed by the scheme (and the bucket size) whatever the cost
+        model says: the two extremes and the bucket schemes."""
+        return self.baseline or self.bucket
+
 
 REGISTRY: tuple[Scheme, ...] = (
     Scheme("wfbp", "one all-reduce per layer, each as soon as its gradient is ready",

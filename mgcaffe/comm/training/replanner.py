@@ -224,10 +224,12 @@ class Replanner:
 
     def _conservative(self, profile: Any, plan: Plan) -> Plan:
         """The start-up plan: `plan`, or synceasgd's one all-reduce after backward (under
-        the run's scheme name) when T is in doubt and `plan` sends more messages (a schedule
-        plan is kept: it decides more than groups)."""
+        the run's scheme name) when T is in doubt and `plan` sends more messages. Kept as
+        they are: a scheme whose groups T does not choose (wfbp, synceasgd, buckets: what
+        the user asked for) and a schedule plan (it decides more than groups)."""
         doubt = getattr(self.cost, "doubt", "")
-        if not doubt or plan.schedule is not None or len(plan.groups) == 1:
+        if (not doubt or plan.schedule is not None or len(plan.groups) == 1
+                or scheme_named(plan.scheme).fixed):
             return plan
         # still the run's scheme (its --comm value), with synceasgd's one group
         sync = timeline(profile, self.cost, [list(reversed(profile.names))],

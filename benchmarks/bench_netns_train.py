@@ -1,0 +1,180 @@
+"""The trainer's own closing line on the namespace cluster: every scheme as its own
+`mgcaffe train` run, as users run it.
+
+    sudo .venv/bin/python benchmarks/bench_netns_train.py [--model googlenet] [--hosts 2]
+        [--rate 1gbit] [--latency-ms 0] [--batch 1] [--schemes wfbp synceasgd mgwfbp]
+        [--iters 130] [--short-iters 30] [--out results.json]
+
+Each run is `mpiexec -n HOSTS mgcaffe train --solver S --comm SCHEME` across H network
+namespaces on this machine (tools/netns_cluster.py: real TCP over links shaped to `--rate`,
+each host on CPUs of its own where the machine has enough, so the trainer's own thread choice
+applies; no --threads flag). The net is the model's train_val with its data layers replaced by
+random inputs of batch `--batch` per rank. Read from each run's log:
+- the start-up all-reduce cost: how many benchmarked sizes its T(M) misses beyond their spread;
+- the closing line "measured X ms (median of N), predicted Y ms by plan P".
+
+A long run (`--iters`, default 130) re-plans after warm-up; a short run (`--short-iters`,
+default 30; 0 skips them) ends before any re-plan, so it shows the start-up plan. Targets
+(issue "The trainer's own prediction holds on every run"): measured/predicted within
+0.9-1.1 for every scheme after the re-plan, within 0.8-1.25 in the short runs; the fit within
+the measured spread at every benchmarked size; the predicted-fastest scheme measured fastest or
+within noise of it (noise: the spread of the measured iterations, 10th to 90th percentile, is
+not in the closing line, so "within 5%" stands in for it here). A benchmark, not a test: the
+exit status is 0 when a target is missed; the table says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from google.protobuf import text_format  # noqa: E402
+
+from mgcaffe.formats.protoio import read_net_param  # noqa: E402
+from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: E402
+from mgcaffe.testing.comm import mpiexec  # noqa: E402
+
+MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
+          "resnet50": REPO / "models" / "resnet50" / "train_val.prototxt"}
+CLOSING = re.compile(r"measured ([\d.]+) ms \(median of (\d+)\), predicted ([\d.]+) ms by "
+                     r"plan (\S+)")
+OUTSIDE = re.compile(r"(\d+) of (\d+) size\(s\) predicted outside their measured spread")
+REPLANNED = "Re-planned at iteration"
+LONG_BAND, SHORT_BAND = (0.9, 1.1), (0.8, 1.25)
+NEAR_FASTEST = 1.05
+
+
+def _netns():
+    spec = importlib.util.spec_from_file_location("netns_cluster",
+                                                  REPO / "tools" / "netns_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_solver(model: str, batch: int, max_iter: int, where: Path) -> Path:
+    """A solver file training `model` on random inputs of `batch` per rank."""
+    net, _ = synthesize_data_layers(read_net_param(str(MODELS[model])), None, batch)
+    net_path = where / f"{model}-b{batch}.prototxt"
+    net_path.write_text(text_format.MessageToString(net))
+    solver = where / f"solver-{model}-{max_iter}.prototxt"
+    solver.write_text(f'net: "{net_path}"\nbase_lr: 1e-6\nmomentum: 0.9\nlr_policy: "fixed"\n'
+                      f'display: 0\nmax_iter: {max_iter}\nrandom_seed: 1\ntype: "SGD"\n'
+                      f'snapshot_after_train: false\nsnapshot_prefix: "{where}/snap"\n')
+    return solver
+
+
+def read_run(out: str) -> dict:
+    """What one run's log says: the closing line, the fit's misses, whether it re-planned."""
+    closing = CLOSING.findall(out)
+    if not closing:
+        raise ValueError("no closing line")
+    measured, count, predicted, plan = closing[-1]
+    outside = OUTSIDE.search(out)
+    return {"measured_ms": float(measured), "iterations": int(count),
+            "predicted_ms": float(predicted), "plan": plan,
+            "ratio": float(measured) / float(predicted),
+            "fit_misses": None if outside is None else [int(outside.group(1)),
+                                                         int(outside.group(2))],
+            "replanned": REPLANNED in out}
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """One line per target: met or missed, with the numbers."""
+    lines = []
+    for kind, band in (("long", LONG_BAND), ("short", SHORT_BAND)):
+        runs = [r for r in rows if r["kind"] == kind]
+        if not runs:
+            continue
+        off = [f"{r['scheme']} {r['ratio']:.2f}" for r in runs
+               if not band[0] <= r["ratio"] <= band[1]]
+        lines.append(f"{kind} runs, measured/predicted within {band[0]}-{band[1]}: "
+                     + ("met" if not off else "MISSED (" + ", ".join(off) + ")"))
+        fastest_predicted = min(runs, key=lambda r: r["predicted_ms"])
+        fastest_measured = min(r["measured_ms"] for r in runs)
+        near = fastest_predicted["measured_ms"] <= NEAR_FASTEST * fastest_measured
+        lines.append(f"{kind} runs, predicted-fastest ({fastest_predicted['scheme']}) "
+                     f"measured fastest or within {100 * (NEAR_FASTEST - 1):.0f}%: "
+                     + ("met" if near else f"MISSED ({fastest_predicted['measured_ms']:.1f} "
+                        f"ms against {fastest_measured:.1f} ms)"))
+    misses = [r for r in rows if r["fit_misses"] and r["fit_misses"][0]]
+    lines.append("start-up fit within the measured spread at every size: "
+                 + ("met" if not misses else "MISSED (" + ", ".join(
+                     f"{r['scheme']} {r['kind']}: {r['fit_misses'][0]} of "
+                     f"{r['fit_misses'][1]}" for r in misses) + ")"))
+    return lines
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'run':<6} {'--comm':<12} {'iters':>5} {'measured':>10} {'predicted':>10} "
+            f"{'meas/pred':>9}  {'re-planned':<10} {'fit misses':<10} plan")
+    lines = [head]
+    for r in rows:
+        misses = "-" if r["fit_misses"] is None else f"{r['fit_misses'][0]}/{r['fit_misses'][1]}"
+        lines.append(f"{r['kind']:<6} {r['scheme']:<12} {r['iterations']:>5} "
+                     f"{r['measured_ms']:>8.1f}ms {r['predicted_ms']:>8.1f}ms "
+                     f"{r['ratio']:>9.2f}  {'yes' if r['replanned'] else 'no':<10} "
+                     f"{misses:<10} {r['plan']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="googlenet")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--rate", default="1gbit", help="link rate (tc units); 'none': unshaped")
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--batch", type=int, default=1, help="per-rank batch (default 1)")
+    p.add_argument("--schemes", nargs="+", default=["wfbp", "synceasgd", "mgwfbp"])
+    p.add_argument("--iters", type=int, default=130, help="long runs: re-plan after warm-up")
+    p.add_argument("--short-iters", type=int, default=30, help="short runs (0: none)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--out", default=None, help="also write the rows as JSON")
+    a = p.parse_args()
+    netns = _netns()
+    why = netns.unavailable()
+    if why:
+        raise SystemExit(f"bench_netns_train: the namespace cluster is unavailable: {why}")
+    kinds = [("long", a.iters)] + ([("short", a.short_iters)] if a.short_iters else [])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        solvers = {kind: write_solver(a.model, a.batch, n, Path(tmp)) for kind, n in kinds}
+        rate = None if a.rate == "none" else a.rate
+        with netns.Cluster(a.hosts, rate, a.latency_ms) as cluster:
+            print(f"{a.model}, batch {a.batch} per rank, {a.hosts} hosts, links "
+                  f"{a.rate}{f' +{a.latency_ms} ms' if a.latency_ms else ''}; "
+                  f"{cluster.cpu_note}", flush=True)
+            for kind, _ in kinds:
+                for scheme in a.schemes:
+                    t0 = time.monotonic()
+                    status, out = cluster.run(
+                        mpiexec(), ["-n", str(a.hosts), sys.executable, "-m", "mgcaffe",
+                                    "train", "--solver", str(solvers[kind]), "--comm", scheme],
+                        timeout=a.timeout)
+                    if status != 0:
+                        sys.stderr.write(out[-4000:])
+                        raise SystemExit(f"{kind} run of --comm {scheme}: exit status {status}")
+                    row = dict(read_run(out), kind=kind, scheme=scheme,
+                               wall_s=round(time.monotonic() - t0, 1))
+                    rows.append(row)
+                    print(f"  {kind} {scheme}: {CLOSING.findall(out)[-1]} in "
+                          f"{row['wall_s']} s", flush=True)
+    print(table(rows))
+    for line in verdicts(rows):
+        print(line)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

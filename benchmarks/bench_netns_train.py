@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python benchmarks/bench_netns_train.py [--model googlenet] [--hosts 2]
         [--rate 1gbit] [--latency-ms 0] [--batch 1] [--schemes wfbp synceasgd mgwfbp]
-        [--iters 130] [--short-iters 30] [--out results.json]
+        [--iters 130] [--short-iters 30] [--out results.json] [--logs DIR]
 
 Each run is `mpiexec -n HOSTS mgcaffe train --solver S --comm SCHEME` across H network
 namespaces on this machine (tools/netns_cluster.py: real TCP over links shaped to `--rate`,
@@ -135,16 +135,18 @@ def main() -> int:
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--batch", type=int, default=1, help="per-rank batch (default 1)")
     p.add_argument("--schemes", nargs="+", default=["wfbp", "synceasgd", "mgwfbp"])
-    p.add_argument("--iters", type=int, default=130, help="long runs: re-plan after warm-up")
+    p.add_argument("--iters", type=int, default=130,
+                   help="long runs: re-plan after warm-up (0: none)")
     p.add_argument("--short-iters", type=int, default=30, help="short runs (0: none)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
+    p.add_argument("--logs", default=None, help="keep each run's log in this directory")
     a = p.parse_args()
     netns = _netns()
     why = netns.unavailable()
     if why:
         raise SystemExit(f"bench_netns_train: the namespace cluster is unavailable: {why}")
-    kinds = [("long", a.iters)] + ([("short", a.short_iters)] if a.short_iters else [])
+    kinds = [(kind, n) for kind, n in (("long", a.iters), ("short", a.short_iters)) if n]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         solvers = {kind: write_solver(a.model, a.batch, n, Path(tmp)) for kind, n in kinds}
@@ -160,6 +162,10 @@ def main() -> int:
                         mpiexec(), ["-n", str(a.hosts), sys.executable, "-m", "mgcaffe",
                                     "train", "--solver", str(solvers[kind]), "--comm", scheme],
                         timeout=a.timeout)
+                    if a.logs:
+                        Path(a.logs).mkdir(parents=True, exist_ok=True)
+                        log_name = f"{a.model}-{a.hosts}h-{a.rate}-{kind}-{scheme}.log"
+                        (Path(a.logs) / log_name).write_text(out)
                     if status != 0:
                         sys.stderr.write(out[-4000:])
                         raise SystemExit(f"{kind} run of --comm {scheme}: exit status {status}")

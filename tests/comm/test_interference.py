@@ -125,6 +125,30 @@ def test_measure_interference_is_a_collective_with_one_answer():
     assert all(rho >= 0 for _, rho in results[0])
 
 
+def test_the_probe_times_the_all_reduces_against_T_as_sigma():
+    """A message that takes 3x its modelled time beside the GEMMs is sigma 3 (capped at 20;
+    never below 1: a faster message than T is not a speed-up the model should promise)."""
+    import time as _time  # noqa: PLC0415
+
+    from mgcaffe.comm.backends.local import SingleCommunicator  # noqa: PLC0415
+    from mgcaffe.comm.training.interference import MAX_SIGMA, measure_slowdowns  # noqa: PLC0415
+
+    class Slow(SingleCommunicator):
+        def allreduce_sum(self, buf):
+            _time.sleep(0.006)
+
+    [(m, rho, sigma)] = measure_slowdowns(Slow(), CostModel(0.002, 0.0), [1024],
+                                          duration=0.02, rounds=1)
+    assert m == 1024 and rho >= 0
+    assert 2.5 <= sigma <= 4.5  # 6 ms against 2 ms, give or take the scheduler's wake-ups
+    [(_, _, capped)] = measure_slowdowns(Slow(), CostModel(2e-4, 0.0), [1024], duration=0.02,
+                                         rounds=1)
+    assert capped == MAX_SIGMA == pytest.approx(20.0)
+    [(_, _, floor)] = measure_slowdowns(Slow(), CostModel(1.0, 0.0), [1024], duration=0.02,
+                                        rounds=1)
+    assert floor == 1.0
+
+
 # ----------------------------------------------------------------- sigma: comm slowed by backward
 def test_hand_computed_timeline_with_comm_slowed_during_backward():
     # l2 (2 s) then l1 (2 s) of backward; messages take 1 s alone (a = 1, b = 0); while backward

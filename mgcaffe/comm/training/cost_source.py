@@ -5,7 +5,8 @@ nothing to pay with one rank, else nothing when a `--plan` is given (the plan ca
 cost), else measured at start-up: an all-reduce benchmark over sizes from 4 bytes to the
 whole gradient, kept as the measured curve (piecewise linear through each size's median,
 with the line of least relative error beside it), plus the interference probe (how much computation
-slows while an all-reduce is in flight). A collective when it measures.
+slows while an all-reduce is in flight, and the all-reduce while computation runs). A
+collective when it measures.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..backends.communicator import Communicator
 from ..model.cost import CostModel, cost_for, load_network
 from .benchmark import measure_allreduce
 from .gradient_comm import Guard
-from .interference import interference_sizes, measure_interference
+from .interference import interference_sizes, measure_slowdowns
 from .notices import fit_notices
 from .options import Options
 from .startup import benchmark_sizes
@@ -72,14 +73,18 @@ def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
 
 def with_interference(cost: CostModel, comm: Communicator, gradient_bytes: int, guard: Guard,
                       timeout: float, xp=np) -> CostModel:
-    """`cost` with the measured slowdown of computation while an all-reduce is in flight
-    (the planner's extended model; see interference.py)."""
+    """`cost` with the measured slowdown of computation while an all-reduce is in flight,
+    and of the all-reduce while computation runs (the planner's extended model; see
+    interference.py)."""
     points = []
     for m in interference_sizes(gradient_bytes):
         # a few fixed-length rounds per size: a deadline of its own, not the comm timeout
         with guard(f"interference measurement at {m} bytes", max(timeout, 20.0)):
-            points += measure_interference(comm, cost, [m], xp=xp)
+            points += measure_slowdowns(comm, cost, [m], xp=xp)
     if comm.rank == 0:
-        log.info("Computation slows while an all-reduce is in flight: %s",
-                 ", ".join(f"{m / 1e6:.3g} MB +{rho * 100:.0f}%" for m, rho in points))
-    return cost.with_interference(points)
+        log.info("Computation slows while an all-reduce is in flight: %s; the all-reduce "
+                 "slows while computation runs: %s",
+                 ", ".join(f"{m / 1e6:.3g} MB +{rho * 100:.0f}%" for m, rho, _ in points),
+                 ", ".join(f"{m / 1e6:.3g} MB x{sigma:.2f}" for m, _, sigma in points))
+    return cost.with_interference([(m, rho) for m, rho, _ in points],
+                                  comm_slowdown=[(m, sigma) for m, _, sigma in points])

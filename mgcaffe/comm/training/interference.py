@@ -8,6 +8,12 @@ a fixed unit of BLAS work (the GEMMs backward is made of), alone and while a thr
 rank all-reduces M bytes back to back, the way the communication thread does during
 training. Each rank measures its own slowdown; the largest is kept, as a synchronous step
 waits for the slowest rank.
+
+The same probe also times the other direction, sigma(M): how much longer than T(M) the
+thread's all-reduces take while the GEMMs run (`measure_slowdowns`). Where communication
+needs the cores that compute (TCP on a host's few cores), it is what makes overlapped
+messages slower than the benchmark's, and a start-up plan without it predicts too little;
+the re-plan window measures both again in situ, on backward itself.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ import numpy as np
 from ...errors import CommError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
+from .insitu import MAX_X
 
-__all__ = ["interference_sizes", "measure_interference"]
+__all__ = ["interference_sizes", "measure_interference", "measure_slowdowns"]
+
+MAX_SIGMA = 1 / (1 - MAX_X)  # the in-situ estimate's cap: a message at most 20x slower
 
 
 def interference_sizes(total_bytes: int) -> list[int]:
@@ -70,34 +79,52 @@ def measure_interference(comm: Communicator, cost: CostModel, sizes: Sequence[in
     all-reduces that many bytes back to back, the median of `rounds` interleaved (alone,
     during) pairs, then the slowest rank's; a collective. With `xp` CuPy, the work is a GEMM
     on the GPU and the buffer device memory (what NCCL slows)."""
+    return [(m, rho) for m, rho, _ in measure_slowdowns(comm, cost, sizes, duration, rounds,
+                                                         timeout, xp)]
+
+
+def measure_slowdowns(comm: Communicator, cost: CostModel, sizes: Sequence[int],
+                      duration: float = 0.06, rounds: int = 3, timeout: float = 60.0,
+                      xp=np) -> list[tuple[int, float, float]]:
+    """[(bytes, rho, sigma)] for each size: rho as `measure_interference` says, and sigma
+    (at least 1, at most MAX_SIGMA), the thread's all-reduce time while the work runs over
+    `cost`'s T(M), the median of the rounds; each the slowest rank's. A collective."""
     work = _Work(xp=xp)
     points = []
     for m in sizes:
         m = int(m)
         buf = xp.zeros(max(1, m // 4), dtype=np.float32)
         comm.allreduce_sum(buf)  # warm: connections and buffers of this size
-        calls = int(min(1000, max(2, math.ceil(duration / max(cost.time(m), 1e-6)))))
-        ratios = []
+        modelled = max(cost.time(m), 1e-6)
+        calls = int(min(1000, max(2, math.ceil(duration / modelled))))
+        rhos, sigmas = [], []
         for _ in range(rounds):
             comm.barrier()
             alone = work.seconds_per_unit(duration / 2)
             comm.barrier()
-            during = _during(comm, work, buf, calls, timeout)
-            ratios.append(during / alone - 1.0)
-        rho = max(0.0, float(np.median(ratios)))
-        points.append((m, max(comm.allgather(rho))))
+            per_unit, reducing = _during(comm, work, buf, calls, timeout)
+            rhos.append(per_unit / alone - 1.0)
+            sigmas.append(reducing / (calls * modelled))
+        rho = max(0.0, float(np.median(rhos)))
+        sigma = min(MAX_SIGMA, max(1.0, float(np.median(sigmas))))
+        slowest = comm.allgather((rho, sigma))
+        points.append((m, max(r for r, _ in slowest), max(s for _, s in slowest)))
     return points
 
 
 def _during(comm: Communicator, work: _Work, buf, calls: int,
-            timeout: float) -> float:
-    """Seconds per unit of work while a thread all-reduces `buf` `calls` times."""
+            timeout: float) -> tuple[float, float]:
+    """(seconds per unit of work, seconds of the all-reduces) while a thread all-reduces
+    `buf` `calls` times."""
     failure: list[BaseException] = []
+    reduced: list[float] = []
 
     def reduce_back_to_back():
         try:
+            t0 = time.perf_counter()
             for _ in range(calls):
                 comm.allreduce_sum(buf)
+            reduced.append(time.perf_counter() - t0)
         except BaseException as exc:  # handed to the main thread, which raises it
             failure.append(exc)
 
@@ -118,5 +145,5 @@ def _during(comm: Communicator, work: _Work, buf, calls: int,
         raise failure[0]
     if count == 0:  # the all-reduces ended before one unit: nothing to compare
         work.unit()
-        return time.perf_counter() - t0
-    return elapsed / count
+        return time.perf_counter() - t0, reduced[0]
+    return elapsed / count, reduced[0]

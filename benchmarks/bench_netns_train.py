@@ -47,7 +47,7 @@ MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
           "resnet50": REPO / "models" / "resnet50" / "train_val.prototxt"}
 CLOSING = re.compile(r"measured ([\d.]+) ms \(median of (\d+)\), predicted ([\d.]+) ms by "
                      r"plan (\S+)")
-OUTSIDE = re.compile(r"(\d+) of (\d+) size\(s\) predicted outside their measured spread")
+OUTSIDE = re.compile(r"(\d+) of (\d+) sizes outside their spread")
 REPLANNED = "Re-planned at iteration"
 LONG_BAND, SHORT_BAND = (0.9, 1.1), (0.8, 1.25)
 NEAR_FASTEST = 1.05

@@ -17,11 +17,12 @@ def test_rho_and_sigma_are_said_in_words_and_a_capped_estimate_says_so():
     text = in_situ_summary(2.89, 3.38, 2)
     assert text == ("Measured in situ on 2 ranks: backward takes 3.89x as long while an "
                     "all-reduce is in flight (rho = 2.89); an all-reduce takes 3.38x its "
-                    "a + b*M while backward runs (sigma = 3.38); the model now uses them")
+                    "T(M) while backward runs (sigma = 3.38); the model now uses them")
     capped = in_situ_summary(None, 20.0, 2)
     assert "(sigma = 20.00, at its cap)" in capped and "the model now uses it;" in capped
-    assert capped.endswith("an estimate at its cap means the window could not tell how much "
-                           "more")
+    assert capped.endswith("; a capped estimate means at least that much")
+    # both at their caps, the longest it gets: one log line
+    assert len(in_situ_summary(19.0, 20.0, 1024)) <= 300
 
 
 def test_a_run_far_above_its_prediction_warns_with_the_likeliest_cause():

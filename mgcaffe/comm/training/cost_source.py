@@ -58,13 +58,15 @@ def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,
     sizes = benchmark_sizes(gradient_bytes)
     with guard("all-reduce benchmark"):
         bench = measure_allreduce(comm, sizes, iterations=10, xp=xp)
-    origin = (f"measured all-reduce among {comm.size} ranks ({comm.name}) of {len(sizes)} "
-              f"sizes from {sizes[0]} B to "
-              f"{sizes[-1] / 1e6:.1f} MB; {bench.describe_fit().split('; ', 1)[1]}")
+    # the INFO line names the curve and where it was measured; the errors go to the verbose
+    # level (a poor fit has its own line, fit_notices below)
+    origin = (f"measured all-reduce among {comm.size} ranks ({comm.name}), "
+              f"{len(bench.check.outside())} of {len(sizes)} sizes outside their spread")
     hosts = len(set(comm.allgather(socket.gethostname())))
     if comm.rank == 0:
         log.debug("All-reduce benchmark among %d ranks (%s):\n%s", comm.size, comm.name,
                   bench.table())
+        log.debug("All-reduce fit: %s", bench.describe_fit())
         # a poor fit: a warning across hosts, expected on one host (notices.py)
         for level, line in fit_notices(bench.warning(), bench.worst_error, hosts):
             log.log(level, "%s", line)

@@ -46,15 +46,15 @@ def fit_notices(warning: str | None, worst_error: float, hosts: int) -> list[tup
 def in_situ_summary(rho: float | None, sigma: float | None, ranks: int) -> str:
     """One line, in words, of what the re-plan window measured: rho (backward takes 1 + rho
     times as long while an all-reduce is in flight) and sigma (an all-reduce takes sigma
-    times its a + b*M while backward runs); an estimate at its cap says so."""
+    times its T(M) while backward runs); an estimate at its cap says so."""
     parts = []
     if rho is not None:
         parts.append(f"backward takes {1 + rho:.2f}x as long while an all-reduce is in flight "
                      f"(rho = {rho:.2f}{', at its cap' if rho >= CAP_RHO * 0.999 else ''})")
     if sigma is not None:
-        parts.append(f"an all-reduce takes {sigma:.2f}x its a + b*M while backward runs "
+        parts.append(f"an all-reduce takes {sigma:.2f}x its T(M) while backward runs "
                      f"(sigma = {sigma:.2f}{', at its cap' if sigma >= CAP_SIGMA * 0.999 else ''})")
-    capped = "; an estimate at its cap means the window could not tell how much more" if any(
+    capped = "; a capped estimate means at least that much" if any(
         (rho is not None and rho >= CAP_RHO * 0.999, sigma is not None
          and sigma >= CAP_SIGMA * 0.999)) else ""
     return (f"Measured in situ on {ranks} ranks: {'; '.join(parts)}; the model "

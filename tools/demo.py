@@ -19,12 +19,16 @@
 5. Measure them interleaved: `--rounds` rounds, each training every distinct plan for
    `--iterations` iterations with `mgcaffe train --plan` (the order reversed every other
    round, so that a drifting machine load hits every plan alike). A scheme whose plan has
-   the same groups as another's shares its measurement. Each run's own closing line gives
-   the measured time (median, forward start to reduced gradients).
+   the same groups (and schedule) as another's shares its measurement. Each run's own
+   closing line gives the measured time (median): what its plan predicts (forward start to
+   reduced gradients; for `overlap`, which updates layer by layer, to the next forward
+   start), and the whole iteration with the update.
 6. Print the table (messages, groups, predicted, measured in each round, measured /
-   predicted), how many times mgwfbp is faster than wfbp and synceasgd (measured and
-   predicted), which differences are within the noise (the spread between rounds), the plot
-   of the training log and the final test accuracy.
+   predicted, whole iteration), how many times mgwfbp is faster than wfbp and synceasgd
+   (measured and predicted), how many times `overlap` (merging, order and per-layer updates
+   planned together, the next forward overlapped) is faster than mgwfbp, synceasgd and wfbp
+   over the whole iteration, which differences are within the noise (the spread between
+   rounds), the plot of the training log and the final test accuracy.
 
 Run from the repository root (the Makefile does). `--ranks 1` trains in one process (no
 comparison); `--no-emulation` uses the real (shared-memory) all-reduce, whose cost is small
@@ -58,6 +62,7 @@ ITERATIONS = 40
 
 SUMMARY = re.compile(r"measured ([0-9.]+) ms \(median of (\d+)\), predicted ([0-9.]+) ms by "
                      r"plan ([\w-]+)")
+WHOLE = re.compile(r"whole iteration with the update ([0-9.]+) ms")
 ACCURACY = re.compile(r"Test net output #\d+: accuracy = ([0-9.]+)")
 
 
@@ -79,12 +84,16 @@ def run(cmd: list[str], log_path: Path, echo: bool = True) -> str:
     return "".join(lines)
 
 
-def measured(text: str, log_path: Path) -> float:
-    """The median iteration (ms) of a run's closing line."""
+def measured(text: str, log_path: Path) -> tuple[float, float]:
+    """(what the plan predicts, the whole iteration), medians in ms, from a run's closing
+    line: a plan that updates after every gradient is reduced predicts forward start to
+    reduced gradients and the line adds the whole iteration with the update; a plan that
+    updates layer by layer predicts the whole iteration itself."""
     m = SUMMARY.search(text)
     if not m:
         raise SystemExit(f"demo: no timing summary in {log_path}")
-    return float(m.group(1))
+    whole = WHOLE.search(text)
+    return float(m.group(1)), float(whole.group(1)) if whole else float(m.group(1))
 
 
 def timing_solver(path: Path) -> None:
@@ -125,29 +134,43 @@ def verdict(name: str, base: str, t: dict[str, float], pred: dict[str, float],
 
 
 def table(plans: dict[str, Plan], measure_of: dict[str, str],
-          rounds: dict[str, list[float]]) -> str:
+          rounds: dict[str, list[float]], wholes: dict[str, list[float]]) -> str:
+    """The comparison: per scheme its plan, predicted and measured time (what the plan
+    predicts), the whole iteration measured, and the verdicts."""
     t = {s: statistics.mean(rounds[measure_of[s]]) for s in plans}
+    whole = {s: statistics.mean(wholes[measure_of[s]]) for s in plans}
     pred = {s: p.iteration_time * 1e3 for s, p in plans.items()}
+    per_layer = {s for s, p in plans.items()
+                 if getattr(getattr(p, "schedule", None), "update", None) == "per-layer"}
     width = max(len(s) for s in plans)
     lines = [f"{'--comm':<{width}} {'messages':>8} {'predicted':>10} {'measured':>10} "
-             f"{'meas/pred':>9}  rounds (ms), groups (output side first)"]
+             f"{'meas/pred':>9} {'whole':>9}  rounds (ms), groups (output side first)"]
     for s, p in plans.items():
         same = f" (= {measure_of[s]}'s plan)" if measure_of[s] != s else ""
         groups = " | ".join("+".join(g) for g in p.groups)
+        mark = "*" if s in per_layer else " "
         lines.append(f"{s:<{width}} {p.num_messages:>8} {pred[s]:>8.2f}ms {t[s]:>8.2f}ms "
-                     f"{t[s] / pred[s]:>9.2f}  "
+                     f"{t[s] / pred[s]:>8.2f}{mark} {whole[s]:>7.2f}ms  "
                      f"{', '.join(f'{v:.2f}' for v in rounds[measure_of[s]])}; {groups}{same}")
     spread = noise(rounds)
-    lines.append(f"(forward start to reduced gradients; predicted from one shared profile; "
-                 f"measured: the mean of {len(next(iter(rounds.values())))} interleaved "
-                 f"rounds' medians; noise: the largest difference between rounds, "
-                 f"{100 * spread:.1f}%)")
+    lines.append(f"(predicted and measured: forward start to reduced gradients, or, marked *, "
+                 f"to the next forward start with the per-layer updates; whole: the whole "
+                 f"iteration with the update; predicted from one shared profile; measured: the "
+                 f"mean of {len(next(iter(rounds.values())))} interleaved rounds' medians; "
+                 f"noise: the largest difference between rounds, {100 * spread:.1f}%)")
     for base in ("wfbp", "synceasgd"):
         if base in plans and "mgwfbp" in plans:
             if measure_of[base] == measure_of["mgwfbp"]:
                 lines.append(f"mgwfbp over {base}: the same plan here")
             else:
                 lines.append(verdict("mgwfbp", base, t, pred, spread))
+    if "overlap" in plans:
+        for base in ("mgwfbp", "synceasgd", "wfbp"):
+            if base in plans and measure_of[base] != measure_of["overlap"]:
+                gain = whole[base] / whole["overlap"]
+                lines.append(f"overlap over {base}, whole iteration: measured {gain:.2f}x "
+                             f"({'beyond' if abs(gain - 1) > spread else 'within'} the noise "
+                             f"of {100 * spread:.1f}%)")
     return "\n".join(lines)
 
 
@@ -202,19 +225,24 @@ def plan_every_scheme(profile: Profile, cost: CostModel) -> dict[str, Plan]:
 
 
 def measure(launch: list[str], solver: Path, runs: dict[str, list[str]],
-            emulation: list[str], rounds: int, iterations: int) -> dict[str, list[float]]:
-    """{name: the measured median of each round}: every run of `runs` once per round, the
-    order reversed every other round."""
+            emulation: list[str], rounds: int,
+            iterations: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """({name: the measured median of each round}, {name: the whole iteration's}): every run
+    of `runs` once per round, the order reversed every other round."""
     out: dict[str, list[float]] = {name: [] for name in runs}
+    wholes: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
             path = OUT / f"time-{name}-{r + 1}.log"
             text = run(launch + ["--solver", str(solver), *runs[name], "--iterations",
                                  str(iterations), *emulation], path, echo=False)
-            out[name].append(measured(text, path))
-            print(f"  round {r + 1}, {name}: {out[name][-1]:.2f} ms", flush=True)
-    return out
+            value, whole = measured(text, path)
+            out[name].append(value)
+            wholes[name].append(whole)
+            print(f"  round {r + 1}, {name}: {value:.2f} ms (whole iteration {whole:.2f} ms)",
+                  flush=True)
+    return out, wholes
 
 
 def measured_only(rounds: dict[str, list[float]]) -> str:
@@ -287,7 +315,8 @@ def main() -> int:
             measure_of = distinct(plans)
             runs = {s: ["--plan", str(OUT / f"plan-{s}.json")] for s in plans
                     if measure_of[s] == s}
-        rounds = measure(launch, solver, runs, emulation, args.rounds, args.iterations)
+        rounds, wholes = measure(launch, solver, runs, emulation, args.rounds,
+                                 args.iterations)
         print()
         if plans is None:
             print(f"{args.ranks} ranks, the real all-reduce (shared memory), each scheme "
@@ -296,7 +325,7 @@ def main() -> int:
             print(f"{args.ranks} ranks as 2 of an emulated {NODES}-node cluster (a = "
                   f"{cost.a * 1e3:.2f} ms, b = {cost.b * 1e9:.1f} ns/B); {profile.model}: "
                   f"t_f + t_b = {profile.ideal_time * 1e3:.2f} ms in the shared profile:\n"
-                  f"{table(plans, measure_of, rounds)}")
+                  f"{table(plans, measure_of, rounds, wholes)}")
     print(f"\nFinal test accuracy (--comm=mgwfbp): {float(accuracies[-1]):.4f} "
           f"(log: {log_path.relative_to(ROOT)}, plot: {plot.relative_to(ROOT)})")
     return 0

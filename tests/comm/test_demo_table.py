@@ -42,7 +42,11 @@ def demo_cost():
 
 
 def test_the_measured_time_is_the_trainer_s_own_closing_line(tmp_path):
-    assert demo.measured(CLOSING, tmp_path / "x.log") == 35.5
+    assert demo.measured(CLOSING, tmp_path / "x.log") == (35.5, 36.9)
+    per_layer = ("I1201 x trainer.py:3] iteration (forward start to the next forward start, "
+                 "update included): measured 21.49 ms (median of 38), predicted 22.94 ms by "
+                 "plan overlap (-6.3%)\n")
+    assert demo.measured(per_layer, tmp_path / "x.log") == (21.49, 21.49)
     with pytest.raises(SystemExit, match="no timing summary in"):
         demo.measured("nothing here\n", tmp_path / "x.log")
 
@@ -99,7 +103,9 @@ def test_the_table_says_what_stands_out_of_the_noise():
     for s in rounds:  # measured: the prediction, +3% in round 1, +5% in round 2
         t = plans[s].iteration_time * 1e3
         rounds[s] = [t * 1.03, t * 1.05]
-    text = demo.table(plans, measure_of, rounds)
+    wholes = {s: [v + 1.0 for v in r] for s, r in rounds.items()}  # the update: 1 ms
+    wholes[measure_of["overlap"]] = rounds[measure_of["overlap"]]  # its own line: whole
+    text = demo.table(plans, measure_of, rounds, wholes)
     lines = text.splitlines()
     assert lines[0].startswith("--comm") and "meas/pred" in lines[0]
     rows = {line.split()[0]: line for line in lines[1:len(SCHEMES) + 1]}
@@ -113,6 +119,15 @@ def test_the_table_says_what_stands_out_of_the_noise():
     assert len(verdicts) == 2 and all("beyond the noise of 1.9%" in v for v in verdicts)
     ratio = plans["wfbp"].iteration_time / plans["mgwfbp"].iteration_time
     assert f"mgwfbp over wfbp: measured {ratio:.2f}x, predicted {ratio:.2f}x" in text
+    # overlap against the others over the whole iteration (its prediction includes the
+    # per-layer updates, theirs does not: measured only)
+    assert rows["overlap"].split()[4].endswith("*")
+    overlap = [line for line in lines if line.startswith("overlap over ")]
+    bases = [b for b in ("mgwfbp", "synceasgd", "wfbp") if measure_of[b] != measure_of["overlap"]]
+    assert [line.split()[2].rstrip(",") for line in overlap] == bases
+    for base in bases:
+        gain = (sum(wholes[measure_of[base]]) / sum(wholes[measure_of["overlap"]]))
+        assert f"overlap over {base}, whole iteration: measured {gain:.2f}x" in text
 
 
 def test_a_difference_smaller_than_the_spread_is_within_the_noise():

@@ -151,3 +151,18 @@ def test_a_solver_that_needs_every_gradient_falls_back_to_mgwfbp(tmp_path, caplo
     assert len(said) == 1 and "clip_gradients" in said[0]
     for a, b in zip(weights(solvers[0]), weights(reference[0]), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_emulation_line_counts_the_scheduled_executor_s_own_all_reduces(tmp_path, caplog):
+    """A scheduled plan all-reduces through a duplicate of the run's communicator: the closing
+    EMULATION line must count that one's padded calls, not the idle original's."""
+    caplog.set_level(logging.INFO)
+    network = tmp_path / "emulated.json"
+    network.write_text(json.dumps({"fits": {"2": {"a": 1e-3, "b": 0.0}}}))
+    _, handles, _ = train(tmp_path, "overlap", iters=6, emulate_network=str(network),
+                          emulate_nodes=2)
+    assert isinstance(handles[0].executor, ScheduledExecutor)
+    [line] = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("EMULATION: slept")]
+    calls = int(line.split(" in ")[1].split()[0])
+    assert calls >= 6  # at least one padded all-reduce per iteration

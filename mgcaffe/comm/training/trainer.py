@@ -456,9 +456,11 @@ class DistributedTraining:
         self.timer.remove()
         if self.rank == 0:
             self.report()
-        if getattr(self.comm, "padded_s", None) is not None and self.rank == 0:
+        # the gradients' communicator: a scheduled plan's executor has a duplicate of its own
+        emulated = getattr(self.executor, "comm", self.comm)
+        if getattr(emulated, "padded_s", None) is not None and self.rank == 0:
             log.info("EMULATION: slept %.3f s in %d all-reduces to match the modelled network",
-                     self.comm.padded_s, self.comm.calls)
+                     emulated.padded_s, emulated.calls)
         if self.tracer is not None:
             with self._guard("gathering the trace"):
                 events = self.base_comm.allgather(self.tracer.snapshot())

@@ -6,13 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..comm.model.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, Network, load_network
-from ..comm.model.planner import (
-    DEFAULT_SCHEME,
-    MERGE_SCHEMES,
-    SCHEMES,
-    canonical_scheme,
-    scheme_named,
-)
+from ..comm.model.planner import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..comm.model.profile import Profile, load_profile
 from ..errors import PlanError
 
@@ -30,9 +24,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
     else:
         parser.add_argument("--nodes", type=int, metavar="N",
                             help="number of nodes (required unless both --a and --b are given)")
-    parser.add_argument("--scheme", nargs="+", default=list(MERGE_SCHEMES), metavar="SCHEME",
-                        help=f"schemes to compare, named as `mgcaffe train --comm` names them: "
-                             f"{', '.join(SCHEMES)} (default: {', '.join(MERGE_SCHEMES)})")
+    parser.add_argument("--scheme", nargs="+", default=list(SCHEMES), metavar="SCHEME",
+                        help=f"schemes to compare, named as `mgcaffe train --comm` names them "
+                             f"(default: all of {', '.join(SCHEMES)})")
     parser.add_argument("--a", type=float, default=None, metavar="SECONDS",
                         help="all-reduce start-up a, overriding the network's")
     parser.add_argument("--b", type=float, default=None, metavar="SECONDS_PER_BYTE",

@@ -1,14 +1,16 @@
-"""`mgcaffe simulate`: predicted weak scaling of every merge scheme over numbers of nodes.
+"""`mgcaffe simulate`: predicted weak scaling of every scheme over numbers of nodes.
 
     mgcaffe simulate --profile models/paper/resnet50-k80.json \\
                      --network models/paper/network-10gbe.json --nodes 4 8 16 32 64 \\
                      [--json | --markdown] [--plot scaling.png] [--gantt 64 gantt.png]
 
 For each N: every registered scheme's speed-up over one node (N (t_f + t_b) / t_iter) and
-scaling efficiency, then how many times each merging scheme is faster than each of the two
-extremes (wfbp, synceasgd). A scheme's column is named as `--comm` names it; the lines under
-the table give the flags that train each one. `--plot` draws the scaling curves (the paper's
-Figure 9), `--gantt N FILE` the timelines of one iteration at N nodes (its Figures 2-4).
+scaling efficiency, the lower bound's (no schedule of any scheme can be faster under the
+model: scheduler.lower_bound), then how many times each merging scheme is faster than each
+of the two extremes (wfbp, synceasgd). A scheme's column is named as `--comm` names it; the
+lines under the table give the flags that train each one. `--plot` draws the scaling curves
+(the paper's Figure 9), `--gantt N FILE` the timelines of one iteration at N nodes (its
+Figures 2-4).
 `--markdown` prints the table as docs/reproducing-the-paper.md shows it.
 """
 
@@ -31,19 +33,20 @@ from ._plan_inputs import (
 )
 
 NAME = "simulate"
-HELP = "predict weak-scaling speed-up and efficiency of every merge scheme for several N"
+HELP = "predict weak-scaling speed-up and efficiency of every scheme for several N"
 
 
 def table_rows(scaling: Scaling) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the scaling table: N, a, b, and the speed-up (efficiency) of each
-    scheme."""
-    head = ["N", "a (ms)", "b (ns/B)", *scaling.schemes]
+    """Header and rows of the scaling table: N, a, b, the speed-up (efficiency) of each
+    scheme, and the lower bound's (the speed-up no schedule can beat under the model)."""
+    head = ["N", "a (ms)", "b (ns/B)", *scaling.schemes, "lower bound"]
     rows = []
     for p in scaling.points:
         row = [str(p.nodes), f"{p.cost.a * 1e3:.3f}", f"{p.cost.b * 1e9:.3f}"]
         for s in scaling.schemes:
             sp = p.schemes[s]
             row.append(f"{sp.speedup:.2f} ({100 * sp.efficiency:.1f}%)")
+        row.append(f"{p.bound_speedup:.2f} ({100 * p.bound_speedup / p.nodes:.1f}%)")
         rows.append(row)
     return head, rows
 
@@ -132,8 +135,10 @@ def run(args) -> int:
             terms = describe_interference(point.cost)
             if terms:
                 print(f"N = {point.nodes}: {terms}")
-            if any(not p.exact for p in point.plans.values()):
-                print(f"N = {point.nodes}: optimal's search was cut: not proven optimal")
+            cut = [s for s, p in point.plans.items() if p.schedule is None and not p.exact]
+            if cut:
+                print(f"N = {point.nodes}: the search of {', '.join(cut)} was cut: not "
+                      f"proven optimal")
         print()
         print(format_table(scaling))
         print()

@@ -11,8 +11,7 @@ import pytest
 
 from mgcaffe.cli import main
 from mgcaffe.comm.model.cost import cost_for, load_network
-from mgcaffe.comm.model.planner import MERGE_SCHEMES as SCHEMES
-from mgcaffe.comm.model.planner import load_plan, make_plan
+from mgcaffe.comm.model.planner import SCHEMES, load_plan, make_plan
 from mgcaffe.comm.model.profile import load_profile
 
 
@@ -36,8 +35,21 @@ def test_table(capsys, inputs):
     # one row per registered scheme, named as --comm names it, ending with its flags
     for s in SCHEMES:
         assert re.search(rf"^{re.escape(s)} .* --comm={re.escape(s)}\b", out, re.M), s
-    assert re.search(r"^mgwfbp .* \+0\.00% .* --comm=mgwfbp \(the default\)$", out, re.M)
-    assert re.search(r"^mgwfbp-paper .* \+10\.81% ", out, re.M)  # Algorithm 1 above the best
+    assert re.search(r"^mgwfbp .* --comm=mgwfbp \(the default\)$", out, re.M)
+    # "vs best": each row against the fastest; at 64 nodes the scheduler's overlap plan
+    assert re.search(r"^overlap .* \+0\.00% .* --comm=overlap$", out, re.M)
+    profile = load_profile(inputs[1])
+    cost = cost_for(load_network(inputs[3]), 64)
+    best = make_plan(profile, cost, "overlap").iteration_time
+    for s in ("mgwfbp", "mgwfbp-paper", "wfbp"):
+        above = make_plan(profile, cost, s).iteration_time / best - 1
+        assert re.search(rf"^{s} .* \+{100 * above:.2f}% ", out, re.M), s
+    # the scheduler's gap: its plan against the bound it computed, which no plan beats
+    gap, bound = re.search(r"^overlap: ([\d.]+)% above the lower bound ([\d.]+) ms on any "
+                           r"schedule$", out, re.M).groups()
+    assert float(bound) * (1 + float(gap) / 100) == pytest.approx(best * 1e3, rel=1e-4)
+    assert all(make_plan(profile, cost, s).iteration_time * 1e3 >= float(bound)
+               for s in SCHEMES)
     assert re.search(r"^threshold .* --comm=threshold --bucket-mb 25$", out, re.M)
     assert "mgwfbp: 5 messages" in out
     assert "wfbp: each of the 64 layers is its own message" in out
@@ -59,7 +71,11 @@ def test_json_shape(capsys, inputs, paper_dir):
         assert got["iteration_time"] == plan.iteration_time
         assert got["non_overlapped_comm"] == plan.non_overlapped_comm
         assert got["digest"] == plan.digest()
-    assert d["schemes"]["mgwfbp"]["above_best"] == 0 and d["default"] == "mgwfbp"
+    best = min(got["iteration_time"] for got in d["schemes"].values())
+    assert d["schemes"]["overlap"]["iteration_time"] == best  # at 8 nodes too
+    assert d["schemes"]["overlap"]["above_best"] == 0 and d["default"] == "mgwfbp"
+    assert d["schemes"]["mgwfbp"]["above_best"] == pytest.approx(
+        d["schemes"]["mgwfbp"]["iteration_time"] / best - 1)
     assert d["schemes"]["threshold"]["train_flags"] == "--comm=threshold --bucket-mb 25"
     assert d["schemes"]["mgwfbp-paper"]["train_flags"] == "--comm=mgwfbp-paper"
 

@@ -8,7 +8,7 @@ import pytest
 
 from mgcaffe.comm.model import plots
 from mgcaffe.comm.model.cost import Network, load_network
-from mgcaffe.comm.model.planner import MERGE_SCHEMES as SCHEMES
+from mgcaffe.comm.model.planner import SCHEMES
 from mgcaffe.comm.model.profile import load_profile
 from mgcaffe.comm.model.simulate import efficiency, simulate_nodes, speedup, weak_scaling
 from mgcaffe.errors import PlanError
@@ -42,14 +42,23 @@ def test_weak_scaling_definitions(googlenet, network):
             assert sp.messages == plan.num_messages
         assert p.ratio("mgwfbp-paper", "wfbp") == pytest.approx(
             p.schemes["wfbp"].iteration_time / p.schemes["mgwfbp-paper"].iteration_time)
-        assert p.above_best("mgwfbp") == 0  # the optimum of the model is the fastest
-        assert p.above_best("wfbp") == pytest.approx(p.ratio("mgwfbp", "wfbp") - 1)
+        # the optimum of the paper's model is the fastest of the schemes that only group
+        barrier = [s for s, plan in p.plans.items() if plan.schedule is None]
+        assert p.schemes["mgwfbp"].iteration_time == min(
+            p.schemes[s].iteration_time for s in barrier)
+        best = min(sp.iteration_time for sp in p.schemes.values())
+        assert p.above_best("wfbp") == pytest.approx(p.schemes["wfbp"].iteration_time / best - 1)
+        # the lower bound: below every scheme, the ideal t_f + t_b at most
+        assert googlenet.ideal_time <= p.bound <= best * (1 + 1e-12)
+        assert p.bound_speedup == pytest.approx(p.nodes * googlenet.ideal_time / p.bound)
         # every scheme that merges, over each of the two extremes
         assert set(p.ratios()) == {f"{f}_over_{s}" for f in ("mgwfbp", "mgwfbp-paper",
-                                                             "threshold")
+                                                             "threshold", "overlap",
+                                                             "bytescheduler", "dear")
                                    for s in ("wfbp", "synceasgd")}
     d = json.loads(json.dumps(sc.to_dict()))
     assert d["nodes"] == [4, 8, 16, 32, 64]
+    assert d["points"][0]["lower_bound"] == sc.points[0].bound
     assert d["points"][-1]["schemes"]["mgwfbp"]["speedup"] == sc.points[-1].schemes[
         "mgwfbp"].speedup
 

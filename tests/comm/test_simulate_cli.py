@@ -8,7 +8,7 @@ import re
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.model.planner import MERGE_SCHEMES as SCHEMES
+from mgcaffe.comm.model.planner import SCHEMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -24,15 +24,20 @@ def test_table(capsys, inputs):
     out = capsys.readouterr().out
     assert "resnet50: 107 learnable layers" in out
     lines = [line.split() for line in out.splitlines()]
-    # one column per registered scheme, named as --comm names it
+    # one column per registered scheme, named as --comm names it, then the lower bound
     head = next(row for row in lines if row[:1] == ["N"])
-    assert head[-len(SCHEMES):] == list(SCHEMES)
+    assert head[-len(SCHEMES) - 2:] == [*SCHEMES, "lower", "bound"]
     rows = [row for row in lines if row and row[0].isdigit()]
     assert [row[0] for row in rows] == ["4", "8", "64"] * 2
     # then how many times each merging scheme is faster than the two extremes, per N
     at = lines.index(["how", "many", "times", "faster", "than", "wfbp", "/", "synceasgd:"])
-    assert lines[at + 1] == ["N", "mgwfbp", "mgwfbp-paper", "threshold"]
-    assert len(rows[3]) == 1 + 3 * 3 and rows[3][2::3] == ["/"] * 3
+    merging = ["mgwfbp", "mgwfbp-paper", "threshold", "overlap", "bytescheduler", "dear"]
+    assert lines[at + 1] == ["N", *merging]
+    assert len(rows[3]) == 1 + 3 * len(merging) and rows[3][2::3] == ["/"] * len(merging)
+    # no schedule beats the bound: its speed-up is the largest of each row
+    for row in rows[:3]:
+        speedups = [float(x) for x in row[3::2]]
+        assert speedups[-1] == max(speedups)
     # and the flags that train each one
     for s in SCHEMES:
         assert re.search(rf"^  {re.escape(s)} +--comm={re.escape(s)}\b", out, re.M), s
@@ -48,17 +53,20 @@ def test_json(capsys, inputs):
     assert p64["nodes"] == 64
     assert p64["schemes"]["mgwfbp"]["speedup"] == pytest.approx(51.894445086557944, rel=1e-9)
     assert p64["ratios"]["mgwfbp_over_synceasgd"] == pytest.approx(1.47580753598188, rel=1e-9)
-    assert p64["above_best"]["mgwfbp-paper"] == pytest.approx(0.4758075359818801, rel=1e-9)
+    best = min(s["iteration_time"] for s in p64["schemes"].values())
+    assert p64["above_best"]["mgwfbp-paper"] == pytest.approx(
+        p64["schemes"]["mgwfbp-paper"]["iteration_time"] / best - 1, rel=1e-9)
+    assert 0 < p64["lower_bound"] <= best
 
 
 def test_markdown(capsys, inputs):
     assert main(["simulate", *inputs, "--nodes", "8", "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "| N | a (ms) | b (ns/B) | " + " | ".join(SCHEMES) + " |"
+    assert out[0] == "| N | a (ms) | b (ns/B) | " + " | ".join(SCHEMES) + " | lower bound |"
     assert out[1].startswith("|---:|")
     assert out[2].startswith("| 8 | 0.830 | 3.337 | 5.39 (67.4%) |")
     assert out[3:6] == ["", "How many times faster than wfbp / synceasgd:", ""]
-    assert out[6] == "| N | mgwfbp | mgwfbp-paper | threshold |"
+    assert out[6] == "| N | mgwfbp | mgwfbp-paper | threshold | overlap | bytescheduler | dear |"
     assert out[8].startswith("| 8 | 1.")
 
 

@@ -65,7 +65,7 @@ from .scheduler import (
     overlap_schedule,
 )
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "MERGE_SCHEMES", "PLAN_FORMAT", "REGISTRY",
+__all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "PLAN_FORMAT", "REGISTRY",
            "SCHEDULED_FORMAT", "SCHEMES", "Plan", "Scheme", "canonical_scheme", "load_plan",
            "make_plan", "make_plans", "scheduled_timeline", "scheme_named", "timeline"]
 
@@ -890,10 +890,6 @@ REGISTRY: tuple[Scheme, ...] = (
 )
 DEFAULT_SCHEME = "mgwfbp"
 SCHEMES = tuple(s.name for s in REGISTRY)  # the names, in the order tables show them
-# what `plan` and `simulate` show unless --scheme names others: the schemes that only group
-# layers (a plan in milliseconds); the scheduler's (overlap, bytescheduler, dear) by --scheme,
-# as overlap's search takes seconds per plan
-MERGE_SCHEMES = tuple(s.name for s in REGISTRY if s.schedule is None)
 
 
 def _key(name: str) -> str:

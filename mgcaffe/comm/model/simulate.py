@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from ...errors import PlanError
 from .cost import CostModel, Network, cost_for
-from .planner import MERGE_SCHEMES, Plan, canonical_scheme, make_plan, scheme_named
+from .planner import SCHEMES, Plan, canonical_scheme, make_plan, scheme_named
 from .profile import Profile, as_int
+from .scheduler import lower_bound
 
 __all__ = ["SchemePoint", "ScalingPoint", "Scaling", "efficiency", "ratio_pairs", "speedup",
            "simulate_nodes", "weak_scaling"]
@@ -66,6 +67,13 @@ class ScalingPoint:
     ideal: float
     schemes: dict[str, SchemePoint]
     plans: dict[str, Plan] = field(repr=False, compare=False)
+    # the lower bound on the iteration of any schedule under `cost` (scheduler.lower_bound)
+    bound: float = 0.0
+
+    @property
+    def bound_speedup(self) -> float:
+        """The weak-scaling speed-up no schedule can beat: N (t_f + t_b) / bound."""
+        return self.nodes * self.ideal / self.bound if self.bound else 0.0
 
     def ratio(self, faster: str, slower: str) -> float:
         """How many times faster `faster` is than `slower`: t_iter(slower) / t_iter(faster)."""
@@ -82,7 +90,7 @@ class ScalingPoint:
 
     def to_dict(self) -> dict:
         d = {"nodes": self.nodes, "a": self.cost.a, "b": self.cost.b,
-             "cost_origin": self.cost.origin, "ideal": self.ideal,
+             "cost_origin": self.cost.origin, "ideal": self.ideal, "lower_bound": self.bound,
              "schemes": {s: p.to_dict() for s, p in self.schemes.items()},
              "ratios": self.ratios(),
              "above_best": {s: self.above_best(s) for s in self.schemes}}
@@ -121,9 +129,9 @@ class Scaling:
 
 
 def simulate_nodes(profile: Profile, cost: CostModel, nodes: int,
-                   schemes: Iterable[str] = MERGE_SCHEMES,
+                   schemes: Iterable[str] = SCHEMES,
                    bucket_bytes: int | None = None) -> ScalingPoint:
-    """Plan every scheme for one N under `cost` and summarise it."""
+    """Plan every scheme for one N under `cost` and summarise it, with the lower bound."""
     plans: dict[str, Plan] = {}
     for s in schemes:
         plan = make_plan(profile, cost, s, bucket_bytes, nodes=nodes)
@@ -131,11 +139,11 @@ def simulate_nodes(profile: Profile, cost: CostModel, nodes: int,
     points = {s: SchemePoint(s, p.iteration_time, p.non_overlapped_comm, speedup(p, nodes),
                              efficiency(p), p.num_messages) for s, p in plans.items()}
     ideal = next(iter(plans.values())).ideal if plans else profile.ideal_time
-    return ScalingPoint(nodes, cost, ideal, points, plans)
+    return ScalingPoint(nodes, cost, ideal, points, plans, lower_bound(profile, cost).value)
 
 
 def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int],
-                 schemes: Iterable[str] = MERGE_SCHEMES, *, use_formula: bool = False,
+                 schemes: Iterable[str] = SCHEMES, *, use_formula: bool = False,
                  a: float | None = None, b: float | None = None,
                  bucket_bytes: int | None = None, model: str | None = None) -> Scaling:
     """Speed-up and efficiency of every scheme for each N in `nodes` (cost per N from

@@ -21,6 +21,7 @@ import json
 import sys
 
 from ..comm.model import plots
+from ..comm.model.schedule import cycle
 from ..comm.model.simulate import Scaling, ratio_pairs, weak_scaling
 from ..errors import PlanError
 from ._plan_inputs import (
@@ -98,6 +99,14 @@ def format_markdown(scaling: Scaling) -> str:
     return "\n".join(out)
 
 
+def layer_cycles(profile, cost, plans) -> dict:
+    """The steady-state cycle of each plan that updates layer by layer (for the picture)."""
+    index = {name: i + 1 for i, name in enumerate(profile.names)}
+    return {s: cycle(profile, cost, [[index[n] for n in g] for g in p.groups], p.schedule)
+            for s, p in plans.items() if p.schedule is not None
+            and p.schedule.update == "per-layer"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser, many_nodes=True)
     parser.add_argument("--markdown", action="store_true",
@@ -154,7 +163,8 @@ def run(args) -> int:
             point = weak_scaling(profile, network, [gantt_nodes], schemes,
                                  use_formula=args.use_formula, a=args.a, b=args.b,
                                  bucket_bytes=bucket, model=args.cost_model).points[0]
-        path = plots.gantt_chart(point.plans, args.gantt[1])
+        path = plots.gantt_chart(point.plans, args.gantt[1],
+                                 cycles=layer_cycles(profile, point.cost, point.plans))
         wrote.append(f"wrote the timelines at N = {gantt_nodes} to {path} "
                      f"({describe_cost(point.cost, network)})")
     for line in wrote:  # on stderr with --json/--markdown, whose output is the data alone

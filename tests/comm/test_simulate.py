@@ -118,3 +118,21 @@ def test_plots_write_pngs(tmp_path, googlenet, network):
         plots.gantt_chart({}, tmp_path / "x.png")
     with pytest.raises(PlanError, match="cannot write the plot"):
         plots.scaling_plot(sc, tmp_path / "missing-dir" / "s.png")
+
+
+def test_the_gantt_of_a_per_layer_plan_draws_its_cycle(googlenet, network, tmp_path):
+    """overlap updates layer by layer: the picture gets its steady-state cycle (the forward's
+    waits and updates, the next forward), the merge schemes none."""
+    from mgcaffe.commands.simulate import layer_cycles  # noqa: PLC0415
+
+    point = weak_scaling(googlenet, network, [16], ("mgwfbp", "overlap")).points[0]
+    cycles = layer_cycles(googlenet, point.cost, point.plans)
+    assert list(cycles) == ["overlap"]
+    c, plan = cycles["overlap"], point.plans["overlap"]
+    assert c.iteration_time == pytest.approx(plan.iteration_time)
+    assert c.comm_end == pytest.approx(plan.comm_end)
+    # the next forward runs after this iteration ends, each layer after its own update
+    assert min(c.forward_start) >= c.iteration_time
+    assert all(u <= f for u, f in zip(c.update_end, c.forward_start))
+    out = plots.gantt_chart(point.plans, tmp_path / "g.png", cycles=cycles)
+    assert out.read_bytes()[:8] == PNG

@@ -3,7 +3,9 @@
 - `scaling_plot`: weak-scaling speed-up and efficiency of every scheme against N, like the
   paper's Figure 9.
 - `gantt_chart`: one iteration's per-layer compute and per-message communication of each
-  scheme on a shared time axis, like the paper's Figures 2-4.
+  scheme on a shared time axis, like the paper's Figures 2-4; for a scheme that updates layer
+  by layer (given its `schedule.Cycle`), the forward with its waits and updates, and the next
+  iteration's forward beside the messages still under way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from ...errors import PlanError
 from .planner import SCHEMES, Plan, scheme_named
+from .schedule import Cycle
 from .simulate import Scaling
 
 __all__ = ["gantt_chart", "label", "scaling_plot"]
@@ -85,22 +88,50 @@ def scaling_plot(scaling: Scaling, path: str | Path, title: str | None = None) -
     return _save(fig, path, plt)
 
 
-def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None = None) -> Path:
-    """For each plan, a compute lane (forward, then each layer's backward, output side first)
-    and a communication lane (each message, labelled with its layer count when merged)."""
-    if not plans:
-        raise PlanError("gantt: no plan to draw")
-    plt = _pyplot()
-    items = list(plans.items())
-    fig, axes = plt.subplots(len(items), 1, figsize=(11, 1.25 * len(items) + 0.8),
-                             sharex=True, squeeze=False)
-    t_max = max(p.iteration_time for _, p in items) * 1e3
-    for ax, (scheme, plan) in zip(axes[:, 0], items):
-        ms = 1e3
+def _forward_lane(ax, plan: Plan, cycle: Cycle | None, ms: float) -> None:
+    """The compute lane's forward: one block, or (a per-layer cycle) this iteration's forward
+    layer by layer with its updates (dark) and the gaps where a layer waits for its gradients,
+    then the next iteration's the same way, one iteration later (hatched)."""
+    if cycle is None:
         ax.broken_barh([(0, plan.forward_time * ms)], (10, 8), facecolors="0.75")
         if plan.forward_time > 0.05 * plan.iteration_time:
             ax.text(plan.forward_time * ms / 2, 14, "forward", ha="center", va="center",
                     fontsize=7)
+        return
+    period = cycle.iteration_time
+    for shift, hatch in ((-period, None), (0.0, "////")):
+        spans = [((cycle.prefix[0] + shift) * ms, (cycle.prefix[1] - cycle.prefix[0]) * ms)]
+        spans += [((s + shift) * ms, (e - s) * ms)
+                  for s, e in zip(cycle.forward_start, cycle.forward_end)]
+        ax.broken_barh(spans, (10, 8), facecolors="0.75", edgecolor="0.55" if hatch else "none",
+                       hatch=hatch, linewidth=0)
+        updates = [((s + shift) * ms, (e - s) * ms)
+                   for s, e in zip(cycle.update_start, cycle.update_end) if e > s]
+        if updates:
+            ax.broken_barh(updates, (10, 8), facecolors="0.35", edgecolor="none")
+    ax.text(period * ms, 19.5, "next forward", ha="left", va="bottom", fontsize=7)
+
+
+def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None = None,
+                cycles: Mapping[str, Cycle] | None = None) -> Path:
+    """For each plan, a compute lane (forward, then each layer's backward, output side first)
+    and a communication lane (each message, labelled with its layer count when merged).
+    `cycles`: per scheme that updates layer by layer, its steady-state `schedule.Cycle`, to
+    draw its forward's waits and updates and the next forward beside the messages."""
+    if not plans:
+        raise PlanError("gantt: no plan to draw")
+    cycles = cycles or {}
+    plt = _pyplot()
+    items = list(plans.items())
+    fig, axes = plt.subplots(len(items), 1, figsize=(11, 1.25 * len(items) + 0.8),
+                             sharex=True, squeeze=False)
+    ends = [p.iteration_time for _, p in items]
+    ends += [max(max(c.forward_end, default=0.0), max(c.comm_end, default=0.0))
+             for c in cycles.values()]
+    t_max = max(ends) * 1e3
+    for ax, (scheme, plan) in zip(axes[:, 0], items):
+        ms = 1e3
+        _forward_lane(ax, plan, cycles.get(scheme), ms)
         bars = [((s * ms), (e - s) * ms) for s, e in zip(plan.backward_start, plan.backward_end)]
         bars.reverse()  # backward order
         ax.broken_barh(bars, (10, 8), facecolors=["tab:blue", "lightsteelblue"] * len(bars),
@@ -108,6 +139,11 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
         color = _style(scheme)[0]
         comm = [(s * ms, (e - s) * ms) for s, e in zip(plan.comm_start, plan.comm_end)]
         ax.broken_barh(comm, (0, 8), facecolors=color, edgecolor="white", linewidth=0.5)
+        if scheme in cycles:  # the previous iteration's messages still under way at 0
+            period = plan.iteration_time * ms
+            tail = [(max(0.0, s - period), s + w - period - max(0.0, s - period))
+                    for s, w in comm if s + w > period]
+            ax.broken_barh(tail, (0, 8), facecolors=color, alpha=0.4, edgecolor="none")
         for (s, w), group in zip(comm, plan.groups):
             if len(group) > 1 and w > 0.04 * t_max:
                 ax.text(s + w / 2, 4, str(len(group)), ha="center", va="center", fontsize=7,
@@ -116,7 +152,7 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
         ax.axvline(plan.iteration_time * ms, color=color, linewidth=1)
         ax.set_yticks([4, 14])
         ax.set_yticklabels(["comm", "compute"], fontsize=8)
-        ax.set_ylim(-1, 19)
+        ax.set_ylim(-1, 23 if scheme in cycles else 19)
         msgs = f"{plan.num_messages} message{'s' if plan.num_messages != 1 else ''}"
         ax.set_title(f"{label(scheme, plan)}: {msgs}, t_iter "
                      f"{plan.iteration_time * ms:.1f} ms (ideal {plan.ideal * ms:.1f} ms)",

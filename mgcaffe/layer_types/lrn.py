@@ -11,8 +11,10 @@ scale), area n or n^2; the window is symmetric since n must be odd (Caffe requir
 
 How the layer runs is its path, chosen in `layer_setup` by `choice.normalization.choose_lrn`
 from the region, the target and `ctx.rules.lrn`: on the CPU, ACROSS_CHANNELS runs as compiled
-loops (`kernels/lrn_loops.py`, numba) where numba can be imported; WITHIN_CHANNEL, CuPy, and
-`LRNRules(compiled=False)` keep the numpy passes.
+loops (`kernels/lrn_loops.py`, numba) where numba can be imported; WITHIN_CHANNEL and
+`LRNRules(compiled=False)` keep the numpy passes. On a GPU, ACROSS_CHANNELS runs as one
+CUDA kernel each way (`kernels/cuda_lrn.py`) where its type has one and the layer is not in
+place.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from math import prod
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk
-from ..kernels import lrn_loops
+from ..kernels import cuda_lrn, lrn_loops
 from ..proto import caffe_pb2
 from .base import Layer
 from .choice.normalization import choose_lrn
@@ -69,8 +71,8 @@ class LRN(Layer):
             self.k = 1.0  # Caffe's power layer uses shift 1 whatever k says
         self.half = (self.size - 1) // 2
         self.rules = self.ctx.rules.lrn
-        self.choice = choose_lrn(self.region == _R.ACROSS_CHANNELS, self.choice_target(),
-                                 self.rules)
+        self.choice = choose_lrn(self.region == _R.ACROSS_CHANNELS, self.dtype.name,
+                                 self.choice_target(), self.rules)
         self._loops = lrn_loops.load() if self.choice.path == "compiled-loops" else None
 
     def reshape(self, bottom, top):
@@ -142,8 +144,16 @@ class LRN(Layer):
         # The loops take (N, C, H*W) views: contiguous arrays only (blobs always are).
         return self._loops is not None and all(a.flags.c_contiguous for a in arrays)
 
+    def _use_kernels(self, bottom, top) -> bool:
+        # Not in place: a kernel thread reads the channels other threads write.
+        return self.choice.path == "gpu-cuda-kernels" and bottom[0] is not top[0]
+
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data
+        if self._use_kernels(bottom, top):
+            cuda_lrn.lrn_across_forward(x, y, self._scale, self._scale_pow, self.half,
+                                        self.alpha / self.area, self.k, self.beta)
+            return
         if self._use_loops(x, y):
             self._forward_compiled(x, y)
             return
@@ -165,6 +175,11 @@ class LRN(Layer):
         if not propagate_down[0]:
             return
         x, top_data, top_diff, diff = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+        if self._use_kernels(bottom, top):
+            cuda_lrn.lrn_across_backward(x, top_data, top_diff, self._scale, self._scale_pow,
+                                         diff, self.half,
+                                         -2.0 * self.alpha * self.beta / self.area)
+            return
         if self._use_loops(x, top_data, top_diff, diff):
             self._backward_compiled(x, top_data, top_diff, diff)
             return

@@ -272,17 +272,21 @@ def test_gpu_kernel_choices_cover_exactly_the_types_the_kernels_compile_for():
 LRN_OFF = LRNRules(compiled=False)
 
 LRNS = [
-    ("AlexNet norm1 across", True, LOADED, LRNRules(), "compiled-loops"),
-    ("across, no numba", True, BARE, LRNRules(), "passes"),
-    ("across, MGCAFFE_LRN_LOOPS=0", True, LOADED, LRN_OFF, "passes"),
-    ("within channel", False, LOADED, LRNRules(), "passes"),
-    ("across on a GPU", True, GPU, LRNRules(), "gpu-passes"),
+    ("AlexNet norm1 across", True, "float32", LOADED, LRNRules(), "compiled-loops"),
+    ("across, no numba", True, "float32", BARE, LRNRules(), "passes"),
+    ("across, MGCAFFE_LRN_LOOPS=0", True, "float32", LOADED, LRN_OFF, "passes"),
+    ("within channel", False, "float32", LOADED, LRNRules(), "passes"),
+    ("across on a GPU", True, "float32", GPU, LRNRules(), "gpu-cuda-kernels"),
+    ("across on a GPU, float64", True, "float64", GPU, LRN_OFF, "gpu-cuda-kernels"),
+    ("across on a GPU, float16: no kernel", True, "float16", GPU, LRNRules(), "gpu-passes"),
+    ("within channel on a GPU", False, "float32", GPU, LRNRules(), "gpu-passes"),
 ]
 
 
-@pytest.mark.parametrize("name, across, target, rules, path", LRNS, ids=[r[0] for r in LRNS])
-def test_lrn_table(name, across, target, rules, path):
-    assert choose_lrn(across, target, rules).path == path
+@pytest.mark.parametrize("name, across, dtype, target, rules, path", LRNS,
+                         ids=[r[0] for r in LRNS])
+def test_lrn_table(name, across, dtype, target, rules, path):
+    assert choose_lrn(across, dtype, target, rules).path == path
 
 
 BATCH_NORMS = [

@@ -2,7 +2,9 @@
 
 - LRN: `compiled-loops` (ACROSS_CHANNELS on the CPU as numba loops, kernels.lrn_loops: one
   pass per row over the channel window), else `passes` (whole-array numpy passes by chunk
-  of samples; WITHIN_CHANNEL always), `gpu-passes` on a GPU.
+  of samples; WITHIN_CHANNEL always); on a GPU `gpu-cuda-kernels` (ACROSS_CHANNELS in a
+  type the CUDA kernels are compiled for: one kernel forward, one backward,
+  kernels.cuda_lrn), else `gpu-passes`.
 - BatchNorm: `compiled-rows` (the statistics, the normalisation and the input gradient as
   loops per (sample, channel) row, kernels.batch_norm_loops: one trip through memory for the
   statistics, one for y and its kept copy, two for the input gradient; their sums float64),
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import Choice, Target
+from . import CUDA_KERNEL_TYPES, Choice, Target
 
 _FLOATS = ("float32", "float64")
 
@@ -34,10 +36,17 @@ class LRNRules:
     compiled: bool = True
 
 
-def choose_lrn(across_channels: bool, target: Target, rules: LRNRules) -> Choice:
-    """LRN's path for its region (ACROSS_CHANNELS or not) on `target` under `rules`."""
+def choose_lrn(across_channels: bool, dtype, target: Target, rules: LRNRules) -> Choice:
+    """LRN's path for its region (ACROSS_CHANNELS or not) and blobs of `dtype` on `target`
+    under `rules`."""
     if target.gpu:
-        return Choice("gpu-passes", "numpy-style passes on the device")
+        name = str(dtype)
+        if across_channels and name in CUDA_KERNEL_TYPES:
+            return Choice("gpu-cuda-kernels", "ACROSS_CHANNELS: one CUDA kernel forward, one "
+                          "backward")
+        return Choice("gpu-passes", "array passes on the device" + (
+            "" if across_channels else " (WITHIN_CHANNEL)") + (
+            "" if name in CUDA_KERNEL_TYPES else f" (no CUDA kernel for {name})"))
     if not across_channels:
         return Choice("passes", "WITHIN_CHANNEL: whole-array passes")
     if rules.compiled and target.has("lrn"):

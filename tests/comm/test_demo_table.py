@@ -138,3 +138,14 @@ def test_a_difference_smaller_than_the_spread_is_within_the_noise():
     assert "beyond" in demo.verdict("a", "b", {"a": 10.0, "b": 12.0}, pred, 0.04)
     text = demo.measured_only({"wfbp": [10.0, 10.2], "mgwfbp": [10.1, 10.0]})
     assert "0.5% slower than the fastest: within the noise of 2.0%" in text
+
+
+def test_the_shared_profile_is_taken_with_backward_not_overlapped(tmp_path):
+    """The trained run saves its start-up plan and never re-plans: a re-plan profiles while
+    mgwfbp's all-reduces overlap backward, and that slower backward would be charged to
+    synceasgd too, which never overlaps."""
+    cmd = demo.training_command(["mgcaffe", "train"], [], tmp_path / "plan.json", 2)
+    assert cmd[cmd.index("--save-plan") + 1] == str(tmp_path / "plan.json")
+    assert cmd[cmd.index("--replan-after") + 1] == "0"
+    assert "--save-plan" not in demo.training_command(["mgcaffe", "train"], [],
+                                                      tmp_path / "plan.json", 1)

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mgcaffe.cpu.parallel import default_runner  # noqa: E402
+from mgcaffe.cpu.parallel import default_threads  # noqa: E402
 from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.layer_types.base import TRAIN  # noqa: E402
 from mgcaffe.net import Net  # noqa: E402
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     # The matmul is measured again at the end and the better rate kept: a conservative ratio.
     peak = max(peak, matmul_gflops())
     print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best, before and after the runs); "
-          f"{default_runner().threads} chunk threads, OPENBLAS_THREAD_TIMEOUT="
+          f"{default_threads()} chunk threads, OPENBLAS_THREAD_TIMEOUT="
           f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}\n")
     print(f"{'model':<15}{'batch':>6}{'mean ms':>9}{'best ms':>9}{'layers ms':>10}"
           f"{'conv+ip GF/s':>13}{'/matmul':>8}{'conv+ip':>8}  slowest other layer (share)")

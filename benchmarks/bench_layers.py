@@ -23,7 +23,7 @@ from bench_engine import matmul_gflops  # noqa: E402 - same folder: one matmul r
 from google.protobuf import text_format
 
 from mgcaffe.blob import Blob
-from mgcaffe.cpu.parallel import default_runner
+from mgcaffe.cpu.engine import CpuEngine
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 
@@ -43,12 +43,16 @@ CASES = [
 ]
 
 
+#: The layers' chunk runner, as a library-default net's (`cores.choose`'s thread count).
+RUNNER = CpuEngine.library_default().runner
+
+
 def build(kind: str, body: str, shape, batch: int, rules=None):
     """The layer (float32, seeded), its bottom and top, set up; `rules`: a LayerRules."""
     field = "convolution_param" if kind == "Convolution" else "inner_product_param"
     text = (f'name: "l" type: "{kind}" {field} {{ {body} weight_filler {{ type: "gaussian" '
             'std: 0.01 } }')
-    context = LayerContext(dtype=np.float32, seed=0)
+    context = LayerContext(dtype=np.float32, seed=0, chunk_runner=RUNNER)
     if rules is not None:
         context.rules = rules
     layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), context)
@@ -98,7 +102,7 @@ def main(argv=None) -> None:
     # The matmul is measured again at the end and the better rate kept: a conservative ratio.
     peak = max(peak, matmul_gflops(args.repeats))
     print(f"2048^3 float32 matmul: {peak:.1f} GFLOP/s (best of {args.repeats}, before and "
-          f"after); {default_runner().threads} chunk threads, OPENBLAS_THREAD_TIMEOUT="
+          f"after); {RUNNER.threads} chunk threads, OPENBLAS_THREAD_TIMEOUT="
           f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}\n")
     title = f"layer (batch {args.batch})"
     print(f"{title:<26}{'fwd ms':>9}{'bwd ms':>9}{'GFLOP':>8}{'GFLOP/s':>9}{'/matmul':>9}")

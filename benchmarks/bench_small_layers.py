@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 
 from mgcaffe.blob import Blob  # noqa: E402
+from mgcaffe.cpu.engine import CpuEngine  # noqa: E402
 from mgcaffe.layer_types import LayerContext, create_layer  # noqa: E402
 from mgcaffe.layer_types.choice.rules import LayerRules  # noqa: E402
 from mgcaffe.proto import caffe_pb2  # noqa: E402
@@ -125,10 +126,15 @@ CASES = [
 ]
 
 
+#: The layers' chunk runner, as a library-default net's (`cores.choose`'s thread count).
+RUNNER = CpuEngine.library_default().runner
+
+
 def build(text: str, shapes, settings: dict, in_place: bool = False):
     """The layer, bottoms and tops, built with the rule changes in `settings`."""
     param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())
-    layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, rules=rules_of(settings)))
+    layer = create_layer(param, LayerContext(dtype=np.float32, seed=0, rules=rules_of(settings),
+                                             chunk_runner=RUNNER))
     rng = np.random.default_rng(1)
     bottom = [Blob(shape, name=f"x{i}") for i, shape in enumerate(shapes)]
     bottom[0].data[...] = rng.standard_normal(shapes[0])

@@ -48,15 +48,3 @@ def _restore_mgcaffe_logger():
     logger.handlers[:] = saved[0]
     logger.setLevel(saved[1])
     logger.propagate = saved[2]
-
-
-@pytest.fixture(autouse=True)
-def _restore_thread_choice():
-    """CLI tests run `threads.configure`, which replaces the process-wide chunk runner and
-    may switch on the per-layer BLAS fallback; later tests get the library default again."""
-    yield
-    from mgcaffe.cpu import layer_way, parallel  # noqa: PLC0415
-
-    parallel._default_runner = None
-    parallel._adaptive_blas = False
-    layer_way._default = None

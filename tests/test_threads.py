@@ -10,7 +10,8 @@ import logging
 
 import pytest
 
-from mgcaffe.cpu import cores, parallel, threads
+from mgcaffe.cpu import cores, threads
+from mgcaffe.cpu.engine import CpuEngine
 from mgcaffe.errors import MgcaffeError
 
 
@@ -131,21 +132,33 @@ def test_a_bad_flag_is_one_clear_error(tmp_path):
         cores.choose(0, environ={})
 
 
-def test_the_default_chunk_runner_follows_the_choice(monkeypatch):
-    monkeypatch.setattr(parallel, "_default_runner", None)
+def test_a_library_net_engine_follows_the_choice_when_the_net_is_built(monkeypatch):
+    """Library use (no command): each net's engine reads the user's variables when it is
+    built, not when mgcaffe was imported; adaptive stays off (repeatable bits)."""
     for name in cores.USER_VARIABLES + cores.LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert parallel.default_runner().threads == 3
-    monkeypatch.setattr(parallel, "_default_runner", None)
+    engine = CpuEngine.library_default()
+    assert (engine.threads, engine.adaptive, engine.layer_way.threads) == (3, False, 1)
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setenv("MPI_LOCALNRANKS", "64")  # more ranks than any test machine's cores
-    assert parallel.default_runner().threads == 1
+    assert CpuEngine.library_default().threads == 1
+
+
+def test_a_commands_engine_is_its_thread_choice(tmp_path):
+    where = {"environ": {}, "affinity": 4, "proc_cgroup": tmp_path / "x",
+             "cgroup_root": tmp_path / "x"}
+    fixed = CpuEngine.from_choice(cores.choose(None, **where))
+    adaptive = CpuEngine.from_choice(cores.choose("adaptive", **where))
+    assert (fixed.threads, fixed.adaptive, fixed.layer_way.threads) == (4, False, 1)
+    assert (adaptive.threads, adaptive.adaptive, adaptive.layer_way.threads) == (4, True, 4)
+    assert repr(adaptive) == "CpuEngine(threads=4, adaptive=True)"
+    assert fixed.describe() == "4 chunk thread(s), BLAS threads fixed"
+    assert adaptive.describe().startswith("4 chunk thread(s), BLAS threads adaptive")
 
 
 def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, caplog):
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    monkeypatch.setattr(parallel, "_default_runner", None)
     for name in cores.USER_VARIABLES + cores.LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MPI_LOCALNRANKS", "64")
@@ -154,7 +167,7 @@ def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, ca
         with caplog.at_level(logging.INFO, logger="mgcaffe.cpu.threads"):
             choice = threads.configure()
         assert choice.threads == 1
-        assert parallel.default_runner().threads == 1
+        assert CpuEngine.from_choice(choice).runner.threads == 1
         blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
         assert blas and all(i["num_threads"] == 1 for i in blas)
         lines = [r.getMessage() for r in caplog.records if r.name == "mgcaffe.cpu.threads"]
@@ -165,7 +178,6 @@ def test_configure_sets_blas_and_chunk_threads_and_logs_one_line(monkeypatch, ca
         for info in before:
             if info["user_api"] == "blas":
                 threadpoolctl.threadpool_limits(info["num_threads"], user_api="blas")
-        monkeypatch.setattr(parallel, "_default_runner", None)
 
 
 def test_the_commands_take_a_threads_flag():

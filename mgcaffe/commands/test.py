@@ -24,7 +24,7 @@ from ..net.weights import report_initialised
 from ..proto import caffe_pb2
 from ..solvers.base import _g, select_device
 from ..solvers.snapshot import load_weights
-from ._engine import layer_rules
+from ._engine import cpu_engine, layer_rules
 from ._flags import (
     add_device_argument,
     add_state_arguments,
@@ -61,7 +61,7 @@ def run(args) -> int:
     if args.iterations <= 0:
         raise NetError(f"--iterations: expected > 0, found {args.iterations}")
     note_launcher(NAME)
-    threads.configure(getattr(args, "threads", None))
+    cpu = cpu_engine(getattr(args, "threads", None))
     device = device_from_flag(args.gpu) or CPU
     if device.kind == "gpu":
         device = select_device(caffe_pb2.SolverParameter(), device, "--gpu")
@@ -69,7 +69,7 @@ def run(args) -> int:
     else:
         log.info("Use CPU.")
     net = Net(args.model, TEST, level=args.level, stages=tuple(stages(args)), device=device,
-              rules=layer_rules())
+              rules=layer_rules(), cpu=cpu)
     require_layers(net, args.model, "score")
     report_initialised(net, load_weights(net, args.weights), args.weights)
     log.info("Running for %d iterations.", args.iterations)

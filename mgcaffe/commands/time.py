@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..backend import CPU
 from ..cpu import parallel, threads
+from ..cpu.engine import CpuEngine
 from ..errors import NetError
 from ..formats.outputs import check_output_path
 from ..formats.protoio import atomic_write_bytes, read_net_param, require_layers
@@ -30,7 +31,7 @@ from ..net.synthetic_data import (
     parse_shape_override,
     synthesize_data_layers,
 )
-from ._engine import layer_rules
+from ._engine import cpu_engine, layer_rules
 from ._flags import add_device_argument, device_from_flag, note_launcher, stages
 
 NAME = "time"
@@ -69,8 +70,9 @@ def add_arguments(parser) -> None:
     threads.add_argument(parser)
 
 
-def build_net(args):
-    """The Net to time, with synthetic data layers when asked for."""
+def build_net(args, cpu: CpuEngine | None = None):
+    """The Net to time, with synthetic data layers when asked for; `cpu`: its CPU engine
+    (None: the library default)."""
 
     param = read_net_param(args.model)
     shapes = dict(parse_shape_override(text) for text in args.synthetic_shape)
@@ -82,7 +84,7 @@ def build_net(args):
     device = device_from_flag(args.gpu) or CPU
     phase = TRAIN if args.phase == "TRAIN" else TEST
     net = Net(param, phase, level=args.level, stages=tuple(stages(args)), device=device,
-              seed=args.seed, rules=layer_rules())
+              seed=args.seed, rules=layer_rules(), cpu=cpu)
     fill_labels(net, labels, args.num_classes, args.seed)
     return net
 
@@ -93,8 +95,7 @@ def run(args) -> int:
         raise NetError(f"--iterations must be >= 1, got {args.iterations}")
     check_output_path(args.profile_out, "--profile-out", NetError)  # written after timing
     note_launcher(NAME)
-    threads.configure(getattr(args, "threads", None))
-    net = build_net(args)
+    net = build_net(args, cpu_engine(getattr(args, "threads", None)))
     require_layers(net, args.model, "time")
     log.info("Performing Forward")
     loss = net.forward_backward()  # also the warm-up pass Caffe does
@@ -104,13 +105,15 @@ def run(args) -> int:
     # has no loss), so that the first calls' costs (compiled loops loaded from numba's cache,
     # buffers first touched) stay out of the timed iterations.
     warmup = 1
-    if parallel.adaptive_blas():
+    if net.cpu.adaptive:
         # `--threads adaptive` times each layer call both ways in its first calls (after an
         # untimed one, TRIALS each); timing those calls would report the start-up trials,
         # not the steady state.
         # The profile passes run every layer's backward (the pass above may skip some).
         warmup = parallel.CALLS_TO_SETTLE
         log.info("Settling the adaptive thread choices: %d more warm-up passes", warmup)
+    if net.device.kind == "cpu":  # how its layers run on the CPU, as the path lines say
+        log.info("CPU: %s", net.cpu.describe())
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     result = profiling.profile_net(

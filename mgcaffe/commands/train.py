@@ -30,7 +30,7 @@ from ..formats.outputs import check_output_path
 from ..proto import caffe_pb2
 from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_solver_param
 from ..solvers.actions import SHELL_STATUS, exit_status, parse_exit_status, signal_name
-from ._engine import layer_rules
+from ._engine import cpu_engine, layer_rules
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
 
 NAME = "train"
@@ -224,8 +224,8 @@ def run(args) -> int:
                                          keep_deferred=True)
     # before any net is built; the ranks on this node, where no launcher variable says, by
     # a shared-memory split of the world (a collective: every rank passes it)
-    threads.configure(getattr(args, "threads", None),
-                      (lambda: node_local_rank(comm)[1]) if size > 1 else None)
+    cpu = cpu_engine(getattr(args, "threads", None),
+                     (lambda: node_local_rank(comm)[1]) if size > 1 else None)
     with handler, distributed.failing_together(comm):
         if rank == 0:  # the rank that writes them; before hours of training, not after
             check_output_paths(args)
@@ -233,7 +233,7 @@ def run(args) -> int:
         # its own GPU of the node, as the launcher bound them
         device = distributed.rank_device(comm, args.gpu, size > 1 and _solver_mode_gpu(args))
         own_gpu = {} if device is None else {"device": device}
-        solver = build_solver(args, rank=rank, world_size=size, **own_gpu)
+        solver = build_solver(args, rank=rank, world_size=size, cpu=cpu, **own_gpu)
         try:
             check_comm_settings(args, solver, rank, size)
             if not distributed.wanted(args, comm):

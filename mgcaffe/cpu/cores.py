@@ -12,7 +12,7 @@ where the node-local rank count comes from the launcher's variables (Open MPI, M
 MVAPICH2, Slurm) or, failing those, from the count the caller measured (a shared-memory split
 of the MPI world, which `mgcaffe train` passes in). A count the user gave wins: the `--threads`
 flag, else OPENBLAS_NUM_THREADS, MKL_NUM_THREADS or OMP_NUM_THREADS (in that order).
-`threads.configure` applies the choice; `parallel` sizes its default runner by it.
+`threads.configure` applies the choice to the BLAS; `engine.CpuEngine` sizes a net's runner by it.
 """
 
 from __future__ import annotations

@@ -12,11 +12,15 @@ times its chunk call sites (the same trial and retry rule: `parallel.TRIALS`,
 "One thread" means the BLAS limited to one thread (through threadpoolctl's controllers, a
 ~5 us call) and the chunk runner running serially. The chunk runner's results do not depend
 on the way (same chunk boundaries); a GEMM's last bits can (OpenBLAS's edge kernels cover
-other elements when its output is split over threads). So this runs only where
-`parallel.adaptive_blas()` allows it: when the user asked with `--threads adaptive` (and set no
-count of their own); by default, for a count the user set and for library use, results repeat
-bit for bit.
+other elements when its output is split over threads). So a net times its calls only where
+its `CpuEngine` is adaptive: when the user asked with `--threads adaptive` (and set no count
+of their own); by default, for a count the user set and for library use, the net's LayerWay
+has one thread (plain calls) and results repeat bit for bit.
 Elsewhere, and for any array module other than numpy (a GPU), layers are called directly.
+
+Each net has its own LayerWay (`cpu.engine.CpuEngine.layer_way`). The BLAS's thread count is
+the process's: a call run on one BLAS thread restores the counts it found, so a net with
+another thread setting in the same process finds its own.
 """
 
 from __future__ import annotations
@@ -60,16 +64,19 @@ class LayerWay:
             site = self._sites.setdefault(key, parallel.CallSite(len(self._sites) * 7))
         threaded = site.pick()
         _local.active = True
+        found = None
         start = self._clock()
         try:
             if threaded:
                 return fn(*args)
+            found = [lib.num_threads for lib in self._blas_controllers()]
             self._set_blas(1)
             with parallel.serial_chunks():
                 return fn(*args)
         finally:
-            if not threaded:
-                self._set_blas(self.threads)
+            if found is not None:
+                for lib, threads in zip(self._blas_controllers(), found):
+                    lib.set_num_threads(threads)
             site.record(threaded, self._clock() - start)
             _local.active = False
 
@@ -81,23 +88,10 @@ class LayerWay:
         return site.threaded_wins()
 
 
-_default: LayerWay | None = None
-
-
-def default_layer_way() -> LayerWay:
-    """The process-wide LayerWay, with the default chunk runner's thread count."""
-    global _default
-    # Off (a plain call) unless `--threads adaptive` allows it: see adaptive_blas.
-    threads = parallel.default_runner().threads if parallel.adaptive_blas() else 1
-    if _default is None or _default.threads != threads:
-        _default = LayerWay(threads)
-    return _default
-
-
-def call_layer(xp, key, fn: Callable, *args):
-    """fn(*args) the faster way for `key` on the CPU (numpy), its chunk runs timed as
-    `key`'s own call sites (parallel.call_site); a plain call otherwise."""
+def call_layer(xp, way: LayerWay, key, fn: Callable, *args):
+    """fn(*args) the faster way for `key` by the net's `way` on the CPU (numpy), its chunk
+    runs timed as `key`'s own call sites (parallel.call_site); a plain call otherwise."""
     if xp is not np:
         return fn(*args)
     with parallel.call_site(key):
-        return default_layer_way().call(key, fn, *args)
+        return way.call(key, fn, *args)

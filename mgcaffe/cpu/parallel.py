@@ -15,9 +15,11 @@ other array module (CuPy) it calls `body(0, count)` once: the device parallelise
 itself. So a layer writes its loop once, over a range of samples, and the same body runs on
 both backends. A body may only write the part of the outputs that belongs to its range.
 
-The default runner has as many threads as `mgcaffe.cpu.threads` chooses (the user's
-OPENBLAS/MKL/OMP_NUM_THREADS, else the usable cores, after affinity and cgroup quota, divided
-by the ranks on this node); `set_default_threads` replaces it (what `threads.configure` does).
+Each net has its own runner (`cpu.engine.CpuEngine`, passed to its layers' contexts), with as
+many threads as the command's `--threads` choice or, for library use, `cores.choose` gives (the
+user's OPENBLAS/MKL/OMP_NUM_THREADS, else the usable cores, after affinity and cgroup quota,
+divided by the ranks on this node). There is no process-wide runner: a call given none runs on
+the calling thread alone.
 
 Fall back to one thread when it does not pay. A hand-off to helper threads pays on an idle
 machine for long passes, but on a busy one each helper may wait a scheduler slice for a core
@@ -291,46 +293,21 @@ def serial_chunks():
     return _thread_setting(_in_chunk, "serial", True)
 
 
+#: What a call given no runner runs on: the calling thread alone. One thread never times
+#: call sites or starts helpers, so sharing it shares no state.
+SERIAL = ChunkRunner(1)
+
+
 def default_threads() -> int:
-    """Threads for the default runner: what `cores.choose()` says for this process (the
-    user's variables, else usable cores / ranks on this node by the launcher's count)."""
+    """Threads of a library-default net's runner: what `cores.choose()` says for this
+    process (the user's variables, else usable cores / ranks on this node)."""
     return cores.choose().threads
 
 
-def set_default_threads(threads: int, adaptive_blas: bool = False) -> ChunkRunner:
-    """Replace the process-wide runner by one with `threads` threads (nets built later use
-    it; layers built earlier keep the runner they were given, or look the default up).
-    `adaptive_blas`: let `layer_way` run a layer on one BLAS thread when that is faster."""
-    global _default_runner, _adaptive_blas
-    if _default_runner is None or _default_runner.threads != int(threads):
-        _default_runner = ChunkRunner(int(threads))
-    _adaptive_blas = bool(adaptive_blas)
-    return _default_runner
-
-
-def adaptive_blas() -> bool:
-    """Whether `layer_way` may drop the BLAS to one thread for a layer call. Off unless
-    the user asked with `--threads adaptive` (`mgcaffe.cpu.threads`): a BLAS's last bits can
-    depend on its thread count, so with it off the results are the same bit for bit from
-    run to run."""
-    return _adaptive_blas
-
-
-_default_runner: ChunkRunner | None = None
-_adaptive_blas = False
-
-
-def default_runner() -> ChunkRunner:
-    """The process-wide runner (created on first use), like the BLAS's own thread pool."""
-    global _default_runner
-    if _default_runner is None:
-        _default_runner = ChunkRunner(default_threads())
-    return _default_runner
-
-
 def runner_or_default(runner: ChunkRunner | None) -> ChunkRunner:
-    """`runner`, or the default one when None (what LayerContext.chunk_runner holds)."""
-    return runner if runner is not None else default_runner()
+    """`runner`, or `SERIAL` when None (a layer context or kernel call without a runner:
+    nets always pass their own)."""
+    return runner if runner is not None else SERIAL
 
 
 def for_each_chunk(xp, count: int, body: Callable[[int, int], None], *,
@@ -344,7 +321,7 @@ def for_each_chunk(xp, count: int, body: Callable[[int, int], None], *,
     several passes over their chunk. Without, one chunk per thread: for bodies that make one
     long pass each (copies), where a thread's GIL-free stretch should be as long as possible
     (calls shorter than ~20 us do not run in parallel: measured). `runner`: None for the
-    default. numpy only; any other xp: `body(0, count)`.
+    calling thread alone. numpy only; any other xp: `body(0, count)`.
     """
     if count <= 0:
         return

@@ -1,8 +1,9 @@
 """This process's CPU threads, applied: the BLAS's (threadpoolctl) and the chunk runner's.
 
 `configure` takes the count `cores.choose` gives (the user's setting, else the usable cores
-divided by the ranks on this node), applies it to the BLAS libraries numpy loaded and to
-`parallel`'s default runner, and logs one line saying what it chose and why. `add_argument`
+divided by the ranks on this node), applies it to the BLAS libraries numpy loaded, and logs one
+line saying what it chose and why; the command passes the choice to its nets as a
+`engine.CpuEngine` (their chunk runner and per-layer way). `add_argument`
 is the `--threads` flag of train, test and time.
 """
 
@@ -16,7 +17,6 @@ from collections.abc import Callable
 import numpy  # noqa: F401 - loads the BLAS, so that threadpoolctl finds it
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from . import parallel
 from .cores import ADAPTIVE, ThreadChoice, choose
 
 log = logging.getLogger("mgcaffe.cpu.threads")
@@ -37,9 +37,8 @@ def describe_blas(info: dict) -> str:
 
 
 def apply(choice: ThreadChoice) -> ThreadChoice:
-    """Set the BLAS libraries' threads (threadpoolctl) and the default chunk runner's."""
-    parallel.set_default_threads(choice.threads,
-                                 adaptive_blas=choice.adaptive)
+    """Set the BLAS libraries' threads (threadpoolctl): the process's, one library. The
+    chunk runner's count goes to the nets in their `CpuEngine.from_choice(choice)`."""
     threadpool_limits(limits=choice.threads, user_api="blas")
     choice.blas = [describe_blas(i) for i in threadpool_info() if i.get("user_api") == "blas"]
     return choice

@@ -68,8 +68,12 @@ class LayerContext:
     phase: caffe_pb2.TRAIN or TEST. xp: numpy or cupy. dtype: blob dtype (float32; tests use
     float64). seed: base seed of the net (fillers, dropout masks). rank/world_size: this
     process's share of the data in distributed training (record k is read by rank k % size).
-    chunk_runner: the `kernels.parallel.ChunkRunner` that splits a layer's memory-bound CPU
-    work over the cores (None: the process-wide default; unused on the GPU).
+    chunk_runner: the `cpu.parallel.ChunkRunner` that splits a layer's memory-bound CPU
+    work over the cores: the net's own (`cpu.engine.CpuEngine.runner`, set by the net
+    builder); None: on the calling thread alone. Unused on the GPU.
+    adaptive_blas: whether the net's layer calls may run on one BLAS thread when that is
+    faster (`--threads adaptive`, the net's CpuEngine): layers may then time ways whose last
+    bits differ (InnerProduct's one-call weight gradient). False: results repeat bit for bit.
     workspace: a `Workspace` shared by the layers of one net for their per-call temporaries
     (None: each layer keeps its own; see `Layer.scratch`).
     rules: the `choice.rules.LayerRules` by which layers with several paths choose one.
@@ -85,6 +89,7 @@ class LayerContext:
     world_size: int = 1
     extra: dict = field(default_factory=dict)
     chunk_runner: Any = None
+    adaptive_blas: bool = False
     workspace: Workspace | None = None
     rules: LayerRules = field(default_factory=LayerRules)
     target: Target | None = None

@@ -13,7 +13,7 @@ from math import prod
 import numpy as np
 
 from ..blob import Blob
-from ..cpu.parallel import CallSite, adaptive_blas, blas_threads
+from ..cpu.parallel import CallSite, blas_threads
 from ..fillers import fill_blob, filler_rng
 from ..kernels.gemm import gemm_accumulate
 from ..kernels.sample_gemm import for_each_gemm
@@ -85,7 +85,7 @@ class InnerProduct(Layer):
         """diff = a @ b (numpy, few rows) in blocks, or in one call where `--threads
         adaptive` allows the choice and one call has been the faster here."""
         site = None
-        if adaptive_blas():
+        if self.ctx.adaptive_blas:
             threads = blas_threads()
             site = self._overwrite_ways.get(threads)
             if site is None:

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..blob import Blob
+from ..cpu.engine import CpuEngine
 from ..errors import MgcaffeError, NetError
 from ..formats.protoio import blobproto_to_array
 from ..layer_types.base import Layer, LayerContext, Workspace
@@ -164,14 +165,17 @@ def wrap_layer_error(layer_param, stage: str, exc: Exception) -> NetError | None
 class _Builder:
     """Appends layers one by one (Caffe's Net::Init loop); see `build_graph`."""
 
-    def __init__(self, param, phase, xp, dtype, seed, rank, world_size, rules):
+    def __init__(self, param, phase, xp, dtype, seed, rank, world_size, rules,
+                 cpu: CpuEngine):
         self.param = param
         self.phase = phase
         self.xp = xp
         self.dtype = dtype
         # One scratch workspace per net: the layers' per-call temporaries share its buffers.
+        # The net's chunk runner and adaptive flag: every layer's, never a process-wide one.
         self.ctx_args = dict(xp=xp, dtype=dtype, seed=seed, rank=rank, world_size=world_size,
-                             workspace=Workspace(xp), rules=rules)
+                             workspace=Workspace(xp), rules=rules, chunk_runner=cpu.runner,
+                             adaptive_blas=cpu.adaptive)
         self.g = Graph()
         self.blob_index: dict[str, int] = {}
         self.available: set[str] = set()
@@ -422,11 +426,14 @@ class _Builder:
 
 
 def build_graph(param: caffe_pb2.NetParameter, phase: int, *, xp, dtype, seed=None, rank=0,
-                world_size=1, rules: LayerRules | None = None) -> Graph:
+                world_size=1, rules: LayerRules | None = None,
+                cpu: CpuEngine | None = None) -> Graph:
     """Create and set up every layer of a filtered, split-inserted NetParameter; `rules`:
-    the layers' path rules (default LayerRules())."""
+    the layers' path rules (default LayerRules()); `cpu`: the net's CpuEngine, whose runner
+    and adaptive flag go into every layer's context (default CpuEngine.library_default())."""
     return _Builder(param, phase, xp, dtype, seed, rank, world_size,
-                    rules if rules is not None else LayerRules()).build()
+                    rules if rules is not None else LayerRules(),
+                    cpu if cpu is not None else CpuEngine.library_default()).build()
 
 
 def name_index(names) -> OrderedDict:

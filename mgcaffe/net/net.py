@@ -25,6 +25,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from ..backend import CPU, Device, to_host
+from ..cpu.engine import CpuEngine
 from ..cpu.layer_way import call_layer
 from ..errors import NetError
 from ..formats.protoio import filter_net, read_net_param, write_caffemodel
@@ -72,7 +73,9 @@ class Net:
     NetParameter. `device` defaults to the CPU (the pycaffe-style `mgcaffe.Net` uses the
     process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`). `rules`: how the
     layers with several implementations choose one (`layer_types.choice.rules.LayerRules`;
-    default its measured defaults).
+    default its measured defaults). `cpu`: how it computes on the CPU, its own chunk runner
+    and per-layer way (`cpu.engine.CpuEngine`; the commands pass the one their `--threads`
+    choice made; default `CpuEngine.library_default()`, a new one per net); `net.cpu`.
     """
 
     # pycaffe's per-layer callbacks (before_forward etc.), each called with the layer index.
@@ -87,7 +90,8 @@ class Net:
 
     def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
                  device: Device | None = None, dtype=np.float32, seed: int | None = None,
-                 rank: int = 0, world_size: int = 1, rules: LayerRules | None = None):
+                 rank: int = 0, world_size: int = 1, rules: LayerRules | None = None,
+                 cpu: CpuEngine | None = None):
         if isinstance(phase, (str, os.PathLike)):  # pycaffe's Net(model, weights, phase)
             phase, weights = weights, phase
             if phase is None:
@@ -100,6 +104,8 @@ class Net:
         self.xp = self.device.xp
         self.dtype = np.dtype(dtype)
         self.phase = phase
+        #: This net's chunk runner and per-layer way (all threads or one BLAS thread).
+        self.cpu = cpu if cpu is not None else CpuEngine.library_default()
         param = read_net_param(model)
         if not stages and param.HasField("state"):
             stages = tuple(param.state.stage)
@@ -113,7 +119,7 @@ class Net:
         self.name = self.net_param.name
         self.debug_info = bool(param.debug_info)  # Caffe's per-layer lines (net_debug.py)
         g = build_graph(self.net_param, phase, xp=self.xp, dtype=self.dtype, seed=seed,
-                        rank=rank, world_size=world_size, rules=rules)
+                        rank=rank, world_size=world_size, rules=rules, cpu=self.cpu)
         self._adopt(g)
         for lp in self.net_param.layer:
             del lp.blobs[:]  # weights given inside the model now live in the Blobs only
@@ -260,7 +266,8 @@ class Net:
         try:
             if bottom and self._shape_key(i) != self._shapes[i]:
                 self._reshape_layer(i)
-            call_layer(self.xp, (id(layer), 0), layer.forward, bottom, top)  # 1 or all threads
+            # on all threads or one, as the net's way says
+            call_layer(self.xp, self.cpu.layer_way, (id(layer), 0), layer.forward, bottom, top)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
             err = wrap_layer_error(layer.param, "forward", exc)
             if err is None:
@@ -303,7 +310,7 @@ class Net:
     def _run_chain(self, chain, run, phase: int) -> None:
         """run() for a chain (phase 0 forward, 1 backward), as a layer call of its own."""
         try:
-            call_layer(self.xp, (id(chain), phase), run)
+            call_layer(self.xp, self.cpu.layer_way, (id(chain), phase), run)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the chain's first layer
             err = wrap_layer_error(chain.batch_norm.param, ("forward", "backward")[phase], exc)
             if err is None:
@@ -405,8 +412,8 @@ class Net:
         if propagate_down is None:
             propagate_down = self.bottom_need_backward[i]
         try:
-            call_layer(self.xp, (id(layer), 1), layer.backward, self._top_vecs[i],
-                       propagate_down, self._bottom_vecs[i])
+            call_layer(self.xp, self.cpu.layer_way, (id(layer), 1), layer.backward,
+                       self._top_vecs[i], propagate_down, self._bottom_vecs[i])
         except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
             err = wrap_layer_error(layer.param, "backward", exc)
             if err is None:

@@ -43,6 +43,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from ..backend import CPU, Device, gpu_available, to_host
+from ..cpu.engine import CpuEngine
 from ..errors import SolverError
 from ..formats.protoio import read_net_param, require_layers
 from ..formats.snapshot_lock import acquire
@@ -92,9 +93,11 @@ class Solver:
     """Caffe's Solver. Subclasses set `type`, `history_sets` and `compute_update_value`.
 
     `Solver(path_or_param, *, device=None, rank=0, world_size=1, gradient_sync=None,
-    iteration_hooks=(), action_function=None, dtype=np.float32, rules=None)`; `solver_path`
-    names the file a given SolverParameter came from (relative net paths, messages); `rules`
-    the layers' path rules of its nets (`layer_types.choice.rules.LayerRules`). pycaffe attributes:
+    iteration_hooks=(), action_function=None, dtype=np.float32, rules=None, cpu=None)`;
+    `solver_path` names the file a given SolverParameter came from (relative net paths,
+    messages); `rules` the layers' path rules of its nets (`layer_types.choice.rules.LayerRules`);
+    `cpu` the CPU engine its nets share (`cpu.engine.CpuEngine`; default
+    `CpuEngine.library_default()`). pycaffe attributes:
     `net`, `test_nets`, `iter`, `param`; methods `step`, `solve`, `snapshot`, `restore`.
     """
 
@@ -105,7 +108,7 @@ class Solver:
     def __init__(self, source, *, device: Device | None = None, rank: int = 0,
                  world_size: int = 1, gradient_sync=None, iteration_hooks=(),
                  action_function=None, dtype=np.float32, solver_path: str | None = None,
-                 rules: LayerRules | None = None):
+                 rules: LayerRules | None = None, cpu: CpuEngine | None = None):
         param, path = load_solver_param(source)
         path = path or solver_path  # a message read from `solver_path` by get_solver
         self.source = path or "<solver>"
@@ -122,6 +125,9 @@ class Solver:
         self.dtype = np.dtype(dtype)
         #: The layers' path rules every net of this solver is built with.
         self.rules = rules
+        #: The CPU engine (chunk runner, per-layer way) its nets share: they run one after
+        #: the other, under one thread setting.
+        self.cpu = cpu if cpu is not None else CpuEngine.library_default()
         self.gradient_sync = gradient_sync
         self.iteration_hooks = list(iteration_hooks)
         self.action_function = action_function
@@ -171,7 +177,7 @@ class Solver:
         net_param.state.CopyFrom(state)
         return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage),
                    device=self.device, dtype=self.dtype, seed=self._seed, rank=self.rank,
-                   world_size=self.world_size, rules=self.rules)
+                   world_size=self.world_size, rules=self.rules, cpu=self.cpu)
 
     def _init_train_net(self):
         p = self.param

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from mgcaffe.cpu import layer_way, parallel
+from mgcaffe.cpu.engine import CpuEngine
 from mgcaffe.cpu.layer_way import LayerWay
 from mgcaffe.cpu.parallel import ChunkRunner, for_each_chunk
 
@@ -17,6 +18,10 @@ class FakeBlas:
     def __init__(self, threads):
         self.threads = threads
         self.history = []
+
+    @property
+    def num_threads(self):
+        return self.threads
 
     def set_num_threads(self, n):
         self.threads = n
@@ -88,22 +93,32 @@ def test_an_error_in_the_layer_still_restores_the_blas():
     assert 1 in calls and blas.threads == 2
 
 
-def test_off_unless_the_thread_choice_allows_it(monkeypatch):
-    monkeypatch.setattr(parallel, "_default_runner", ChunkRunner(2))
-    monkeypatch.setattr(layer_way, "_default", None)
-    monkeypatch.setattr(parallel, "_adaptive_blas", False)
-    assert layer_way.default_layer_way().threads == 1  # plain calls: reproducible bits
-    parallel.set_default_threads(2, adaptive_blas=True)
-    assert layer_way.default_layer_way().threads == 2
+def test_off_unless_the_engine_is_adaptive():
+    assert CpuEngine(2).layer_way.threads == 1  # plain calls: reproducible bits
+    assert CpuEngine(2, adaptive=True).layer_way.threads == 2
     # any array module other than numpy: a plain call
-    assert layer_way.call_layer(object(), "k", lambda: 7) == 7
+    assert layer_way.call_layer(object(), LayerWay(2), "k", lambda: 7) == 7
+
+
+def test_a_one_thread_call_restores_the_count_it_found_not_its_own():
+    """Another net's setting (or the user's) stays: a LayerWay of 2 threads that runs a
+    call on one BLAS thread puts back the 3 it found, not 2."""
+    clock, blas = Clock(), FakeBlas(3)
+    way = LayerWay(2, blas=[blas], clock=clock)
+    layer, seen = make_layer(clock, blas, {3: 5.0, 1: 1.0}, ChunkRunner(1))
+    for _ in range(parallel.CALLS_TO_SETTLE):
+        way.call("conv1", layer)
+    assert 1 in [threads for threads, _ in seen]
+    assert blas.threads == 3 and blas.history[-1] == 3
 
 
 def test_a_layer_call_names_its_call_site_for_the_chunk_runner():
     """The net's layer calls go through call_layer: inside, the runner's records are the
     layer call's own (parallel.call_site); after it, and off numpy, none is named."""
     seen = []
-    layer_way.call_layer(np, ("conv1", 0), lambda: seen.append(parallel.site_scope()))
-    layer_way.call_layer(object(), ("conv1", 1), lambda: seen.append(parallel.site_scope()))
+    way = LayerWay(1)
+    layer_way.call_layer(np, way, ("conv1", 0), lambda: seen.append(parallel.site_scope()))
+    layer_way.call_layer(object(), way, ("conv1", 1),
+                         lambda: seen.append(parallel.site_scope()))
     assert seen == [("conv1", 0), None]
     assert parallel.site_scope() is None

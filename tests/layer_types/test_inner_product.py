@@ -11,7 +11,6 @@ from google.protobuf import text_format
 from layer_rules import changed
 from threadpoolctl import threadpool_limits
 
-from mgcaffe.cpu import parallel
 from mgcaffe.cpu.parallel import ChunkRunner, blas_threads
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
@@ -179,9 +178,9 @@ def test_adaptive_threads_keep_the_faster_way_to_overwrite_the_weight_diff(slow,
     way sleeps 50 ms a GEMM); the gradient is right whichever way ran."""
     from mgcaffe.layer_types import inner_product
 
-    monkeypatch.setattr(parallel, "_adaptive_blas", True)
     rules = changed(inner_product={"overwrite_block_elements": 2 * 4})  # 2 rows of (9, 4)
     layer, bottom, top = make_layer(ip_param("num_output: 9"), [(3, 4)], rules=rules)
+    layer.ctx.adaptive_blas = True  # the net's engine is adaptive (`--threads adaptive`)
     calls, real = [], inner_product.gemm_accumulate
 
     def timed(a, b, c, *args):
@@ -211,7 +210,7 @@ def test_adaptive_threads_keep_the_faster_way_to_overwrite_the_weight_diff(slow,
     assert {"one call", "blocks"} <= set(names[:4]), names
     fast = "blocks" if slow == "one call" else "one call"
     assert names[-5:] == [fast] * 5, names
-    monkeypatch.setattr(parallel, "_adaptive_blas", False)
+    layer.ctx.adaptive_blas = False
     assert backward_way() == "blocks"  # not asked: the blocks, the same bits every run
 
 

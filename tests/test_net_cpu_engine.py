@@ -25,7 +25,8 @@ name: "small" force_backward: true
 layer { name: "data" type: "Input" top: "data"
         input_param { shape { dim: 4 dim: 3 dim: 10 dim: 10 } } }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
-        convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+        convolution_param { num_output: 6 kernel_size: 3
+                            weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
         pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "relu" type: "ReLU" bottom: "pool" top: "pool" }
@@ -155,8 +156,8 @@ def test_a_solvers_nets_share_its_engine(tmp_path):
 
 @pytest.mark.parametrize("flag, adaptive", [("1", False), ("adaptive", True)])
 def test_the_time_command_passes_its_choice_to_the_net(flag, adaptive, repo_root, monkeypatch):
-    from mgcaffe.commands import time as time_command  # noqa: PLC0415
     from mgcaffe.cli import main  # noqa: PLC0415
+    from mgcaffe.commands import time as time_command  # noqa: PLC0415
 
     seen = []
     real = time_command.build_net

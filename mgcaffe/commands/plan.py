@@ -1,4 +1,4 @@
-"""`mgcaffe plan`: the message groups and predicted iteration time of every merge scheme.
+"""`mgcaffe plan`: the message groups and predicted iteration time of every scheme.
 
     mgcaffe plan --profile models/paper/googlenet-k80.json \\
                  --network models/paper/network-10gbe.json --nodes 8 [--scheme mgwfbp wfbp]

@@ -4,6 +4,7 @@
     sudo .venv/bin/python benchmarks/bench_netns_train.py [--model googlenet] [--hosts 2]
         [--rate 1gbit] [--latency-ms 0] [--batch 1] [--schemes wfbp synceasgd mgwfbp]
         [--iters 130] [--short-iters 30] [--out results.json] [--logs DIR]
+        [--train-args "--timeline /tmp/{run}.json"]
 
 Each run is `mpiexec -n HOSTS mgcaffe train --solver S --comm SCHEME` across H network
 namespaces on this machine (tools/netns_cluster.py: real TCP over links shaped to `--rate`,
@@ -141,6 +142,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
     p.add_argument("--logs", default=None, help="keep each run's log in this directory")
+    p.add_argument("--train-args", default="",
+                   help="more `mgcaffe train` arguments for every run, one string ('{run}' "
+                        "becomes KIND-SCHEME), e.g. \"--timeline /tmp/{run}.json\"")
     a = p.parse_args()
     netns = _netns()
     why = netns.unavailable()
@@ -160,7 +164,8 @@ def main() -> int:
                     t0 = time.monotonic()
                     status, out = cluster.run(
                         mpiexec(), ["-n", str(a.hosts), sys.executable, "-m", "mgcaffe",
-                                    "train", "--solver", str(solvers[kind]), "--comm", scheme],
+                                    "train", "--solver", str(solvers[kind]), "--comm", scheme]
+                        + a.train_args.replace("{run}", f"{kind}-{scheme}").split(),
                         timeout=a.timeout)
                     if a.logs:
                         Path(a.logs).mkdir(parents=True, exist_ok=True)

@@ -155,6 +155,22 @@ class CostModel:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)
 
+    def part_time(self, nbytes: float, whole: float) -> float:
+        """Seconds for `nbytes` sent as a part of a message of `whole` bytes cut into parts
+        sent back to back: T(nbytes), but never less than its share of T(whole) plus one
+        start-up, T(0) + (T(whole) - T(0)) * nbytes / whole, so that k parts cost at least
+        T(whole) + (k - 1) * T(0): cutting a message never makes it cheaper. For the paper's
+        line this is T(nbytes) itself. A measured curve is taken one message at a time, after
+        an idle link, where a small message rides on empty buffers and looks cheaper per byte
+        than a large one (over 1 Gbit/s TCP: 16 KB all-reduced alone in 0.12 ms, 7.5
+        ns/byte, 53.5 MB at 11.6 ns/byte); parts sent back to back do not get that (16 KB
+        parts of the 53.5 MB took 0.15-0.26 ms each)."""
+        t = self.time(nbytes)
+        if not self.times or whole <= nbytes or whole <= 0:
+            return t
+        t0 = self.time(0)
+        return max(t, t0 + (self.time(whole) - t0) * nbytes / whole)
+
     def paper(self) -> CostModel:
         """The paper's line a + b*M of this model (the `paper` form), other terms kept."""
         return dataclasses.replace(self, times=())

@@ -237,6 +237,8 @@ class _Msg:
     layers: tuple[int, ...]
     kind: str
     after: int  # for "ag": the position of its "rs" in the order; else -1
+    group: int = 0
+    whole: int = 0  # its group's bytes: a part costs at least its share (`part_time`)
 
 
 def part_layers(sizes: list[int], parts: int) -> list[tuple[int, ...]]:
@@ -279,8 +281,19 @@ def _messages(profile: Profile, group_layers: list[list[int]], schedule: Schedul
         s, e = bounds[g][p]
         layers = spans[g][p] or (min(group_layers[g]),)
         msgs.append(_Msg((e - s) * profile.dtype_bytes, min(layers), layers, k,
-                         position[(g, p, "rs")] if k == "ag" else -1))
+                         position[(g, p, "rs")] if k == "ag" else -1, g,
+                         bounds[g][-1][-1] * profile.dtype_bytes))
     return msgs
+
+
+def _batch_time(cost: CostModel, msgs: list[_Msg], batch) -> float:
+    """Channel seconds of one collective over the messages `batch` (indices): T of their
+    bytes, as parts of their groups (`CostModel.part_time`), halved for "rs"/"ag"."""
+    nbytes = sum(msgs[i].nbytes for i in batch)
+    whole = sum({msgs[i].group: msgs[i].whole for i in batch}.values())
+    part_time = getattr(cost, "part_time", None)
+    t = part_time(nbytes, whole) if part_time is not None else cost.time(nbytes)
+    return t * _HALF[msgs[batch[0]].kind]
 
 
 # ----------------------------------------------------------------------------- the cycle
@@ -374,12 +387,12 @@ def _pick(ready: list, msgs: list[_Msg], credit: int) -> list[int]:
 
 
 def _plain(profile: Profile, cost: CostModel, msgs: list[_Msg], schedule: Schedule) -> Cycle:
-    """The cycle without interference: backward at full speed, messages at T(M)."""
+    """The cycle without interference: backward at full speed, messages at T(M) (a part
+    at `CostModel.part_time`)."""
     L = profile.num_layers
     W = _work(profile)
     n = len(msgs)
     start, end, batch_of = [0.0] * n, [0.0] * n, [0] * n
-    time = cost.time
     if schedule.policy == "sequence":
         t = 0.0
         for b, (lo, hi) in enumerate(schedule.runs()):
@@ -390,7 +403,7 @@ def _plain(profile: Profile, cost: CostModel, msgs: list[_Msg], schedule: Schedu
                 if ri > r:
                     r = ri
             s = t if t > r else r
-            t = s + time(sum(msgs[i].nbytes for i in range(lo, hi))) * _HALF[msgs[lo].kind]
+            t = s + _batch_time(cost, msgs, range(lo, hi))
             for i in range(lo, hi):
                 start[i], end[i], batch_of[i] = s, t, b
     else:
@@ -411,8 +424,7 @@ def _plain(profile: Profile, cost: CostModel, msgs: list[_Msg], schedule: Schedu
                 t = nxt
                 continue
             batch = _pick(ready, msgs, schedule.credit)
-            size = sum(msgs[j].nbytes for j in batch)
-            e = t + time(size) * _HALF[msgs[batch[0]].kind]
+            e = t + _batch_time(cost, msgs, batch)
             for j in batch:
                 start[j], end[j], batch_of[j] = t, e, b
                 if msgs[j].kind == "rs":
@@ -572,7 +584,7 @@ class _Events:
                         batch_of[j] = sent
                     sent += 1
                     batch_bytes = sum(msgs[j].nbytes for j in batch)
-                    chan_left = cost.time(batch_bytes) * _HALF[msgs[batch[0]].kind]
+                    chan_left = _batch_time(cost, msgs, batch)
                     slow = 1.0 + cost.slowdown(batch_bytes)
                     sigma = cost.sigma(batch_bytes)
                     for j in batch:

@@ -207,18 +207,22 @@ class _Fast:
         self.prefix = prefix
         self.uf = [0.0] + [x.update_time for x in profile.layers]
         self.f = [0.0] + f
-        self._time = cost.time
-        self._memo: dict[int, float] = {}
+        part_time = getattr(cost, "part_time", None)
+        self._time = part_time if part_time is not None else (lambda n, whole: cost.time(n))
+        self._memo: dict[tuple[int, int], float] = {}
 
-    def time(self, nbytes: int) -> float:
-        t = self._memo.get(nbytes)
+    def time(self, nbytes: int, whole: int) -> float:
+        """A message's channel seconds, a part of `whole` bytes (`CostModel.part_time`)."""
+        key = (nbytes, whole)
+        t = self._memo.get(key)
         if t is None:
-            t = self._memo[nbytes] = self._time(nbytes)
+            t = self._memo[key] = self._time(nbytes, whole)
         return t
 
     def messages(self, runs: Runs, parts: Sequence[int]) -> list[tuple]:
-        """(release, priority, bytes, low layer, high layer) per message; priority an
-        integer, smaller first: the input-most layer held, then the input-side part."""
+        """(release, priority, bytes, low layer, high layer, group bytes) per message;
+        priority an integer, smaller first: the input-most layer held, then the input-side
+        part."""
         p, W = self.p, self.W
         out = []
         span = 1 + max(parts, default=1)
@@ -242,7 +246,7 @@ class _Fast:
             for q in range(k):
                 lo_q = lows[q] or lo
                 out.append((W[lo_q], lo_q * span - q, (cuts[q + 1] - cuts[q]) * nb, lo_q,
-                            highs[q] or lo_q))
+                            highs[q] or lo_q, n * nb))
         return out
 
     def period(self, runs: Runs, parts: Sequence[int]) -> float:
@@ -262,8 +266,8 @@ class _Fast:
                 t = msgs[i][0]
                 continue
             _, j = pop(ready)
-            _, _, nbytes, lo, hi = msgs[j]
-            t += time(nbytes)
+            _, _, nbytes, lo, hi, whole = msgs[j]
+            t += time(nbytes, whole)
             for l in range(lo, hi + 1):
                 if t > done[l]:
                     done[l] = t

@@ -5,8 +5,9 @@ training run sent):
 
 - `fit_measured(sizes, medians, spreads)`: the `piecewise` CostModel through the measured
   medians, made non-decreasing by weighted isotonic regression (a noisy size yields to its
-  neighbours in proportion to its spread), with the paper's line a + b*M (`fit_relative`) of
-  the same points as its a and b.
+  neighbours in proportion to its spread) and then moved into every size's spread where a
+  non-decreasing curve through them all exists, with the paper's line a + b*M
+  (`fit_relative`) of the same points as its a and b.
 - `check_fit(cost, sizes, medians, spreads)`: per size, whether the model predicts it within
   its measured 10th-90th percentile spread; `FitCheck.poor` when some size is missed beyond
   its spread by more than POOR_MISS (the plan may then be far from the best).
@@ -80,7 +81,22 @@ def fit_measured(sizes: Sequence[int], medians: Sequence[float],
     spans = [None if spreads is None else spreads[i] for i in order]
     line, _ = fit_relative(xs, ys)
     knots = monotone(ys, [_weight(y, s) for y, s in zip(ys, spans)])
+    if spreads is not None:
+        knots = _within_spreads(knots, spans)
     return CostModel(line.a, line.b, origin="measured", times=tuple(zip(xs, knots)))
+
+
+def _within_spreads(knots: list[float], spans: Sequence[tuple[float, float]]) -> list[float]:
+    """The non-decreasing `knots` moved into every size's spread where a non-decreasing curve
+    through all the spreads exists: each clamped to [the highest lower end at or below its
+    size, the lowest upper end at or above it]; both ends never decrease with the size, so
+    the result does not either. Where no such curve exists the knots stay as they are (some
+    size is missed whatever the curve: `check_fit` says which)."""
+    low = list(np.maximum.accumulate([lo for lo, _ in spans]))
+    high = list(np.minimum.accumulate([hi for _, hi in spans][::-1])[::-1])
+    if any(lo > hi for lo, hi in zip(low, high)):
+        return knots
+    return [min(max(k, lo), hi) for k, lo, hi in zip(knots, low, high)]
 
 
 @dataclass(frozen=True)

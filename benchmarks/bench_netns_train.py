@@ -4,7 +4,7 @@
     sudo .venv/bin/python benchmarks/bench_netns_train.py [--model googlenet] [--hosts 2]
         [--rate 1gbit] [--latency-ms 0] [--batch 1] [--schemes wfbp synceasgd mgwfbp]
         [--iters 130] [--short-iters 30] [--out results.json] [--logs DIR]
-        [--train-args "--timeline /tmp/{run}.json"]
+        [--train-args "--timeline /tmp/{run}.json"] [--ddp 30]
 
 Each run is `mpiexec -n HOSTS mgcaffe train --solver S --comm SCHEME` across H network
 namespaces on this machine (tools/netns_cluster.py: real TCP over links shaped to `--rate`,
@@ -13,6 +13,11 @@ applies; no --threads flag). The net is the model's train_val with its data laye
 random inputs of batch `--batch` per rank. Read from each run's log:
 - the start-up all-reduce cost: how many benchmarked sizes its T(M) misses beyond their spread;
 - the closing line "measured X ms (median of N), predicted Y ms by plan P".
+
+`--ddp ITERS` also runs PyTorch DistributedDataParallel (benchmarks/torch_net.py: the same
+prototxt interpreted in PyTorch, gloo over the same links, its default 25 MB buckets, SGD with
+momentum, one thread per rank, batch `--batch` per rank) in the same cluster after the
+mgcaffe runs, and prints its median iteration beside theirs.
 
 A long run (`--iters`, default 130) re-plans after warm-up; a short run (`--short-iters`,
 default 30; 0 skips them) ends before any re-plan, so it shows the start-up plan. Targets
@@ -72,6 +77,25 @@ def write_solver(model: str, batch: int, max_iter: int, where: Path) -> Path:
                       f'display: 0\nmax_iter: {max_iter}\nrandom_seed: 1\ntype: "SGD"\n'
                       f'snapshot_after_train: false\nsnapshot_prefix: "{where}/snap"\n')
     return solver
+
+
+def run_ddp(cluster, a, tmp: Path) -> dict:
+    """PyTorch DDP on the same hosts and links (benchmarks/torch_net.py): its JSON line."""
+    status, out = cluster.run(
+        mpiexec(), ["-genv", "MASTER_ADDR", cluster.addresses[0], "-genv", "MASTER_PORT",
+                    "29500", "-genv", "GLOO_SOCKET_IFNAME", "eth0", "-genv", "OMP_NUM_THREADS",
+                    "1", "-n", str(a.hosts), sys.executable,
+                    str(REPO / "benchmarks" / "torch_net.py"), "--ddp-worker",
+                    str(MODELS[a.model]), "--batch", str(a.batch), "--iterations",
+                    str(a.ddp), "--warmup", "5"], timeout=a.timeout)
+    if a.logs:
+        Path(a.logs).mkdir(parents=True, exist_ok=True)
+        (Path(a.logs) / f"{a.model}-{a.hosts}h-{a.rate}-ddp.log").write_text(out)
+    lines = [line for line in out.splitlines() if line.startswith('{"ddp_ms"')]
+    if status != 0 or not lines:
+        sys.stderr.write(out[-4000:])
+        raise SystemExit(f"PyTorch DDP run: exit status {status}")
+    return json.loads(lines[-1])
 
 
 def read_run(out: str) -> dict:
@@ -142,6 +166,10 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
     p.add_argument("--logs", default=None, help="keep each run's log in this directory")
+    p.add_argument("--ddp", type=int, default=0, metavar="ITERS",
+                   help="also time PyTorch DistributedDataParallel (gloo, 25 MB buckets, one "
+                        "thread per rank) on the same net, batch and links for ITERS "
+                        "iterations after 5 of warm-up (needs torch; 0: not)")
     p.add_argument("--train-args", default="",
                    help="more `mgcaffe train` arguments for every run, one string ('{run}' "
                         "becomes KIND-SCHEME), e.g. \"--timeline /tmp/{run}.json\"")
@@ -151,7 +179,7 @@ def main() -> int:
     if why:
         raise SystemExit(f"bench_netns_train: the namespace cluster is unavailable: {why}")
     kinds = [(kind, n) for kind, n in (("long", a.iters), ("short", a.short_iters)) if n]
-    rows = []
+    rows, ddp = [], None
     with tempfile.TemporaryDirectory() as tmp:
         solvers = {kind: write_solver(a.model, a.batch, n, Path(tmp)) for kind, n in kinds}
         rate = None if a.rate == "none" else a.rate
@@ -179,11 +207,20 @@ def main() -> int:
                     rows.append(row)
                     print(f"  {kind} {scheme}: {CLOSING.findall(out)[-1]} in "
                           f"{row['wall_s']} s", flush=True)
+            if a.ddp:
+                ddp = run_ddp(cluster, a, Path(tmp))
     print(table(rows))
+    if ddp:
+        fastest = min((r for r in rows if r["kind"] == "long"), key=lambda r: r["measured_ms"],
+                      default=None)
+        print(f"PyTorch DDP: {ddp['ddp_ms']:.1f} ms per iteration (median of "
+              f"{ddp['iterations']}; {ddp['setup']})"
+              + (f"; the fastest mgcaffe scheme ({fastest['scheme']}) over DDP: "
+                 f"{ddp['ddp_ms'] / fastest['measured_ms']:.2f}x" if fastest else ""))
     for line in verdicts(rows):
         print(line)
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows, "ddp": ddp}, indent=1))
     return 0
 
 

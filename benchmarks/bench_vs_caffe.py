@@ -227,105 +227,17 @@ def matmul_rate() -> float:
     return matmul_gflops(repeats=10, n=1024)
 
 
-# -- PyTorch: a prototxt interpreter (only what the five nets use)
-def torch_worker(prototxt: str, iterations: int) -> None:  # noqa: C901, PLR0915
-    # ruff: noqa: E731 - one lambda per layer type reads best here
+# -- PyTorch: the prototxt interpreter of torch_net.py
+def torch_worker(prototxt: str, iterations: int) -> None:
     import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: N812, PLC0415
+    from torch_net import build  # noqa: PLC0415 - same folder
 
     from mgcaffe.formats.protoio import read_net_param  # noqa: PLC0415
-    from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
 
-    net = read_net_param(prototxt)
     g = torch.Generator().manual_seed(0)
-    params, steps, blobs = [], [], {}
-
-    def weight(*shape):
-        w = (torch.randn(*shape, generator=g) * 0.01).requires_grad_()
-        params.append(w)
-        return w
-
-    def pair(values, default, h=0, w=0):
-        if h or w:
-            return int(h), int(w)
-        values = list(values)
-        return (int(values[0]), int(values[-1])) if values else (default, default)
-
-    shapes = {}
-    for layer in net.layer:
-        t, b = layer.type, list(layer.bottom)
-        if t == "Input":
-            for top, s in zip(layer.top, layer.input_param.shape):
-                shapes[top] = tuple(s.dim)
-            continue
-        shape = shapes[b[0]]
-        if t == "Convolution":
-            p = layer.convolution_param
-            k = pair(p.kernel_size, 1, p.kernel_h, p.kernel_w)
-            st = pair(p.stride, 1, p.stride_h, p.stride_w)
-            pd = pair(p.pad, 0, p.pad_h, p.pad_w)
-            groups = int(p.group)
-            w = weight(p.num_output, shape[1] // groups, *k)
-            bias = weight(p.num_output) if p.bias_term else None
-            f = (lambda x, w=w, bias=bias, st=st, pd=pd, gr=groups:
-                 F.conv2d(x, w, bias, st, pd, 1, gr))
-        elif t == "InnerProduct":
-            p = layer.inner_product_param
-            k = 1
-            for d in shape[1:]:
-                k *= d
-            w = weight(p.num_output, k)
-            bias = weight(p.num_output) if p.bias_term else None
-            f = lambda x, w=w, bias=bias: F.linear(x.flatten(1), w, bias)  # noqa: E731
-        elif t == "Pooling":
-            p = layer.pooling_param
-            if p.global_pooling:
-                k, st, pd = (shape[2], shape[3]), (1, 1), (0, 0)
-            else:
-                k = pair([p.kernel_size] if p.kernel_size else [], 1, p.kernel_h, p.kernel_w)
-                st = pair([p.stride], 1, p.stride_h, p.stride_w)
-                pd = pair([p.pad], 0, p.pad_h, p.pad_w)
-            if p.pool == caffe_pb2.PoolingParameter.MAX:
-                f = (lambda x, k=k, st=st, pd=pd:
-                     F.max_pool2d(x, k, st, pd, ceil_mode=True))
-            else:
-                f = (lambda x, k=k, st=st, pd=pd:
-                     F.avg_pool2d(x, k, st, pd, ceil_mode=True))
-        elif t == "ReLU":
-            f = F.relu
-        elif t == "LRN":
-            p = layer.lrn_param
-            f = (lambda x, p=p: F.local_response_norm(x, int(p.local_size), p.alpha, p.beta,
-                                                      p.k))
-        elif t == "Dropout":
-            f = lambda x, r=layer.dropout_param.dropout_ratio: F.dropout(x, r)  # noqa: E731
-        elif t == "BatchNorm":
-            c = shape[1]
-            mean, var = torch.zeros(c), torch.ones(c)
-            f = lambda x, m=mean, v=var: F.batch_norm(x, m, v, training=False)  # noqa: E731
-        elif t == "Scale":
-            c = shape[1]
-            s = weight(c)
-            bias = weight(c) if layer.scale_param.bias_term else None
-            f = (lambda x, s=s, bias=bias: x * s.view(1, -1, 1, 1)
-                 + (bias.view(1, -1, 1, 1) if bias is not None else 0))
-        elif t == "Softmax":
-            f = lambda x: F.softmax(x, dim=1)  # noqa: E731
-        elif t == "SoftmaxWithLoss":
-            f = lambda x, y: F.cross_entropy(x, y.long())  # noqa: E731
-        elif t == "Concat":
-            f = lambda *xs: torch.cat(xs, dim=1)  # noqa: E731
-        elif t == "Eltwise":
-            f = lambda *xs: sum(xs[1:], xs[0])  # noqa: E731
-        else:
-            raise SystemExit(f"torch worker: layer type {t} not supported")
-        steps.append((f, b, list(layer.top)))
-        # shapes of the tops: run once on zeros (cheap next to the timed passes)
-        with torch.no_grad():
-            outs = f(*[torch.zeros(shapes[x]) for x in b])
-        shapes[layer.top[0]] = tuple(outs.shape) if outs.dim() else ()
-
-    inputs = [t for layer in net.layer if layer.type == "Input" for t in layer.top]
+    tn = build(read_net_param(prototxt), g)
+    params, steps, shapes, blobs = tn.params, tn.steps, tn.shapes, {}
+    inputs = tn.inputs
 
     def one_pass():
         """(seconds forward, seconds backward); inputs drawn and grads dropped untimed."""

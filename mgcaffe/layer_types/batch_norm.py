@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import batch_norm_loops, scale_loops
+from ..kernels import batch_norm_loops, cuda_norm, scale_loops
 from ..proto import caffe_pb2
 from .base import TEST, Layer
 from .choice.normalization import choose_batch_norm
@@ -50,6 +50,7 @@ class BatchNormLayer(Layer):
         self._x_norm = None
         self._scratch = None
         self._std = None
+        self._channel_values = None
         # The path (choice.normalization.choose_batch_norm): on the CPU, float32/float64,
         # numba importable, compiled row loops whose statistics and gradient sums are float64.
         self.choice = choose_batch_norm(np.dtype(self.dtype).name, self.choice_target(),
@@ -88,6 +89,10 @@ class BatchNormLayer(Layer):
         # Batch statistics need the normalised input and a work buffer for backward; global
         # statistics need neither (their backward is dy / std).
         shape = bottom[0].shape
+        if self.choice.path == "gpu-cuda-kernels" and (
+                self._channel_values is None or self._channel_values.shape[1] != channels):
+            # the kernels' per-channel mean, std and backward sums
+            self._channel_values = self.xp.zeros((4, channels), dtype=self.dtype)
         if self.use_global_stats:
             self._x_norm = self._scratch = None
         elif self._x_norm is None or self._x_norm.shape != shape:
@@ -117,6 +122,9 @@ class BatchNormLayer(Layer):
         return self.blobs[0].data * inverse, self.blobs[1].data * inverse
 
     def forward(self, bottom, top):
+        if self.choice.path == "gpu-cuda-kernels":
+            self._forward_kernels(bottom, top)
+            return
         loops = self.loops()
         if loops is not None:
             self._forward_rows(loops, bottom, top)
@@ -140,6 +148,23 @@ class BatchNormLayer(Layer):
         if not self.use_global_stats:
             # Kept for backward: a later in-place layer may overwrite the top.
             xp.copyto(self._view(self._x_norm), y)
+
+    def _forward_kernels(self, bottom, top):
+        """forward() as CUDA kernels (kernels.cuda_norm): the statistics and the running sums
+        in one launch, the normalisation (and the kept copy) in another."""
+        dims = self._view(bottom[0].data).shape
+        mean, std = self._channel_values[0], self._channel_values[1]
+        eps = self.dtype.type(self.eps)
+        if self.use_global_stats:
+            cuda_norm.bn_global_stats(*(b.data for b in self.blobs), mean, std, eps)
+            cuda_norm.bn_forward(bottom[0].data, top[0].data, None, mean, std, dims, eps)
+        else:
+            m = dims[0] * dims[2]
+            running = (*(b.data for b in self.blobs), self.moving_average_fraction,
+                       m / (m - 1) if m > 1 else 1.0)
+            cuda_norm.bn_forward(bottom[0].data, top[0].data, self._x_norm, mean, std, dims,
+                                 eps, running)
+        self._std = std.reshape(1, -1, 1)
 
     def _forward_rows(self, loops, bottom, top):
         """forward() as row loops: the statistics (`statistics_rows`), then y, and the kept
@@ -197,6 +222,10 @@ class BatchNormLayer(Layer):
         dy, dx = self._view(top[0].diff), self._view(bottom[0].diff)
         if self.use_global_stats:
             xp.divide(dy, self._std, out=dx)
+            return
+        if self.choice.path == "gpu-cuda-kernels":
+            cuda_norm.bn_backward(top[0].diff, self._x_norm, self._std, bottom[0].diff,
+                                  dy.shape, (self._channel_values[2], self._channel_values[3]))
             return
         loops = self.loops()
         if loops is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import scale_loops
+from ..kernels import cuda_norm, scale_loops
 from .base import Layer
 from .choice.normalization import choose_scale
 from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place
@@ -178,6 +178,12 @@ class ScaleLayer(_BroadcastLayer):
 
     def forward(self, bottom, top):
         xp = self.xp
+        if self.choice.path == "gpu-cuda-kernels":
+            copy = self.own_input_copy(bottom[0].shape) if in_place(bottom, top) else None
+            bias = None if self.bias_index is None else self.blobs[self.bias_index].data
+            cuda_norm.scale_forward(bottom[0].data, top[0].data, self._scale(bottom).data, bias,
+                                    self._dims, copy)
+            return
         if self.choice.path in ("compiled-rows", "row-blocks"):
             self._forward_rows(bottom, top)
             return
@@ -283,8 +289,33 @@ class ScaleLayer(_BroadcastLayer):
             else:
                 bottom[1].diff[...] = total
 
+    def _backward_kernels(self, top, propagate_down, bottom):
+        """backward() as CUDA kernels (kernels.cuda_norm): the operand sums in one launch
+        (into the diffs, added or, where a diff was cleared lazily, written), then the input
+        gradient, which may overwrite the top diff."""
+        param = len(bottom) == 1
+        diffs, accumulate = [None, None], [True, False]
+        if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
+            diffs[0], overwrite = self.blobs[self.bias_index].diff_for_write()
+            accumulate[0] = not overwrite
+        x = None
+        if (param and self.param_propagate_down[0]) or (not param and propagate_down[1]):
+            if param:
+                diffs[1], overwrite = self.blobs[0].diff_for_write()
+                accumulate[1] = not overwrite
+            else:
+                diffs[1] = bottom[1].diff
+            x = self._input_copy if in_place(bottom, top) else bottom[0].data
+        dx = bottom[0].diff if propagate_down[0] else None
+        cuda_norm.scale_backward(top[0].diff, x, self._scale(bottom).data, self._dims,
+                                 bias_diff=diffs[0], scale_diff=diffs[1],
+                                 accumulate=tuple(accumulate), dx=dx)
+
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
+        if self.choice.path == "gpu-cuda-kernels":
+            self._backward_kernels(top, propagate_down, bottom)
+            return
         if self._rows_backward():
             self._backward_rows(top, propagate_down, bottom)
             return

@@ -8,12 +8,14 @@
 - BatchNorm: `compiled-rows` (the statistics, the normalisation and the input gradient as
   loops per (sample, channel) row, kernels.batch_norm_loops: one trip through memory for the
   statistics, one for y and its kept copy, two for the input gradient; their sums float64),
-  else `passes` (numpy's whole-array passes), `gpu-passes` on a GPU.
+  else `passes` (numpy's whole-array passes); on a GPU `gpu-cuda-kernels` (float32/float64:
+  two kernels each way, kernels.cuda_norm), else `gpu-passes`.
 - Scale: `compiled-rows` (forward and backward as one loop per (outer, channel) row,
   kernels.scale_loops, sums float64), `row-blocks` (numpy calls per cache-sized block of rows,
   every pass of a block while it is in the cache), `row-blocks-backward` (rows too short for
-  the blocks to pay forward: whole-array forward, blocks backward), `whole-array`;
-  `gpu-whole-array` on a GPU.
+  the blocks to pay forward: whole-array forward, blocks backward), `whole-array`; on a GPU
+  `gpu-cuda-kernels` (float32/float64: one kernel forward, two backward, kernels.cuda_norm),
+  else `gpu-whole-array`.
 
 The measurements behind the rules are in benchmarks/README.md ("LRN, BatchNorm and Scale").
 """
@@ -67,7 +69,11 @@ class BatchNormRules:
 def choose_batch_norm(dtype: str, target: Target, rules: BatchNormRules) -> Choice:
     """BatchNorm's path for blobs of `dtype` (a numpy dtype name)."""
     if target.gpu:
-        return Choice("gpu-passes", "whole-array passes on the device")
+        if dtype in CUDA_KERNEL_TYPES:
+            return Choice("gpu-cuda-kernels", "CUDA kernels: statistics with the running sums "
+                          "and normalisation forward, two backward")
+        return Choice("gpu-passes", f"whole-array passes on the device (no CUDA kernel for "
+                      f"{dtype})")
     if not rules.compiled_loops:
         return Choice("passes", "compiled loops off")
     if dtype not in _FLOATS:
@@ -94,7 +100,11 @@ class ScaleRules:
 def choose_scale(inner: int, dtype: str, target: Target, rules: ScaleRules) -> Choice:
     """Scale's path for rows of `inner` elements of `dtype` (a numpy dtype name)."""
     if target.gpu:
-        return Choice("gpu-whole-array", "whole-array passes on the device")
+        if dtype in CUDA_KERNEL_TYPES:
+            return Choice("gpu-cuda-kernels", "CUDA kernels: one forward, the operand sums and "
+                          "the input gradient backward")
+        return Choice("gpu-whole-array", f"whole-array passes on the device (no CUDA kernel "
+                      f"for {dtype})")
     if not rules.fused_rows or not dtype.startswith("float"):
         return Choice("whole-array", "row blocks off" if not rules.fused_rows else
                       f"{dtype} blobs")

@@ -27,7 +27,12 @@ using std::min;
 using std::max;
 using std::exp;
 using std::log;
+using std::sqrt;
 #define __global__
+#define __device__
+// one thread per block: a block's shared memory is its one thread's, and a barrier is a no-op
+#define __shared__ static
+static inline void __syncthreads() {}
 struct mgcaffe_dim3 { unsigned int x; };
 static const mgcaffe_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
 """

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import re
 import subprocess
 import sys
@@ -10,9 +12,10 @@ import sys
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.model.cost import cost_for, load_network
+from mgcaffe.comm.model import planner as planner_module
+from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
 from mgcaffe.comm.model.planner import SCHEMES, load_plan, make_plan
-from mgcaffe.comm.model.profile import load_profile
+from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 
 
 @pytest.fixture
@@ -213,3 +216,47 @@ def test_the_schedulers_schemes_by_name_with_the_gap_to_the_lower_bound(capsys, 
     assert gap and float(gap[2]) <= rows["overlap"]
     assert float(gap[1]) == pytest.approx((rows["overlap"] / float(gap[2]) - 1) * 100, abs=0.01)
     assert "the search was cut" not in out
+
+
+def test_a_cut_search_says_how_far_above_the_lower_bound_it_is(capsys, paper_dir, tmp_path,
+                                                              monkeypatch):
+    # a budget too small for GoogleNet under rho/sigma cuts the search: the plan says its gap
+    # to a lower bound on any grouping, which no grouping beats
+    monkeypatch.setattr(planner_module, "FRONT_BUDGET", 200)
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"fits": {"2": {"a": 2.3e-3, "b": 9.2e-9,
+                                              "interference": [[65536, 1.0]],
+                                              "comm_slowdown": 1.25}}}))
+    rc, out, err = run(capsys, "plan", "--profile", str(paper_dir / "googlenet-k80.json"),
+                       "--network", str(net), "--nodes", "2", "--scheme", "mgwfbp", "wfbp",
+                       "synceasgd")
+    assert rc == 0, err
+    rows = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+) +\d+ +([\d.]+) ", out, re.M)}
+    gap = re.search(r"^mgwfbp: the search was cut \(too many states\): ([\d.]+)% above the "
+                    r"lower bound ([\d.]+) ms on any grouping", out, re.M)
+    assert gap, out
+    assert float(gap[2]) <= min(rows.values())
+    assert float(gap[1]) == pytest.approx((rows["mgwfbp"] / float(gap[2]) - 1) * 100, abs=0.01)
+
+
+def test_the_grouping_bound_holds_for_every_grouping():
+    rng = random.Random(3)
+    for _ in range(60):
+        L = rng.randint(1, 7)
+        prof = Profile("r", 1, 4, rng.uniform(0, 0.02), tuple(
+            LayerProfile(f"l{i}", rng.choice([1, 300, 40000, 2000000]), rng.uniform(0, 0.01))
+            for i in range(L)))
+        cost = CostModel(rng.uniform(0, 3e-3), rng.uniform(0, 1e-8))
+        if rng.random() < 0.7:
+            cost = cost.with_interference([(1, rng.uniform(0, 5))], [(1, rng.uniform(1, 2))])
+        bound = planner_module.grouping_lower_bound(prof, cost)
+        for cuts in itertools.product([False, True], repeat=L - 1):
+            groups, group = [], [prof.names[-1]]
+            for name, cut in zip(reversed(prof.names[:-1]), cuts):
+                if cut:
+                    groups.append(group)
+                    group = []
+                group.append(name)
+            groups.append(group)
+            t = planner_module.timeline(prof, cost, groups).iteration_time
+            assert bound <= t * (1 + 1e-12), (bound, t, groups)

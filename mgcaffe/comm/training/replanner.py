@@ -39,7 +39,15 @@ from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
 from ..model.cost_fit import SizeTimes, correct, summarise
-from ..model.planner import Plan, load_plan, make_plan, scheduled_timeline, scheme_named, timeline
+from ..model.planner import (
+    Plan,
+    grouping_lower_bound,
+    load_plan,
+    make_plan,
+    scheduled_timeline,
+    scheme_named,
+    timeline,
+)
 from ..model.profile import load_profile
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .gradient_comm import Guard
@@ -206,8 +214,11 @@ class Replanner:
                              max(0.0, plan.iteration_time / bound - 1) * 100, bound * 1e3,
                              " (proven optimal)" if plan.exact else "")
                 elif not plan.exact:
+                    bound = grouping_lower_bound(profile, self.cost)
                     log.info("Plan %s: the search for the optimum was cut (too many states): "
-                             "the plan is not proven optimal under the model", where)
+                             "%s predicts %.3f ms, %.1f%% above the lower bound %.3f ms on any "
+                             "grouping", where, plan.scheme, plan.iteration_time * 1e3,
+                             max(0.0, plan.iteration_time / bound - 1) * 100, bound * 1e3)
                 payload = ("ok", plan.to_dict(), profile.to_dict())
             except MgcaffeError as exc:  # every rank must learn why, not wait for a plan
                 payload = ("error", str(exc), None)

@@ -296,7 +296,9 @@ BATCH_NORMS = [
     ("Scale's loops missing", "float32", cpu_with("batch-norm"), BatchNormRules(), "passes"),
     ("no numba", "float32", BARE, BatchNormRules(), "passes"),
     ("loops off", "float32", LOADED, BatchNormRules(compiled_loops=False), "passes"),
-    ("GPU", "float32", GPU, BatchNormRules(), "gpu-passes"),
+    ("GPU", "float32", GPU, BatchNormRules(), "gpu-cuda-kernels"),
+    ("GPU float64", "float64", GPU, BatchNormRules(), "gpu-cuda-kernels"),
+    ("GPU float16: no kernel", "float16", GPU, BatchNormRules(), "gpu-passes"),
 ]
 
 
@@ -318,7 +320,9 @@ SCALES = [
     ("int32 blobs", 56 * 56, "int32", LOADED, ScaleRules(), "whole-array"),
     ("row blocks off", 56 * 56, "float32", LOADED, ScaleRules(fused_rows=False),
      "whole-array"),
-    ("GPU", 56 * 56, "float32", GPU, ScaleRules(), "gpu-whole-array"),
+    ("GPU", 56 * 56, "float32", GPU, ScaleRules(), "gpu-cuda-kernels"),
+    ("GPU float64", 49, "float64", GPU, ScaleRules(), "gpu-cuda-kernels"),
+    ("GPU float16: no kernel", 56 * 56, "float16", GPU, ScaleRules(), "gpu-whole-array"),
 ]
 
 

@@ -46,6 +46,14 @@ def test_a_run_far_above_its_prediction_warns_with_the_likeliest_cause():
     busy = likely_causes(Options(), None, 2, cores=2, load=6.0, ranks_here=1, interferes=True)
     assert busy == ["the machine is busy (load average 6.0 on 2 cores): other processes take "
                     "the cores backward needs"]
+    # two emulated hosts on one 2-core machine, a CPU each: the load average of 3.1 is their
+    # own ranks' compute and communication threads, not a busy machine
+    assert likely_causes(Options(), None, 2, cores=1, load=3.1, ranks_here=1,
+                         interferes=True, machine_cores=2) == []
+    # one busy process per core beside two ranks on 2 cores is a busy machine
+    assert likely_causes(Options(), None, 2, cores=2, load=6.0, ranks_here=2,
+                         interferes=True, machine_cores=2)[0].startswith(
+        "the machine is busy (load average 6.0 on 2 cores)")
 
 
 def test_a_plan_in_one_line():

@@ -73,11 +73,16 @@ def overrun_warning(measured: float, predicted: float, causes: list[str]) -> str
 
 
 def likely_causes(options: Any, plan_nodes: int | None, nodes: int, cores: int, load: float,
-                  ranks_here: int, interferes: bool) -> list[str]:
+                  ranks_here: int, interferes: bool, machine_cores: int | None = None
+                  ) -> list[str]:
     """Why a run's iterations may take far longer than its plan predicts, the most specific
     first: a saved plan made for another number of nodes, a profile given from elsewhere, a
-    busy machine (load average above the cores), and ranks that share their host's cores
-    with their communication threads while the model has no interference term."""
+    busy machine, and ranks that share their host's cores (`cores`, this rank's) with their
+    communication threads while the model has no interference term. The load average counts
+    every thread of the machine, this host's ranks' own two each (compute and communication)
+    included, so the machine is busy when what is left of it exceeds 3/4 of the machine's
+    cores (`machine_cores`, default `cores`): emulated hosts that share one machine then do
+    not count each other's ranks as a busy machine, whose load is theirs."""
     causes = []
     if options.plan and plan_nodes not in (None, nodes):
         causes.append(f"{options.named('plan')} {options.plan} was made for {plan_nodes} "
@@ -85,8 +90,9 @@ def likely_causes(options: Any, plan_nodes: int | None, nodes: int, cores: int, 
     if options.profile:
         causes.append(f"the profile {options.profile} was measured elsewhere or under another "
                       "load than this run's; leave --profile out to measure it here")
-    if load > 1.25 * cores:
-        causes.append(f"the machine is busy (load average {load:.1f} on {cores} cores): other "
+    if load - 2 * ranks_here > 0.75 * (machine_cores or cores):
+        causes.append(f"the machine is busy (load average {load:.1f} on "
+                      f"{machine_cores or cores} cores): other "
                       "processes take the cores backward needs")
     if not interferes and 2 * ranks_here > cores:
         causes.append(f"{ranks_here} ranks and their communication threads share {cores} "

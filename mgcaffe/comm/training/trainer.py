@@ -430,7 +430,7 @@ class DistributedTraining:
         return likely_causes(self.options, getattr(self.plan, "nodes", None),
                              self.options.emulate_nodes or self.size, cores,
                              os.getloadavg()[0], self.ranks_here,
-                             getattr(self.cost, "interferes", False))
+                             getattr(self.cost, "interferes", False), os.cpu_count())
 
     def report(self) -> None:
         """Rank 0's closing lines: the summary, and a warning when the measured iteration is

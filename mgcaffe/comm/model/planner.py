@@ -54,6 +54,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...errors import PlanError
 from .cost import CostModel
 from .profile import Profile, as_float, as_int, read_json, require, require_mapping
@@ -628,69 +630,195 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     to its share of what is left (those of least lower bound are kept, at least one); the
     result is then no longer proven optimal. Returns (runs, exact): exact is False when
     a front was cut; runs is [] when every state was dropped (`upper` below what is
-    reachable)."""
+    reachable).
+
+    A front is expanded as arrays (`_expand`): every state against a block of group sizes at
+    once, with the same floating-point operations in the same order as `_message` and
+    `_lower`, so the states, the transitions counted and the plan are those of the scalar
+    recurrences."""
     L = profile.num_layers
-    nb = profile.dtype_bytes
-    p = [0] + [layer.params for layer in profile.layers]
     W = [0.0] * (L + 2)
     for l in range(L, 0, -1):
         W[l] = W[l + 1] + profile.layers[l - 1].backward_time
-    total = W[1]
-    prune = math.isfinite(upper)
-    limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
     need = _least_channel(profile, cost)  # need[k]: least channel time of layers 1..k
-    lower = _lower(profile, cost, total, need)
+    search = _Expansion(profile, cost, W, need, upper)
     exact, spent, per_state = True, 0, float(L)
-    # per message size: its full-speed time, 1 + rho and sigma (sizes repeat across states)
-    terms: dict[int, tuple[float, float, float]] = {}
-    # fronts[k]: states after sending layers L..k+1: (F, w, parent k, parent state, j)
-    fronts: list[list[tuple]] = [[] for _ in range(L + 1)]
-    fronts[L] = [(profile.forward_time, 0.0, None, None, None)]
-    for k in range(L, 0, -1):
-        front = _pareto(fronts[k], strict)
+    # pending[k]: chunks of states after sending layers L..k+1, in the order they were made:
+    # (F, w, parent state indices, parent k, j)
+    pending: list[list[tuple]] = [[] for _ in range(L + 1)]
+    pending[L] = [(np.array([profile.forward_time]), np.zeros(1), np.zeros(1, np.int64),
+                   -1, -1)]
+    fronts: list[tuple | None] = [None] * (L + 1)  # (F, w, parent si, parent k, j) arrays
+    for k in range(L, -1, -1):
+        chunks, pending[k] = pending[k], []
+        if not chunks:
+            continue
+        if k == 0:  # every end state, in the order made (the first least is taken)
+            fronts[0] = _concat(chunks)
+            break
+        front = _pareto_arrays(chunks, strict)
         if budget is not None:
             # this front's share of what is left (fronts k..1 try about k(k+1)/2 groups per
             # state), in states at the transitions per state seen on the previous front
             cap = max(1, int(2 * (budget - spent) / (k + 1) / max(1.0, per_state)))
-            if len(front) > cap:
-                front = sorted(front, key=lambda st: lower(k, st[0], st[1]))[:cap]
+            if len(front[0]) > cap:
+                bound = search.lower(np.full(len(front[0]), k), front[0], front[1])
+                keep = np.argsort(bound, kind="stable")[:cap]
+                front = tuple(x[keep] for x in front)
                 exact = False
         fronts[k] = front
-        before = spent
-        for si, (F, w, *_) in enumerate(front):
-            params = 0
-            for j in range(k, 0, -1):
-                spent += 1
-                params += p[j]
-                size = nb * params
-                term = terms.get(size)
-                if term is None:
-                    term = terms[size] = (cost.time(size), 1.0 + cost.slowdown(size),
-                                          cost.sigma(size))
-                if w >= W[j]:
-                    s, ws = F, w
-                else:
-                    s, ws = F + W[j] - w, W[j]
-                    # every larger group starts no earlier, and layers 1..k then need at
-                    # least need[k] of channel time: none of them can beat the bound
-                    if prune and s + need[k] > limit:
-                        break
-                d, w2 = _message(ws, term[0], term[1], term[2], total)
-                if prune and lower(j - 1, s + d, w2) > limit:
-                    continue
-                fronts[j - 1].append((s + d, w2, k, si, j))
-        if front:
-            per_state = (spent - before) / len(front)
-    if not fronts[0]:
+        used = search.expand(k, front[0], front[1], pending)
+        spent += used
+        per_state = used / len(front[0])
+    if fronts[0] is None:
         return [], exact
-    final = min(fronts[0], key=lambda st: st[0])
-    runs, state = [], final
-    while state[2] is not None:
-        k, si, j = state[2], state[3], state[4]
+    at, state = int(np.argmin(fronts[0][0])), fronts[0]  # the first of the least
+    runs = []
+    while state[3][at] >= 0:
+        k, at, j = int(state[3][at]), int(state[2][at]), int(state[4][at])
         runs.append((k, j))
-        state = fronts[k][si]
+        state = fronts[k]
     runs.reverse()
     return runs, exact
+
+
+def _concat(chunks: list[tuple]) -> tuple:
+    """The states of `chunks` (see _optimal_interfered_runs) as (F, w, parent si, parent k,
+    j) arrays, in the order made."""
+    sizes = [len(c[0]) for c in chunks]
+    return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]),
+            np.concatenate([c[2] for c in chunks]),
+            np.repeat(np.array([c[3] for c in chunks], np.int64), sizes),
+            np.repeat(np.array([c[4] for c in chunks], np.int64), sizes))
+
+
+def _pareto_arrays(chunks: list[tuple], strict: bool) -> tuple:
+    """`_pareto` of the states in `chunks` (arrays, see _optimal_interfered_runs): sorted by
+    F (ties: most work first, then in the order made), each kept when its w (strict) or
+    w - F exceeds every earlier one's. Returns (F, w, parent si, parent k, j) arrays."""
+    F, w, si, pk, pj = _concat(chunks)
+    order = np.lexsort((-w, F))  # stable: equal states stay in the order made
+    F, w = F[order], w[order]
+    v = w if strict else w - F
+    before = np.empty_like(v)
+    before[0] = -math.inf
+    np.maximum.accumulate(v[:-1], out=before[1:])
+    keep = v > before
+    order = order[keep]
+    return F[keep], w[keep], si[order], pk[order], pj[order]
+
+
+class _Expansion:
+    """The transitions of `_optimal_interfered_runs` as array operations: `expand(k, F, w,
+    pending)` sends every group j..k (j = k..1) from each state of front k, appending the
+    states that survive the bound to pending[j - 1]; `lower` is `_lower` over arrays. Each
+    element goes through the operations of `_message` and `_lower` in their order (IEEE
+    arithmetic is the same in numpy), so the results equal the scalar ones bit for bit."""
+
+    BLOCK = 64  # group sizes tried per array operation (a state stops at its first break)
+
+    def __init__(self, profile: Profile, cost: CostModel, W: list[float], need: list[float],
+                 upper: float):
+        L = profile.num_layers
+        self.nb = profile.dtype_bytes
+        self.cum = [0, *itertools.accumulate(layer.params for layer in profile.layers)]
+        self.W = np.array(W)
+        self.need = np.array(need)
+        self.total = W[1]
+        self.cost = cost
+        self.prune = math.isfinite(upper)
+        self.limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
+        self.first = cost.time(self.nb * profile.layers[0].params)
+        self.sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
+        rho_min = min([r for _, r in cost.interference] or [0.0])
+        self.rho_max = max([r for _, r in cost.interference] or [0.0])
+        self.q = rho_min / (1.0 + rho_min)
+        # per message size: its full-speed time, 1 + rho and sigma (sizes repeat)
+        self.terms: dict[int, tuple[float, float, float]] = {}
+        self.L = L
+
+    def _terms(self, k: int, js: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cost, terms, cum, nb, top = self.cost, self.terms, self.cum, self.nb, self.cum[k]
+        out = []
+        for j in js:
+            size = nb * (top - cum[j - 1])
+            term = terms.get(size)
+            if term is None:
+                term = terms[size] = (cost.time(size), 1.0 + cost.slowdown(size),
+                                      cost.sigma(size))
+            out.append(term)
+        T, slow, sigma = np.array(out).T
+        return T, slow, sigma
+
+    def lower(self, k: np.ndarray, F: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """`_lower`'s lower(k, F, w), elementwise (arrays of one shape, or broadcast)."""
+        first, q, sigma_min = self.first, self.q, self.sigma_min
+        rest = self.total - w
+        c = self.need[k]
+        closed = F + rest + np.maximum(first, c)  # x = 0 is the least
+        if not (q * sigma_min >= 1.0):
+            x = np.minimum((c - first) * sigma_min, rest * (1.0 + self.rho_max))
+            inner = F + rest + x * q + np.maximum(first, c - x / sigma_min)
+            closed = np.where(c <= first, closed, inner)
+        out = np.where(rest <= 0, F + c, closed)
+        return np.where(k == 0, F, out)
+
+    def expand(self, k: int, F: np.ndarray, w: np.ndarray, pending: list[list[tuple]]) -> int:
+        """Every group j..k from each state (F[i], w[i]) of front k; returns the transitions
+        counted as the scalar loop counts them (a break counts the group that breaks)."""
+        W, total, limit, prune = self.W, self.total, self.limit, self.prune
+        n = len(F)
+        alive = np.ones(n, bool)
+        spent = 0
+        si = np.arange(n)
+        Fc, wc = F[:, None], w[:, None]
+        need_k = self.need[k]
+        for hi in range(k, 0, -self.BLOCK):
+            if not alive.any():
+                break
+            lo = max(1, hi - self.BLOCK + 1)
+            js = np.arange(hi, lo - 1, -1)
+            T, slow, sigma = self._terms(k, range(hi, lo - 1, -1))
+            Wj = W[js][None, :]
+            idle = wc < Wj  # the group waits for layer j: it starts at F + W(j) - w
+            s = np.where(idle, Fc + Wj - wc, Fc)
+            ws = np.where(idle, Wj, wc)
+            width = len(js)
+            if prune:
+                broke = idle & (s + need_k > limit)
+                first_break = np.where(broke.any(axis=1), broke.argmax(axis=1), width)
+                cols = np.arange(width)[None, :]
+                valid = alive[:, None] & (cols < first_break[:, None])
+                spent += int(np.minimum(first_break + 1, width)[alive].sum())
+                alive &= first_break == width
+            else:
+                valid = np.broadcast_to(alive[:, None], s.shape)
+                spent += int(alive.sum()) * width
+            # `_message`, elementwise
+            left = (total - ws) * slow
+            d_in = T * sigma
+            fits = (sigma == 1.0) | (d_in <= left)
+            d = np.where(fits, d_in, left + (T - left / sigma))
+            w2 = np.where(fits, np.minimum(total, ws + d_in / slow), total)
+            done = ws >= total
+            d = np.where(done, T, d)
+            w2 = np.where(done, total, w2)
+            F2 = s + d
+            if prune:
+                valid = valid & ~(self.lower((js - 1)[None, :], F2, w2) > limit)
+            # column-major: for each j, the surviving states in front order
+            vt = valid.T
+            counts = vt.sum(axis=1)
+            if not counts.any():
+                continue
+            F2t, w2t = F2.T[vt], w2.T[vt]
+            sit = np.broadcast_to(si[None, :], vt.shape)[vt]
+            ends = np.cumsum(counts)
+            for c in np.flatnonzero(counts):
+                a, b = ends[c] - counts[c], ends[c]
+                j = int(js[c])
+                pending[j - 1].append((F2t[a:b], w2t[a:b], sit[a:b], k, j))
+        return spent
 
 
 def _least_channel(profile: Profile, cost: CostModel) -> list[float]:
@@ -956,3 +1084,11 @@ def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,
         plan = make_plan(profile, cost, s, bucket_bytes, nodes=nodes)
         out[plan.scheme] = plan
     return out
+
+
+def grouping_lower_bound(profile: Profile, cost: CostModel) -> float:
+    """A lower bound on the iteration time of every grouping of the layers into messages sent
+    in backward order, under `cost` (the extended model's rho and sigma where it has them):
+    what `mgwfbp`'s search prunes with, from the start of the forward pass."""
+    total = sum(layer.backward_time for layer in profile.layers)
+    return _lower(profile, cost, total)(profile.num_layers, profile.forward_time, 0.0)

@@ -604,7 +604,8 @@ def _optimal_runs(profile: Profile, cost: CostModel) -> list[tuple[int, int]]:
 
 
 def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool = True,
-                             upper: float = math.inf, budget: int | None = None
+                             upper: float = math.inf, budget: int | None = None,
+                             terms: dict | None = None
                              ) -> tuple[list[tuple[int, int]], bool]:
     """Exact optimum over groupings of consecutive layers under the extended model.
 
@@ -628,9 +629,10 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
 
     `budget`: about this many state transitions in all. Before expanding front k it is cut
     to its share of what is left (those of least lower bound are kept, at least one); the
-    result is then no longer proven optimal. Returns (runs, exact): exact is False when
-    a front was cut; runs is [] when every state was dropped (`upper` below what is
-    reachable).
+    result is then no longer proven optimal. `terms`: a dict of (T, 1 + rho, sigma) per
+    message size, shared by searches of the same profile and cost. Returns (runs, exact):
+    exact is False when a front was cut; runs is [] when every state was dropped (`upper`
+    below what is reachable).
 
     A front is expanded as arrays (`_expand`): every state against a block of group sizes at
     once, with the same floating-point operations in the same order as `_message` and
@@ -641,13 +643,12 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
     for l in range(L, 0, -1):
         W[l] = W[l + 1] + profile.layers[l - 1].backward_time
     need = _least_channel(profile, cost)  # need[k]: least channel time of layers 1..k
-    search = _Expansion(profile, cost, W, need, upper)
+    search = _Expansion(profile, cost, W, need, upper, {} if terms is None else terms)
     exact, spent, per_state = True, 0, float(L)
     # pending[k]: chunks of states after sending layers L..k+1, in the order they were made:
-    # (F, w, parent state indices, parent k, j)
+    # ((F, w, parent state index) x n, parent k, j)
     pending: list[list[tuple]] = [[] for _ in range(L + 1)]
-    pending[L] = [(np.array([profile.forward_time]), np.zeros(1), np.zeros(1, np.int64),
-                   -1, -1)]
+    pending[L] = [(np.array([[profile.forward_time], [0.0], [0.0]]), -1, -1)]
     fronts: list[tuple | None] = [None] * (L + 1)  # (F, w, parent si, parent k, j) arrays
     for k in range(L, -1, -1):
         chunks, pending[k] = pending[k], []
@@ -685,11 +686,11 @@ def _optimal_interfered_runs(profile: Profile, cost: CostModel, *, strict: bool 
 def _concat(chunks: list[tuple]) -> tuple:
     """The states of `chunks` (see _optimal_interfered_runs) as (F, w, parent si, parent k,
     j) arrays, in the order made."""
-    sizes = [len(c[0]) for c in chunks]
-    return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]),
-            np.concatenate([c[2] for c in chunks]),
-            np.repeat(np.array([c[3] for c in chunks], np.int64), sizes),
-            np.repeat(np.array([c[4] for c in chunks], np.int64), sizes))
+    made = np.concatenate([c[0] for c in chunks], axis=1)
+    sizes = [c[0].shape[1] for c in chunks]
+    return (made[0], made[1], made[2].astype(np.int64),
+            np.repeat(np.array([c[1] for c in chunks], np.int64), sizes),
+            np.repeat(np.array([c[2] for c in chunks], np.int64), sizes))
 
 
 def _pareto_arrays(chunks: list[tuple], strict: bool) -> tuple:
@@ -718,7 +719,7 @@ class _Expansion:
     BLOCK = 64  # group sizes tried per array operation (a state stops at its first break)
 
     def __init__(self, profile: Profile, cost: CostModel, W: list[float], need: list[float],
-                 upper: float):
+                 upper: float, terms: dict[int, tuple[float, float, float]]):
         L = profile.num_layers
         self.nb = profile.dtype_bytes
         self.cum = [0, *itertools.accumulate(layer.params for layer in profile.layers)]
@@ -733,8 +734,9 @@ class _Expansion:
         rho_min = min([r for _, r in cost.interference] or [0.0])
         self.rho_max = max([r for _, r in cost.interference] or [0.0])
         self.q = rho_min / (1.0 + rho_min)
-        # per message size: its full-speed time, 1 + rho and sigma (sizes repeat)
-        self.terms: dict[int, tuple[float, float, float]] = {}
+        # per message size: its full-speed time, 1 + rho and sigma (sizes repeat; shared by
+        # the searches of one profile and cost)
+        self.terms = terms
         self.L = L
 
     def _terms(self, k: int, js: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -811,13 +813,15 @@ class _Expansion:
             counts = vt.sum(axis=1)
             if not counts.any():
                 continue
-            F2t, w2t = F2.T[vt], w2.T[vt]
-            sit = np.broadcast_to(si[None, :], vt.shape)[vt]
-            ends = np.cumsum(counts)
-            for c in np.flatnonzero(counts):
-                a, b = ends[c] - counts[c], ends[c]
-                j = int(js[c])
-                pending[j - 1].append((F2t[a:b], w2t[a:b], sit[a:b], k, j))
+            # one (3, n) array of F, w and the parent's index (exact in float64)
+            made = np.stack([F2.T[vt], w2.T[vt],
+                             np.broadcast_to(si[None, :], vt.shape)[vt]])
+            ends = np.cumsum(counts).tolist()
+            counts, jl = counts.tolist(), js.tolist()
+            for c, m in enumerate(counts):
+                if m:
+                    j = jl[c]
+                    pending[j - 1].append((made[:, ends[c] - m:ends[c]], k, j))
         return spent
 
 
@@ -888,11 +892,11 @@ def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
     return kept
 
 
-# State transitions of `mgwfbp` under the extended model. At 1,000,000 a 500-layer profile
-# took 6.6-8.2 s on an idle 2-core machine and 450,000 takes 2.9-3.8 s, to the same plans in
-# all four of bench_planner's settings (0.0-3.1% above `grouping_lower_bound`); GoogleNet and
-# ResNet-50 (K80 profiles) keep their plans, ResNet-50 losing its proof in one setting.
-FRONT_BUDGET = 450_000
+# State transitions of `mgwfbp` under the extended model. The fronts are expanded as arrays
+# (_Expansion), so a million transitions take well under a second; what a 500-layer profile
+# costs beyond them (group sizes, candidates, fronts) keeps it at 2-3 s on an idle 2-core
+# machine. GoogleNet and ResNet-50 (K80 profiles) plan exactly under measured-like rho/sigma.
+FRONT_BUDGET = 1_000_000
 
 
 def grouping_lower_bound(profile: Profile, cost: CostModel) -> float:
@@ -919,13 +923,15 @@ def _optimal_extended_runs(profile: Profile, cost: CostModel
         return timeline(profile, cost, _groups_from_runs(profile, runs)).iteration_time
 
     best = min(candidates, key=time_of)
+    terms: dict[int, tuple[float, float, float]] = {}
     if strict:  # the idling dominance is inexact here but a good bound
         guess, _ = _optimal_interfered_runs(profile, cost, strict=False, upper=time_of(best),
-                                            budget=FRONT_BUDGET // 4)
+                                            budget=FRONT_BUDGET // 4, terms=terms)
         if guess and time_of(guess) < time_of(best):
             best = guess
     runs, exact = _optimal_interfered_runs(profile, cost, strict=strict,
-                                           upper=time_of(best), budget=FRONT_BUDGET)
+                                           upper=time_of(best), budget=FRONT_BUDGET,
+                                           terms=terms)
     if not runs or time_of(best) < time_of(runs):
         # only when a capped front lost the bound's states (exactly, best is optimal)
         runs = best
@@ -1085,10 +1091,3 @@ def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,
         out[plan.scheme] = plan
     return out
 
-
-def grouping_lower_bound(profile: Profile, cost: CostModel) -> float:
-    """A lower bound on the iteration time of every grouping of the layers into messages sent
-    in backward order, under `cost` (the extended model's rho and sigma where it has them):
-    what `mgwfbp`'s search prunes with, from the start of the forward pass."""
-    total = sum(layer.backward_time for layer in profile.layers)
-    return _lower(profile, cost, total)(profile.num_layers, profile.forward_time, 0.0)

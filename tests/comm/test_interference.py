@@ -9,6 +9,7 @@ import itertools
 import json
 import random
 
+import numpy as np
 import pytest
 
 from mgcaffe.comm.model import planner
@@ -230,9 +231,11 @@ def test_the_idling_dominance_is_wrong_under_sigma():
     # would be B). The next message is ready in both and needs 1 s alone; rho = 9, sigma = 100.
     # From A: backward's 2 s take 20 s beside it, the message does 0.2 s of its work by then and
     # ends at 20.8. From B: the last 1 s takes 10 s (end 11), 0.1 s done, ends at 11.9: B wins.
-    A, B = (0.0, 0.0, None, None, None), (1.0, 1.0, None, None, None)
-    assert planner._pareto([A, B], strict=False) == [A]  # the old rule drops B: wrong
-    assert planner._pareto([A, B], strict=True) == [A, B]  # the strict rule keeps both
+    states = [(np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 0.0]]), 3, 2)]  # F, w, parent: A, B
+    idling = planner._pareto_arrays(states, strict=False)
+    assert idling[0].tolist() == [0.0]  # the old rule drops B: wrong
+    strict = planner._pareto_arrays(states, strict=True)
+    assert strict[0].tolist() == [0.0, 1.0] and strict[1].tolist() == [0.0, 1.0]  # keeps both
     dA, _ = planner._message(0.0, 1.0, 10.0, 100.0, 2.0)
     dB, _ = planner._message(1.0, 1.0, 10.0, 100.0, 2.0)
     assert 0.0 + dA == pytest.approx(20.8) and 1.0 + dB == pytest.approx(11.9)

@@ -694,9 +694,10 @@ def _concat(chunks: list[tuple]) -> tuple:
 
 
 def _pareto_arrays(chunks: list[tuple], strict: bool) -> tuple:
-    """`_pareto` of the states in `chunks` (arrays, see _optimal_interfered_runs): sorted by
-    F (ties: most work first, then in the order made), each kept when its w (strict) or
-    w - F exceeds every earlier one's. Returns (F, w, parent si, parent k, j) arrays."""
+    """The states of `chunks` (arrays, see _optimal_interfered_runs) not dominated by another:
+    sorted by F (ties: most work first, then in the order made), each kept when its w
+    (strict) or w - F exceeds every earlier one's. Returns (F, w, parent si, parent k, j)
+    arrays."""
     F, w, si, pk, pj = _concat(chunks)
     order = np.lexsort((-w, F))  # stable: equal states stay in the order made
     F, w = F[order], w[order]
@@ -720,7 +721,6 @@ class _Expansion:
 
     def __init__(self, profile: Profile, cost: CostModel, W: list[float], need: list[float],
                  upper: float, terms: dict[int, tuple[float, float, float]]):
-        L = profile.num_layers
         self.nb = profile.dtype_bytes
         self.cum = [0, *itertools.accumulate(layer.params for layer in profile.layers)]
         self.W = np.array(W)
@@ -737,7 +737,6 @@ class _Expansion:
         # per message size: its full-speed time, 1 + rho and sigma (sizes repeat; shared by
         # the searches of one profile and cost)
         self.terms = terms
-        self.L = L
 
     def _terms(self, k: int, js: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cost, terms, cum, nb, top = self.cost, self.terms, self.cum, self.nb, self.cum[k]
@@ -875,21 +874,6 @@ def _lower(profile: Profile, cost: CostModel, total: float, need: list[float] | 
         return F + rest + x * q + max(first, c - x / sigma_min)
 
     return lower
-
-
-def _pareto(states: list[tuple], strict: bool = True) -> list[tuple]:
-    """The states not dominated by another (see _optimal_interfered_runs), sorted by F (ties:
-    most work first). strict: kept when it has done more work than every state kept before
-    it; else when its w - F exceeds every kept one's."""
-    states = sorted(states, key=lambda st: (st[0], -st[1]))
-    kept: list[tuple] = []
-    best = -math.inf
-    for st in states:
-        v = st[1] if strict else st[1] - st[0]
-        if v > best:
-            kept.append(st)
-            best = v
-    return kept
 
 
 # State transitions of `mgwfbp` under the extended model. The fronts are expanded as arrays
@@ -1090,4 +1074,3 @@ def make_plans(profile: Profile, cost: CostModel, schemes=SCHEMES,
         plan = make_plan(profile, cost, s, bucket_bytes, nodes=nodes)
         out[plan.scheme] = plan
     return out
-

@@ -109,33 +109,6 @@ extern "C" __global__ void mgcaffe_bn_normalize(
 }
 """
 
-_BN_BACKWARD_SUMS_SOURCE = _BLOCK_SUM + r"""
-extern "C" __global__ void mgcaffe_bn_backward_sums(
-    const real* dy, const real* y, real* sum_dy, real* sum_dy_y, int outer, int channels,
-    int inner) {
-  __shared__ double part[MGCAFFE_BLOCK];
-  __shared__ double part_y[MGCAFFE_BLOCK];
-  const long long m = (long long)outer * inner;
-  for (int c = blockIdx.x; c < channels; c += gridDim.x) {
-    double s = 0, sy = 0;
-    for (long long i = threadIdx.x; i < m; i += blockDim.x) {
-      const long long k = MGCAFFE_AT(i, c, channels, inner);
-      s += dy[k];
-      sy += (double)dy[k] * y[k];
-    }
-    part[threadIdx.x] = s;
-    part_y[threadIdx.x] = sy;
-    mgcaffe_block_sum(part);
-    mgcaffe_block_sum(part_y);
-    if (threadIdx.x == 0) {
-      sum_dy[c] = (real)part[0];
-      sum_dy_y[c] = (real)part_y[0];
-    }
-    __syncthreads();
-  }
-}
-"""
-
 _BN_BACKWARD_SOURCE = r"""
 typedef REAL real;
 extern "C" __global__ void mgcaffe_bn_backward(
@@ -167,12 +140,13 @@ extern "C" __global__ void mgcaffe_scale_forward(
 }
 """
 
-_SCALE_SUMS_SOURCE = _BLOCK_SUM + r"""
-// Per channel c: bias_diff[c] (+)= sum of dy; scale_diff[c] (+)= sum of dy * x (accumulate:
-// add to the diff, else overwrite it); want 0 skips that sum.
-extern "C" __global__ void mgcaffe_scale_sums(
-    const real* dy, const real* x, real* bias_diff, real* scale_diff, int outer, int dim,
-    int inner, int want_bias, int want_scale, int accumulate_bias, int accumulate_scale) {
+_CHANNEL_SUMS_SOURCE = _BLOCK_SUM + r"""
+// Per channel c: sum_dy[c] (+)= the sum of dy; sum_dy_x[c] (+)= the sum of dy * x (accumulate:
+// add to it, else overwrite it); want 0 skips that sum. Scale's bias and scale gradients,
+// BatchNorm's backward sums of dy and dy * y.
+extern "C" __global__ void mgcaffe_channel_sums(
+    const real* dy, const real* x, real* sum_dy, real* sum_dy_x, int outer, int dim,
+    int inner, int want_dy, int want_dy_x, int accumulate_dy, int accumulate_dy_x) {
   __shared__ double part[MGCAFFE_BLOCK];
   __shared__ double part_x[MGCAFFE_BLOCK];
   const long long m = (long long)outer * inner;
@@ -180,18 +154,17 @@ extern "C" __global__ void mgcaffe_scale_sums(
     double s = 0, sx = 0;
     for (long long i = threadIdx.x; i < m; i += blockDim.x) {
       const long long k = MGCAFFE_AT(i, c, dim, inner);
-      if (want_bias) s += dy[k];
-      if (want_scale) sx += (double)dy[k] * x[k];
+      if (want_dy) s += dy[k];
+      if (want_dy_x) sx += (double)dy[k] * x[k];
     }
     part[threadIdx.x] = s;
     part_x[threadIdx.x] = sx;
     mgcaffe_block_sum(part);
     mgcaffe_block_sum(part_x);
     if (threadIdx.x == 0) {
-      if (want_bias)
-        bias_diff[c] = accumulate_bias ? bias_diff[c] + (real)part[0] : (real)part[0];
-      if (want_scale)
-        scale_diff[c] = accumulate_scale ? scale_diff[c] + (real)part_x[0] : (real)part_x[0];
+      if (want_dy) sum_dy[c] = accumulate_dy ? sum_dy[c] + (real)part[0] : (real)part[0];
+      if (want_dy_x)
+        sum_dy_x[c] = accumulate_dy_x ? sum_dy_x[c] + (real)part_x[0] : (real)part_x[0];
     }
     __syncthreads();
   }
@@ -212,10 +185,9 @@ extern "C" __global__ void mgcaffe_scale_input_grad(
 add_sources({"mgcaffe_bn_stats": _BN_STATS_SOURCE,
              "mgcaffe_bn_global": _BN_GLOBAL_SOURCE,
              "mgcaffe_bn_normalize": _BN_NORMALIZE_SOURCE,
-             "mgcaffe_bn_backward_sums": _BN_BACKWARD_SUMS_SOURCE,
              "mgcaffe_bn_backward": _BN_BACKWARD_SOURCE,
              "mgcaffe_scale_forward": _SCALE_FORWARD_SOURCE,
-             "mgcaffe_scale_sums": _SCALE_SUMS_SOURCE,
+             "mgcaffe_channel_sums": _CHANNEL_SUMS_SOURCE,
              "mgcaffe_scale_input_grad": _SCALE_INPUT_GRAD_SOURCE})
 
 
@@ -274,9 +246,9 @@ def bn_backward(dy, y, std, dx, dims, sums):
     outer, channels, inner, total = _dims("bn_backward", dims, ("dy", dy), ("y", y),
                                           ("dx", dx))
     sum_dy, sum_dy_y = sums
-    _per_channel(_kernel(xp, "mgcaffe_bn_backward_sums", dy.dtype), channels,
+    _per_channel(_kernel(xp, "mgcaffe_channel_sums", dy.dtype), channels,
                  (dy, y, sum_dy, sum_dy_y, np.int32(outer), np.int32(channels),
-                  np.int32(inner)))
+                  np.int32(inner), np.int32(1), np.int32(1), np.int32(0), np.int32(0)))
     _launch(_kernel(xp, "mgcaffe_bn_backward", dy.dtype), total,
             (dy, y, sum_dy, sum_dy_y, std, dx, np.int64(total), np.int32(channels),
              np.int32(inner), dy.dtype.type(-1.0 / (outer * inner))))
@@ -304,7 +276,7 @@ def scale_backward(dy, x, s, dims, *, bias_diff=None, scale_diff=None, accumulat
     xp = _cupy_of(dy, "scale_backward")
     outer, dim, inner, total = _dims("scale_backward", dims, ("dy", dy), ("x", x), ("dx", dx))
     if bias_diff is not None or scale_diff is not None:
-        _per_channel(_kernel(xp, "mgcaffe_scale_sums", dy.dtype), dim,
+        _per_channel(_kernel(xp, "mgcaffe_channel_sums", dy.dtype), dim,
                      (dy, dy if x is None else x,
                       bias_diff if bias_diff is not None else scale_diff,
                       scale_diff if scale_diff is not None else bias_diff,

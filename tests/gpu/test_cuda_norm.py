@@ -81,8 +81,9 @@ def test_batch_norm_kernels_follow_the_array_code(double, shape, dtype, in_place
                 shape).astype(dtype) * 2 - 0.5, xp)
             runs.append(step(layer, bottom, top, seed))
         if name == "gpu":
-            assert sum(double.counters.launches_by_name[f"RawKernel mgcaffe_bn_{k}"]
-                       for k in ("stats", "normalize", "backward_sums", "backward")) == 8
+            assert sum(double.counters.launches_by_name[f"RawKernel mgcaffe_{k}"]
+                       for k in ("bn_stats", "bn_normalize", "channel_sums",
+                                 "bn_backward")) == 8
         results[name] = runs, [to_host(b.data).copy() for b in layer.blobs]
     (cpu_runs, cpu_stats), (gpu_runs, gpu_stats) = results["cpu"], results["gpu"]
     for (y_c, dx_c), (y_g, dx_g) in zip(cpu_runs, gpu_runs):
@@ -141,8 +142,8 @@ def test_scale_kernels_follow_the_array_code(double, text, shape, dtype, in_plac
             double.counters.reset()
         y, dx = step(layer, bottom, top)
         if name == "gpu":
-            assert sum(double.counters.launches_by_name[f"RawKernel mgcaffe_scale_{k}"]
-                       for k in ("forward", "sums", "input_grad")) == 3
+            assert sum(double.counters.launches_by_name[f"RawKernel mgcaffe_{k}"]
+                       for k in ("scale_forward", "channel_sums", "scale_input_grad")) == 3
         results[name] = y, dx, [to_host(b.diff).copy() for b in layer.blobs]
     (y_c, dx_c, d_c), (y_g, dx_g, d_g) = results["cpu"], results["gpu"]
     np.testing.assert_allclose(y_g, y_c, **tol(dtype))

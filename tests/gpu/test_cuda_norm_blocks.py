@@ -135,26 +135,15 @@ def test_batch_norm_statistics_with_a_block_of_threads(build, dims):
 
 
 @pytest.mark.parametrize("dims", DIMS)
-def test_batch_norm_backward_sums_with_a_block_of_threads(build, dims):
-    outer, channels, inner = dims
-    dy, y = data(dims, 1), data(dims, 2)
-    sum_dy, sum_dy_y = np.zeros(channels), np.zeros(channels)
-    run_blocks(build("mgcaffe_bn_backward_sums"), "mgcaffe_bn_backward_sums",
-               (dy, y, sum_dy, sum_dy_y, np.int32(outer), np.int32(channels),
-                np.int32(inner)))
-    np.testing.assert_allclose(sum_dy, dy.sum(axis=(0, 2)), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(sum_dy_y, (dy * y).sum(axis=(0, 2)), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("dims", DIMS)
-@pytest.mark.parametrize("accumulate", [(1, 0), (0, 1)])  # each diff added to and written
-def test_scale_sums_with_a_block_of_threads(build, dims, accumulate):
+# each sum added to and written; (0, 0): BatchNorm's backward sums of dy and dy * y
+@pytest.mark.parametrize("accumulate", [(1, 0), (0, 1), (0, 0)])
+def test_channel_sums_with_a_block_of_threads(build, dims, accumulate):
     outer, dim, inner = dims
     dy, x = data(dims, 3), data(dims, 4)
     bias_diff, scale_diff = np.full(dim, 0.25), np.full(dim, -0.5)
     want_bias = dy.sum(axis=(0, 2)) + (0.25 if accumulate[0] else 0)
     want_scale = (dy * x).sum(axis=(0, 2)) + (-0.5 if accumulate[1] else 0)
-    run_blocks(build("mgcaffe_scale_sums"), "mgcaffe_scale_sums",
+    run_blocks(build("mgcaffe_channel_sums"), "mgcaffe_channel_sums",
                (dy, x, bias_diff, scale_diff, np.int32(outer), np.int32(dim), np.int32(inner),
                 np.int32(1), np.int32(1), np.int32(accumulate[0]), np.int32(accumulate[1])))
     np.testing.assert_allclose(bias_diff, want_bias, rtol=1e-12, atol=1e-12)

@@ -55,6 +55,7 @@ CLOSING = re.compile(r"measured ([\d.]+) ms \(median of (\d+)\), predicted ([\d.
                      r"plan (\S+)")
 OUTSIDE = re.compile(r"(\d+) of (\d+) sizes outside their spread")
 REPLANNED = "Re-planned at iteration"
+UNDONE = "Re-plan undone:"
 LONG_BAND, SHORT_BAND = (0.9, 1.1), (0.8, 1.25)
 NEAR_FASTEST = 1.05
 
@@ -110,7 +111,7 @@ def read_run(out: str) -> dict:
             "ratio": float(measured) / float(predicted),
             "fit_misses": None if outside is None else [int(outside.group(1)),
                                                          int(outside.group(2))],
-            "replanned": REPLANNED in out}
+            "replanned": REPLANNED in out, "undone": UNDONE in out}
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -145,9 +146,10 @@ def table(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         misses = "-" if r["fit_misses"] is None else f"{r['fit_misses'][0]}/{r['fit_misses'][1]}"
+        replanned = "undone" if r.get("undone") else "yes" if r["replanned"] else "no"
         lines.append(f"{r['kind']:<6} {r['scheme']:<12} {r['iterations']:>5} "
                      f"{r['measured_ms']:>8.1f}ms {r['predicted_ms']:>8.1f}ms "
-                     f"{r['ratio']:>9.2f}  {'yes' if r['replanned'] else 'no':<10} "
+                     f"{r['ratio']:>9.2f}  {replanned:<10} "
                      f"{misses:<10} {r['plan']}")
     return "\n".join(lines)
 

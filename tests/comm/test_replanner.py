@@ -74,8 +74,18 @@ class Driver:
         self.it = 0
         self.phases: list[tuple[int, Phase]] = [(0, replanner.phase)]
         self.switches: list[int] = []
+        self.periods: list[float] | None = None  # measured as the trainer does, when a list
+        self._start: float | None = None
+
+    def extra(self) -> float:
+        """Seconds the iteration takes after backward beyond the 0.5 s tail."""
+        return 0.0
 
     def step(self, ready_layers: int | None = None) -> None:
+        if self.periods is not None:  # the trainer: forward start to the next forward start
+            if self._start is not None and self.r.plan is not None and not self.r.profiling:
+                self.periods.append(self.clock - self._start)
+            self._start = self.clock
         overlapped = (self.in_flight and self.executor.intervals is not None
                       and self.executor.overlapping)
         per_layer = self.layer * (self.slow if overlapped else 1.0)
@@ -89,10 +99,12 @@ class Driver:
             self.executor.intervals.append((self.timer.forward_end, t, 64))
         if ready_layers is not None:
             ready = {k: v for k, v in ready.items() if k <= ready_layers}
-        self.clock = t + 0.5
+        self.clock = t + 0.5 + self.extra()
         self.it += 1
-        if self.r.after_iteration(self.it, ready):
+        if self.r.after_iteration(self.it, ready, periods=self.periods):
             self.switches.append(self.it)
+            if self.periods is not None:
+                self.periods.clear()
         if self.r.phase is not self.phases[-1][1]:
             self.phases.append((self.it, self.r.phase))
 
@@ -316,3 +328,82 @@ def test_a_doubtful_T_without_a_re_plan_keeps_the_scheme():
     r = replanner(cost=CostModel(0.5, 0.0, doubt="far off"), replan_after=0)
     d = Driver(r).run(10)
     assert d.executor.plans[-1] == [["fc1"], ["conv2"], ["conv1"]]
+
+
+class Slower(Driver):
+    """Measures its iterations; under a plan of several messages each takes the next of
+    `extra` (in turn) more seconds: what the model did not see."""
+
+    def __init__(self, replanner: Replanner, extra: list[float]):
+        self.extras, self.n = extra, 0
+        super().__init__(replanner)
+        self.periods = []
+
+    def extra(self) -> float:
+        if len(self.executor.plans[-1]) == 1:
+            return 0.0
+        self.n += 1
+        return self.extras[(self.n - 1) % len(self.extras)]
+
+
+def doubtful_mgwfbp(communicator=None) -> Replanner:
+    """Starts with one message after backward (T in doubt) and re-plans to three: each
+    message 0.5 s beside layers of 1 s."""
+    return replanner(communicator, cost=CostModel(0.5, 0.0, doubt="in doubt"), comm="mgwfbp",
+                     replan_after=8)
+
+
+def test_a_re_plan_measured_slower_than_the_start_up_plan_is_undone(caplog):
+    r = doubtful_mgwfbp()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Slower(r, [2.0]).run(40)
+    # warm-up 3-11, re-planned at 23 to three messages; measured 2 * profile_iters = 6
+    # iterations of it (6.5 s each against 4.5 s for the one message), undone at 23 + 6 + 1
+    assert d.phases[-3:] == [(11, Phase.REPLAN_PROFILE), (23, Phase.REPLAN_CHECK),
+                             (30, Phase.FIXED)]
+    assert d.switches == [3, 23, 30] and [i for i, _ in r.plan_switches] == [3, 23, 30]
+    assert d.executor.plans[-2:] == [[["fc1"], ["conv2"], ["conv1"]],
+                                     [["fc1", "conv2", "conv1"]]]
+    assert r.replan_undone and [list(g) for g in r.plan.groups] == [["fc1", "conv2", "conv1"]]
+    assert r.median_prediction == pytest.approx(4.5)  # one message 0.5 s after backward
+    assert ("Re-plan undone: it measured 6500.00 ms per iteration (median of 6; lower quartile "
+            "6500.00) against 4500.00 ms for the start-up plan (median of its last 6 in "
+            "warm-up") in caplog.text
+    assert "predicted 4500.00 ms by the re-plan's model" in caplog.text
+    d.run(10)
+    assert d.switches == [3, 23, 30] and not r.planning  # no more switches
+
+
+def test_a_re_plan_within_the_margin_or_the_noise_is_kept(caplog):
+    r = doubtful_mgwfbp()
+    d = Slower(r, [0.2]).run(40)  # 4.4% slower: within the 5% margin
+    assert d.switches == [3, 23] and not r.replan_undone and r.phase is Phase.FIXED
+    assert d.executor.plans[-1] == [["fc1"], ["conv2"], ["conv1"]]
+
+    r = doubtful_mgwfbp()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Slower(r, [0.0, 0.6]).run(40)  # median 4.8 (6.7% slower); lower quartile 4.5
+    assert d.switches == [3, 23] and not r.replan_undone
+    assert "Re-plan kept: it measured 4800.00 ms" in caplog.text
+    assert r.median_prediction == pytest.approx(4.5)  # the re-plan's own: 1 + 3 + 0.5
+
+
+def test_an_unchanged_re_plan_is_not_checked():
+    r = replanner(replan_after=8)  # wfbp: the re-plan is the start-up plan again
+    d = Slower(r, [5.0]).run(40)
+    assert d.switches == [3, 23] and Phase.REPLAN_CHECK not in [p for _, p in d.phases]
+
+
+def test_ranks_undo_the_re_plan_together_when_one_rank_measured_it_slower():
+    comms = LocalWorld(2).communicators()
+    drivers = [None, None]
+
+    def rank_main(rank):
+        drivers[rank] = Slower(doubtful_mgwfbp(comms[rank]), [2.0 * rank]).run(35)
+
+    _, errors = run_ranks(2, rank_main, timeout=30)
+    assert errors == [None, None]
+    r0, r1 = (d.r for d in drivers)
+    assert r0.replan_undone and r1.replan_undone
+    assert r0.plan_switches == r1.plan_switches
+    assert [i for i, _ in r0.plan_switches] == [3, 23, 30]

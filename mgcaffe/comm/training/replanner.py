@@ -20,6 +20,13 @@ A run's plan goes through named phases (`Phase`):
   profile) with overlapped ones (all-reduces during backward), measuring in situ how much
   backward slows beside its all-reduces (rho) and how much those slow beside backward
   (sigma); then the re-plan, switched likewise.
+- REPLAN_CHECK: the model the re-plan used can still be wrong where it was not measured (rho
+  and sigma come from per-layer and start-up-plan messages, not the new plan's). When the
+  re-plan changed the plan, its first `check_iters` iterations (forward start to the next
+  forward start) are compared with the start-up plan's last ones in warm-up; a re-plan
+  measured more than `CHECK_MARGIN` slower, with its lower quartile above the start-up plan's
+  median (beyond the noise), is undone: the start-up plan runs on, predicted under the
+  re-plan's model, and the log says why. Measured, not predicted, has the last word.
 - FIXED: the plan is final (given by --plan or --profile, re-planned, or no re-plan asked).
 
 Every transition happens on every rank at the same iteration: the counts that drive it are
@@ -67,6 +74,14 @@ from .startup import (
 log = logging.getLogger("mgcaffe.comm")
 
 PROFILE_EXTENSION = 4  # profiling may run up to this many times profile_iters while drifting
+CHECK_MARGIN = 0.05  # a re-plan measured this much slower than the start-up plan is undone
+
+
+def _lower_quartile(values: list[float]) -> float:
+    """The 25th percentile (the value itself for fewer than two)."""
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=4)[0]
 
 
 class Phase(enum.Enum):
@@ -75,6 +90,7 @@ class Phase(enum.Enum):
     STARTUP_PROFILE = "start-up profile"
     WARM_UP = "warm-up"
     REPLAN_PROFILE = "re-plan profile"
+    REPLAN_CHECK = "re-plan check"
     FIXED = "fixed"
 
 
@@ -157,10 +173,20 @@ class Replanner:
         self.scheme = options.scheme  # what is planned (the trainer may fall back)
         self.shape: ForwardShape | None = None  # per-layer forward/update times, scheduled
         self.forward_shape: Any = None  # the ranks' combined shape of the latest profile
+        self.warmup_periods: list[float] = []  # the start-up plan's last periods in warm-up
+        self.check_at: int | None = None  # iteration at which the re-plan is judged
+        self.fallback: tuple[Any, float] | None = None  # (start-up plan, its prediction now)
+        self.replan_undone = False  # the re-plan measured slower and was undone
+
+    @property
+    def check_iters(self) -> int:
+        """Iterations of a changed re-plan measured before it is kept or undone."""
+        return 2 * self.options.profile_iters
 
     @property
     def planning(self) -> bool:
-        """Whether a profile (start-up or re-plan) is still to be measured or under way."""
+        """Whether a profile (start-up or re-plan) is still to be measured or under way, or
+        the re-plan still to be checked."""
         return self.phase is not Phase.FIXED
 
     @property
@@ -262,19 +288,27 @@ class Replanner:
     def may_switch(self, it: int) -> bool:
         """Whether `after_iteration(it, ...)` may change what the thread runs (its work of the
         last iteration must be done first)."""
-        return self.profiling or (self.phase is Phase.WARM_UP and it >= self.replan_at)
+        return self.profiling or (self.phase is Phase.WARM_UP and it >= self.replan_at) or \
+            (self.phase is Phase.REPLAN_CHECK and it >= self.check_at)
 
     def after_iteration(self, it: int, ready: dict[int, float],
                         gates: dict[int, float] | None = None,
-                        updates: list[float] | None = None) -> bool:
+                        updates: list[float] | None = None,
+                        periods: list[float] | None = None) -> bool:
         """Advance the phase after iteration `it - 1` (the solver's count already includes
         it), given each learnable layer's gradient-ready time (and, per layer, the seconds
-        the forward waited for gradients and updated: `gates`, and the update times);
-        True when the plan switched."""
+        the forward waited for gradients and updated: `gates`, and the update times) and
+        the iterations measured since the plan last switched (`periods`: forward start to
+        the next forward start, the first one still under the plan before); True when the
+        plan switched."""
         if self.profiling:
             return self._profile_step(it, ready, gates or {}, updates)
         if self.phase is Phase.WARM_UP and it >= self.replan_at:
+            measured = (periods or [])[1:]
+            self.warmup_periods = measured[-self.check_iters:]
             self._start_replan_profile(it)
+        if self.phase is Phase.REPLAN_CHECK and it >= self.check_at:
+            return self._check_replan(it, (periods or [])[1:])
         return False
 
     def _profile_step(self, it: int, ready: dict[int, float], gates: dict[int, float],
@@ -357,15 +391,56 @@ class Replanner:
         self.phase = Phase.FIXED
         if replanning:
             self.startup_prediction = before_median
+            changed = plan.digest() != before.digest()
+            check = changed and len(self.warmup_periods) >= 2
+            if check:
+                self.fallback = (before, median_prediction(before, steps, self.cost, net, shape))
+                self.phase = Phase.REPLAN_CHECK
+                self.check_at = it + self.check_iters + 1  # the first period is the old plan's
             if self.rank == 0:
                 log.info("Re-planned at iteration %d: predicted iteration %.2f ms (the "
                          "start-up profile predicted %.2f ms); plan %s %s the start-up plan's "
-                         "groups", it, self.median_prediction * 1e3, before_median * 1e3,
+                         "groups%s", it, self.median_prediction * 1e3, before_median * 1e3,
                          plan.digest()[:12],
-                         "keeps" if plan.groups == before.groups else "changes")
+                         "keeps" if plan.groups == before.groups else "changes",
+                         f"; measuring it {self.check_iters} iterations against the start-up "
+                         f"plan (predicted {self.fallback[1] * 1e3:.2f} ms now)" if check
+                         else "")
         elif self.options.replan_after > 0:
             self.phase = Phase.WARM_UP
             self.replan_at = it + self.options.replan_after
+
+    def _check_replan(self, it: int, measured: list[float]) -> bool:
+        """Keep the re-plan, or undo it when it measured slower than the start-up plan
+        beyond the noise (a collective: every rank decides from the same numbers)."""
+        before, predicted = self.fallback
+        self.fallback, self.check_at, self.phase = None, None, Phase.FIXED
+        if not measured:  # nothing measured (a caller without periods): nothing to judge by
+            measured = [0.0]
+        mine = (statistics.median(self.warmup_periods), statistics.median(measured),
+                _lower_quartile(measured))
+        with self.guard("agreement on the re-plan's measured time"):
+            rows = self.comm.allgather(mine)
+        old, new, new_low = (max(row[i] for row in rows) for i in range(3))
+        undo = new > old * (1 + CHECK_MARGIN) and new_low > old
+        if self.rank == 0:
+            log.info("Re-plan %s: it measured %.2f ms per iteration (median of %d; lower "
+                     "quartile %.2f) against %.2f ms for the start-up plan (median of its last "
+                     "%d in warm-up; forward start to the next forward start, slowest rank)%s",
+                     "undone" if undo else "kept", new * 1e3, len(measured), new_low * 1e3,
+                     old * 1e3, len(self.warmup_periods),
+                     f": more than {CHECK_MARGIN:.0%} slower beyond the noise, so the start-"
+                     f"up plan runs on, predicted {predicted * 1e3:.2f} ms by the re-plan's "
+                     f"model (predicted {self.median_prediction * 1e3:.2f} ms for the re-plan: "
+                     f"the model errs for it)" if undo else "")
+        if not undo:
+            return False
+        self.replan_undone = True
+        self.executor.set_plan(before)
+        self.median_prediction = predicted
+        self.plan_switches.append((it, before.digest()))
+        self._adopt(before, f"kept at iteration {it} (the re-plan undone)")
+        return True
 
     def _start_replan_profile(self, it: int) -> None:
         """Warm-up is over: profile again on the iterations from here, then re-plan once.

@@ -101,7 +101,7 @@ class Driver:
             ready = {k: v for k, v in ready.items() if k <= ready_layers}
         self.clock = t + 0.5 + self.extra()
         self.it += 1
-        if self.r.after_iteration(self.it, ready, periods=self.periods):
+        if self.r.after_iteration(self.it, ready, periods=self.periods, measured=self.periods):
             self.switches.append(self.it)
             if self.periods is not None:
                 self.periods.clear()
@@ -334,9 +334,9 @@ class Slower(Driver):
     """Measures its iterations; under a plan of several messages each takes the next of
     `extra` (in turn) more seconds: what the model did not see."""
 
-    def __init__(self, replanner: Replanner, extra: list[float]):
+    def __init__(self, replanner: Replanner, extra: list[float], **kwargs):
         self.extras, self.n = extra, 0
-        super().__init__(replanner)
+        super().__init__(replanner, **kwargs)
         self.periods = []
 
     def extra(self) -> float:
@@ -407,3 +407,28 @@ def test_ranks_undo_the_re_plan_together_when_one_rank_measured_it_slower():
     assert r0.replan_undone and r1.replan_undone
     assert r0.plan_switches == r1.plan_switches
     assert [i for i, _ in r0.plan_switches] == [3, 23, 30]
+
+
+@pytest.mark.parametrize("extra, kept", [(0.0, False), (20.0, True)])
+def test_the_in_situ_model_is_kept_only_where_it_predicts_the_warm_up_closer(caplog, extra,
+                                                                             kept):
+    # wfbp's three messages of 3 s beside layers of 1 s: the probe (rho 0.05, sigma 1)
+    # predicts 11 s for them, the window's rho 0.5 and sigma 1.5 predict 12 s; the warm-up
+    # measured 4.5 s (nothing in the driver waits for messages) or 24.5 s
+    r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE), replan_after=8)
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = Slower(r, [extra], slow=1.5).run(30)
+    assert d.switches == [3, 23]
+    assert r.insitu.single == pytest.approx(0.5)  # measured either way
+    if kept:
+        assert r.cost.interference == ((64, pytest.approx(0.5)),)
+        assert r.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
+        assert "the re-plan uses the in-situ ones" in caplog.text
+    else:
+        assert r.cost.interference == PROBE and r.cost.comm_slowdown == ()
+        assert r.interference_source.startswith("start-up probe")
+        assert "the re-plan uses the start-up probe's" in caplog.text
+    assert r.plan.interference == r.cost.interference
+    assert (f"The start-up plan measured {4500 + extra * 1000:.2f} ms per iteration in warm-up "
+            "(median of its last 6, slowest rank); with the in-situ rho and sigma the model "
+            "predicts 12000.00 ms for it, with the start-up probe's 11000.00 ms") in caplog.text

@@ -19,7 +19,10 @@ A run's plan goes through named phases (`Phase`):
   measured interference in the cost model the window alternates undisturbed iterations (the
   profile) with overlapped ones (all-reduces during backward), measuring in situ how much
   backward slows beside its all-reduces (rho) and how much those slow beside backward
-  (sigma); then the re-plan, switched likewise.
+  (sigma); then the re-plan, switched likewise. The in-situ rho and sigma are kept only
+  when they predict the start-up plan's measured warm-up (the closing line's measure, its
+  last iterations) at least as well as the start-up probe's: both are estimates from other
+  messages than a real schedule's, and the warm-up is one measured.
 - REPLAN_CHECK: the model the re-plan used can still be wrong where it was not measured (rho
   and sigma come from per-layer and start-up-plan messages, not the new plan's). When the
   re-plan changed the plan, its first `check_iters` iterations (forward start to the next
@@ -174,6 +177,9 @@ class Replanner:
         self.shape: ForwardShape | None = None  # per-layer forward/update times, scheduled
         self.forward_shape: Any = None  # the ranks' combined shape of the latest profile
         self.warmup_periods: list[float] = []  # the start-up plan's last periods in warm-up
+        self.warmup_measured: list[float] = []  # ... and its closing-line measure there
+        self.probe_model: tuple | None = None  # the probe's (rho, sigma) points, once replaced
+        self.interference_source = "start-up probe"  # whose rho and sigma the model uses
         self.check_at: int | None = None  # iteration at which the re-plan is judged
         self.fallback: tuple[Any, float] | None = None  # (start-up plan, its prediction now)
         self.replan_undone = False  # the re-plan measured slower and was undone
@@ -294,18 +300,21 @@ class Replanner:
     def after_iteration(self, it: int, ready: dict[int, float],
                         gates: dict[int, float] | None = None,
                         updates: list[float] | None = None,
-                        periods: list[float] | None = None) -> bool:
+                        periods: list[float] | None = None,
+                        measured: list[float] | None = None) -> bool:
         """Advance the phase after iteration `it - 1` (the solver's count already includes
         it), given each learnable layer's gradient-ready time (and, per layer, the seconds
         the forward waited for gradients and updated: `gates`, and the update times) and
         the iterations measured since the plan last switched (`periods`: forward start to
-        the next forward start, the first one still under the plan before); True when the
-        plan switched."""
+        the next forward start, the first one still under the plan before; `measured`: the
+        same iterations as the closing line measures them); True when the plan switched."""
         if self.profiling:
             return self._profile_step(it, ready, gates or {}, updates)
+        measured_times = measured
         if self.phase is Phase.WARM_UP and it >= self.replan_at:
             measured = (periods or [])[1:]
             self.warmup_periods = measured[-self.check_iters:]
+            self.warmup_measured = (measured_times or [])[1:][-self.check_iters:]
             self._start_replan_profile(it)
         if self.phase is Phase.REPLAN_CHECK and it >= self.check_at:
             return self._check_replan(it, (periods or [])[1:])
@@ -375,6 +384,7 @@ class Replanner:
         net = self.net
         if replanning:
             self._correct_cost()
+            self._validate_in_situ(before, steps, shape)
         plan = self._make_and_share(
             lambda: ForwardShape.apply(median_profile(steps, net.net_name, net.names,
                                                       net.counts), shape),
@@ -553,12 +563,36 @@ class Replanner:
                     window.comm_measured += t1 - t0
                     window.comm_modelled += self.cost.time(m)
 
+    def _validate_in_situ(self, before: Any, steps: list, shape: Any) -> None:
+        """Keep the in-situ rho and sigma, or go back to the start-up probe's, whichever
+        predicts the start-up plan's measured warm-up closer (on the re-plan window's
+        profile; every rank computes the same from gathered numbers)."""
+        if self.probe_model is None or len(self.warmup_measured) < 2 or before is None:
+            return
+        with self.guard("gathering the start-up plan's measured warm-up"):
+            measured = max(self.comm.allgather(statistics.median(self.warmup_measured)))
+        interference, sigma = self.probe_model
+        probe = self.cost.with_interference(interference, comm_slowdown=sigma)
+        in_situ = median_prediction(before, steps, self.cost, self.net, shape)
+        by_probe = median_prediction(before, steps, probe, self.net, shape)
+        keep = abs(in_situ - measured) <= abs(by_probe - measured)
+        if not keep:
+            self.cost = probe
+            self.interference_source = "start-up probe (predicts the warm-up closer)"
+        if self.rank == 0:
+            log.info("The start-up plan measured %.2f ms per iteration in warm-up (median of "
+                     "its last %d, slowest rank); with the in-situ rho and sigma the model "
+                     "predicts %.2f ms for it, with the start-up probe's %.2f ms: the re-plan "
+                     "uses the %s", measured * 1e3, len(self.warmup_measured), in_situ * 1e3,
+                     by_probe * 1e3, "in-situ ones" if keep else "start-up probe's")
+
     def _adopt_in_situ_rho(self, window: InSituWindow) -> None:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the
         slowest rank's (a collective: every rank adopts the same points), and use it in the
         cost model for the re-plan, its prediction and the rest of the run."""
         self.window = None
         self.executor.intervals = None
+        self.probe_model = (tuple(self.cost.interference), tuple(self.cost.comm_slowdown))
         probe = tuple(self.cost.interference)
         classes = [m for m, _ in probe]
         mine = estimate([b for _, b in self.profiler.samples], window.rows, classes)

@@ -337,7 +337,8 @@ class DistributedTraining:
         updates = solver.update_times
         gates = ({k: w + (updates[k - 1] if updates else 0.0) for k, w in self._gates.items()}
                  if self.scheduled else {})
-        if self.replanner.after_iteration(it, self._ready, gates, updates, self.periods):
+        if self.replanner.after_iteration(it, self._ready, gates, updates, self.periods,
+                                          self._closing_times()):
             self.grad_times.clear()  # measured against the new plan's prediction from here on
             self.iteration_times.clear()
             self.periods.clear()
@@ -395,13 +396,18 @@ class DistributedTraining:
         schedule = getattr(self.plan, "schedule", None)
         return schedule is not None and schedule.update == "per-layer" and bool(self.periods)
 
+    def _closing_times(self) -> list[float]:
+        """The iterations the closing line measures: forward start to reduced gradients, or
+        to the next forward start for a plan that updates layer by layer."""
+        return self.periods if self._per_layer() else self.grad_times
+
     def measured(self) -> tuple[float, float, int] | None:
         """(measured median, predicted, iterations) of forward start to reduced gradients
         (a plan that updates layer by layer: to the next forward start) since the plan was in
         place; None before."""
         if self.plan is None:
             return None
-        times = self.periods if self._per_layer() else self.grad_times
+        times = self._closing_times()
         if not times:
             return None
         times = times[1:] or times  # the first after a plan change warms

@@ -176,6 +176,20 @@ def test_interference_slows_the_forward_beside_a_message():
     assert cycle(TWO, slowed, WFBP, edf(WFBP, [2, 1])).iteration_time > base + 0.5
 
 
+def test_a_part_interferes_as_its_whole_group_would():
+    # rho 0 and sigma 1 at a part's size, rho 2 and sigma 1.5 at the whole group's: parts sent
+    # back to back move the same bytes per second, so rho and sigma are read at the group's
+    # size, and the cycle is the one under rho 2 and sigma 1.5 at every size
+    by_size = COST.with_interference([(20, 0.0), (40, 2.0)], comm_slowdown=[(20, 1.0),
+                                                                            (40, 1.5)])
+    flat = COST.with_interference([(1, 2.0)], comm_slowdown=[(1, 1.5)])
+    for parts in ([2, 1], [4, 1], [10, 1]):
+        s = edf(WFBP, parts)
+        got = cycle(TWO, by_size, WFBP, s)
+        assert got.iteration_time == pytest.approx(cycle(TWO, flat, WFBP, s).iteration_time)
+        assert got.comm_end == pytest.approx(cycle(TWO, flat, WFBP, s).comm_end)
+
+
 def test_parts_are_as_equal_as_elements_allow_and_never_empty():
     assert part_bounds(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
     assert part_bounds(5, 4) == [(0, 1), (1, 2), (2, 3), (3, 5)]

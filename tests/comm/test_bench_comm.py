@@ -55,6 +55,36 @@ def test_benchmark_recovers_an_emulated_cost():
     assert [m for m, _, _ in doc["spreads"]["2"]] == sizes
 
 
+class SlowAtFirst:
+    """One rank alone whose first `slow_calls` all-reduces take 1 s (a link warming up), the
+    rest 1 ms; on a fake clock."""
+
+    rank, size = 0, 1
+
+    def __init__(self, slow_calls: int):
+        self.calls, self.slow_calls, self.now = 0, slow_calls, 0.0
+
+    def allreduce_sum(self, buf):
+        self.calls += 1
+        self.now += 1.0 if self.calls <= self.slow_calls else 1e-3
+
+    def barrier(self):
+        pass
+
+    def allgather(self, obj):
+        return [obj]
+
+
+def test_the_link_is_warmed_before_the_first_size_is_timed(monkeypatch):
+    from mgcaffe.comm.training import benchmark
+
+    comm = SlowAtFirst(slow_calls=12)  # more than the first size's own 2 warm-up calls
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: comm.now)
+    res = measure_allreduce(comm, [4, 64], iterations=5)
+    assert res.times == pytest.approx([1e-3, 1e-3])
+    assert comm.calls == benchmark.LINK_WARMUP + 2 * (2 + 5)
+
+
 def test_benchmark_needs_two_sizes():
     world = LocalWorld(1)
     with pytest.raises(CommError, match="at least two distinct sizes"):

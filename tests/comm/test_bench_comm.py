@@ -91,6 +91,8 @@ def test_benchmark_needs_two_sizes():
         measure_allreduce(world.communicators()[0], [64, 64])
     with pytest.raises(CommError, match="multiples of 4"):
         measure_allreduce(world.communicators()[0], [6, 64])
+    with pytest.raises(CommError, match=r"must differ, got 4 B, 16 B more than once in \[4, "):
+        measure_allreduce(world.communicators()[0], [4, 16, 64, 4, 16])
 
 
 @pytest.mark.mpi

@@ -164,6 +164,10 @@ def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
     if len(set(sizes)) < 2:
         raise CommError(f"rank {comm.rank}: the all-reduce benchmark needs at least two "
                         f"distinct sizes, got {sizes}")
+    twice = sorted({s for s in sizes if sizes.count(s) > 1})
+    if twice:
+        raise CommError(f"rank {comm.rank}: benchmark sizes must differ, got "
+                        f"{', '.join(f'{s} B' for s in twice)} more than once in {sizes}")
     if any(s < 4 or s % 4 for s in sizes):
         raise CommError(f"rank {comm.rank}: benchmark sizes must be positive multiples of 4 "
                         f"bytes (float32), got {sizes}")

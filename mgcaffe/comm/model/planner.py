@@ -713,7 +713,7 @@ def _pareto_arrays(chunks: list[tuple], strict: bool) -> tuple:
 class _Expansion:
     """The transitions of `_optimal_interfered_runs` as array operations: `expand(k, F, w,
     pending)` sends every group j..k (j = k..1) from each state of front k, appending the
-    states that survive the bound to pending[j - 1]; `lower` is `_lower` over arrays. Each
+    states that survive the bound to pending[j - 1]; `lower` is `_lower`. Each
     element goes through the operations of `_message` and `_lower` in their order (IEEE
     arithmetic is the same in numpy), so the results equal the scalar ones bit for bit."""
 
@@ -729,11 +729,7 @@ class _Expansion:
         self.cost = cost
         self.prune = math.isfinite(upper)
         self.limit = upper * (1 + 1e-9)  # a margin for rounding: pruning less stays exact
-        self.first = cost.time(self.nb * profile.layers[0].params)
-        self.sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
-        rho_min = min([r for _, r in cost.interference] or [0.0])
-        self.rho_max = max([r for _, r in cost.interference] or [0.0])
-        self.q = rho_min / (1.0 + rho_min)
+        self.lower = _lower(profile, cost, self.total, need)
         # per message size: its full-speed time, 1 + rho and sigma (sizes repeat; shared by
         # the searches of one profile and cost)
         self.terms = terms
@@ -750,19 +746,6 @@ class _Expansion:
             out.append(term)
         T, slow, sigma = np.array(out).T
         return T, slow, sigma
-
-    def lower(self, k: np.ndarray, F: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """`_lower`'s lower(k, F, w), elementwise (arrays of one shape, or broadcast)."""
-        first, q, sigma_min = self.first, self.q, self.sigma_min
-        rest = self.total - w
-        c = self.need[k]
-        closed = F + rest + np.maximum(first, c)  # x = 0 is the least
-        if not (q * sigma_min >= 1.0):
-            x = np.minimum((c - first) * sigma_min, rest * (1.0 + self.rho_max))
-            inner = F + rest + x * q + np.maximum(first, c - x / sigma_min)
-            closed = np.where(c <= first, closed, inner)
-        out = np.where(rest <= 0, F + c, closed)
-        return np.where(k == 0, F, out)
 
     def expand(self, k: int, F: np.ndarray, w: np.ndarray, pending: list[list[tuple]]) -> int:
         """Every group j..k from each state (F[i], w[i]) of front k; returns the transitions
@@ -843,35 +826,32 @@ def _least_channel(profile: Profile, cost: CostModel) -> list[float]:
 
 
 def _lower(profile: Profile, cost: CostModel, total: float, need: list[float] | None = None):
-    """lower(k, F, w): a lower bound on the iteration time from the state (F, w) with layers
-    1..k still to send. Let R = total - w and x the time a message is in flight between F
-    and the end E of backward. Backward runs at most at 1/(1 + rho_min) while one is, so
-    E - F >= R + x q (q = rho_min / (1 + rho_min)), and at least at 1/(1 + rho_max), so
+    """lower(k, F, w), elementwise over arrays (of one shape, or broadcast): a lower bound on
+    the iteration time from the state (F, w) with layers 1..k still to send. Let R = total - w
+    and x the time a message is in flight between F and the end E of backward. Backward runs
+    at most at 1/(1 + rho_min) while one is, so E - F >= R + x q (q = rho_min / (1 +
+    rho_min)), and at least at 1/(1 + rho_max), so
     x <= R (1 + rho_max); the channel does at most x / sigma_min of full-speed work before
     E; layers 1..k need at least C = need[k] of it (`_least_channel`), and the group holding
     layer 1 starts after E and lasts at least T1 = T(layer 1's bytes) (T never decreases with
     the size). So the time is at least F + R + x q + max(T1, C - x / sigma_min), minimised
     over x in [0, R (1 + rho_max)]."""
-    nb = profile.dtype_bytes
-    if need is None:
-        need = _least_channel(profile, cost)
-    first = cost.time(nb * profile.layers[0].params)
+    need = np.array(_least_channel(profile, cost) if need is None else need)
+    first = cost.time(profile.dtype_bytes * profile.layers[0].params)
     sigma_min = min([s for _, s in cost.comm_slowdown] or [1.0])
     rho_min = min([r for _, r in cost.interference] or [0.0])
     rho_max = max([r for _, r in cost.interference] or [0.0])
     q = rho_min / (1.0 + rho_min)
 
-    def lower(k: int, F: float, w: float) -> float:
-        if k == 0:
-            return F
+    def lower(k: np.ndarray, F: np.ndarray, w: np.ndarray) -> np.ndarray:
         rest = total - w
-        if rest <= 0:
-            return F + need[k]
         c = need[k]
-        if q * sigma_min >= 1.0 or c <= first:  # x = 0 is the least
-            return F + rest + max(first, c)
-        x = min((c - first) * sigma_min, rest * (1.0 + rho_max))
-        return F + rest + x * q + max(first, c - x / sigma_min)
+        closed = F + rest + np.maximum(first, c)  # x = 0 is the least
+        if not (q * sigma_min >= 1.0):
+            x = np.minimum((c - first) * sigma_min, rest * (1.0 + rho_max))
+            inner = F + rest + x * q + np.maximum(first, c - x / sigma_min)
+            closed = np.where(c <= first, closed, inner)
+        return np.where(k == 0, F, np.where(rest <= 0, F + c, closed))
 
     return lower
 
@@ -888,7 +868,9 @@ def grouping_lower_bound(profile: Profile, cost: CostModel) -> float:
     order under `cost` (the extended model where it interferes): `_lower` from the start
     state, what a plan whose search was cut is measured against."""
     total = sum(layer.backward_time for layer in profile.layers)
-    return _lower(profile, cost, total)(profile.num_layers, profile.forward_time, 0.0)
+    bound = _lower(profile, cost, total)(np.array(profile.num_layers),
+                                         np.array(profile.forward_time), np.array(0.0))
+    return float(bound)
 
 
 def _optimal_extended_runs(profile: Profile, cost: CostModel

@@ -291,10 +291,15 @@ def _batch_time(cost: CostModel, msgs: list[_Msg], batch) -> float:
     """Channel seconds of one collective over the messages `batch` (indices): T of their
     bytes, as parts of their groups (`CostModel.part_time`), halved for "rs"/"ag"."""
     nbytes = sum(msgs[i].nbytes for i in batch)
-    whole = sum({msgs[i].group: msgs[i].whole for i in batch}.values())
     part_time = getattr(cost, "part_time", None)
-    t = part_time(nbytes, whole) if part_time is not None else cost.time(nbytes)
+    t = part_time(nbytes, _group_bytes(msgs, batch)) if part_time is not None else \
+        cost.time(nbytes)
     return t * _HALF[msgs[batch[0]].kind]
+
+
+def _group_bytes(msgs: list[_Msg], batch) -> int:
+    """The bytes of the groups the messages `batch` (indices) are parts of, each group once."""
+    return sum({msgs[i].group: msgs[i].whole for i in batch}.values())
 
 
 def _interfering_bytes(msgs: list[_Msg], batch) -> int:
@@ -304,9 +309,7 @@ def _interfering_bytes(msgs: list[_Msg], batch) -> int:
     when a group is cut into parts sent back to back: reading them at a part's size let
     the search cut 100 MB into 1,581 parts of 64 KB to get the small-message rho (0.74
     against 4.6-6.4 at 1-16 MB), predicting 1,625 ms for what then measured 2,320."""
-    nbytes = sum(msgs[i].nbytes for i in batch)
-    wholes = sum({msgs[i].group: msgs[i].whole for i in batch}.values())
-    return max(nbytes, wholes)
+    return max(sum(msgs[i].nbytes for i in batch), _group_bytes(msgs, batch))
 
 
 # ----------------------------------------------------------------------------- the cycle

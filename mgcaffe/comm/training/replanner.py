@@ -179,10 +179,8 @@ class Replanner:
         self.warmup_periods: list[float] = []  # the start-up plan's last periods in warm-up
         self.warmup_measured: list[float] = []  # ... and its closing-line measure there
         self.probe_model: tuple | None = None  # the probe's (rho, sigma) points, once replaced
-        self.interference_source = "start-up probe"  # whose rho and sigma the model uses
         self.check_at: int | None = None  # iteration at which the re-plan is judged
         self.fallback: tuple[Any, float] | None = None  # (start-up plan, its prediction now)
-        self.replan_undone = False  # the re-plan measured slower and was undone
 
     @property
     def check_iters(self) -> int:
@@ -310,11 +308,9 @@ class Replanner:
         same iterations as the closing line measures them); True when the plan switched."""
         if self.profiling:
             return self._profile_step(it, ready, gates or {}, updates)
-        measured_times = measured
         if self.phase is Phase.WARM_UP and it >= self.replan_at:
-            measured = (periods or [])[1:]
-            self.warmup_periods = measured[-self.check_iters:]
-            self.warmup_measured = (measured_times or [])[1:][-self.check_iters:]
+            self.warmup_periods = (periods or [])[1:][-self.check_iters:]
+            self.warmup_measured = (measured or [])[1:][-self.check_iters:]
             self._start_replan_profile(it)
         if self.phase is Phase.REPLAN_CHECK and it >= self.check_at:
             return self._check_replan(it, (periods or [])[1:])
@@ -382,9 +378,10 @@ class Replanner:
         where = (f"the median profile of iterations {it - min(recent, len(prof))}-{it - 1} "
                  f"(slowest of {self.size} ranks)")
         net = self.net
+        startup_now = None  # the start-up plan's prediction under the re-plan's model
         if replanning:
             self._correct_cost()
-            self._validate_in_situ(before, steps, shape)
+            startup_now = self._validate_in_situ(before, steps, shape)
         plan = self._make_and_share(
             lambda: ForwardShape.apply(median_profile(steps, net.net_name, net.names,
                                                       net.counts), shape),
@@ -404,7 +401,9 @@ class Replanner:
             changed = plan.digest() != before.digest()
             check = changed and len(self.warmup_periods) >= 2
             if check:
-                self.fallback = (before, median_prediction(before, steps, self.cost, net, shape))
+                if startup_now is None:
+                    startup_now = median_prediction(before, steps, self.cost, net, shape)
+                self.fallback = (before, startup_now)
                 self.phase = Phase.REPLAN_CHECK
                 self.check_at = it + self.check_iters + 1  # the first period is the old plan's
             if self.rank == 0:
@@ -425,8 +424,6 @@ class Replanner:
         beyond the noise (a collective: every rank decides from the same numbers)."""
         before, predicted = self.fallback
         self.fallback, self.check_at, self.phase = None, None, Phase.FIXED
-        if not measured:  # nothing measured (a caller without periods): nothing to judge by
-            measured = [0.0]
         mine = (statistics.median(self.warmup_periods), statistics.median(measured),
                 _lower_quartile(measured))
         with self.guard("agreement on the re-plan's measured time"):
@@ -445,7 +442,6 @@ class Replanner:
                      f"the model errs for it)" if undo else "")
         if not undo:
             return False
-        self.replan_undone = True
         self.executor.set_plan(before)
         self.median_prediction = predicted
         self.plan_switches.append((it, before.digest()))
@@ -563,12 +559,13 @@ class Replanner:
                     window.comm_measured += t1 - t0
                     window.comm_modelled += self.cost.time(m)
 
-    def _validate_in_situ(self, before: Any, steps: list, shape: Any) -> None:
+    def _validate_in_situ(self, before: Any, steps: list, shape: Any) -> float | None:
         """Keep the in-situ rho and sigma, or go back to the start-up probe's, whichever
         predicts the start-up plan's measured warm-up closer (on the re-plan window's
-        profile; every rank computes the same from gathered numbers)."""
-        if self.probe_model is None or len(self.warmup_measured) < 2 or before is None:
-            return
+        profile; every rank computes the same from gathered numbers). Returns the start-up
+        plan's prediction under the model kept (None when there was nothing to compare)."""
+        if self.probe_model is None or len(self.warmup_measured) < 2:
+            return None
         with self.guard("gathering the start-up plan's measured warm-up"):
             measured = max(self.comm.allgather(statistics.median(self.warmup_measured)))
         interference, sigma = self.probe_model
@@ -578,13 +575,13 @@ class Replanner:
         keep = abs(in_situ - measured) <= abs(by_probe - measured)
         if not keep:
             self.cost = probe
-            self.interference_source = "start-up probe (predicts the warm-up closer)"
         if self.rank == 0:
             log.info("The start-up plan measured %.2f ms per iteration in warm-up (median of "
                      "its last %d, slowest rank); with the in-situ rho and sigma the model "
                      "predicts %.2f ms for it, with the start-up probe's %.2f ms: the re-plan "
                      "uses the %s", measured * 1e3, len(self.warmup_measured), in_situ * 1e3,
                      by_probe * 1e3, "in-situ ones" if keep else "start-up probe's")
+        return in_situ if keep else by_probe
 
     def _adopt_in_situ_rho(self, window: InSituWindow) -> None:
         """Estimate rho from the window's two kinds of iterations on every rank, keep the

@@ -1,4 +1,4 @@
-"""CUDA kernels of BatchNorm and Scale: two launches forward and two backward each.
+"""CUDA kernels of BatchNorm and Scale: at most two launches each way (Scale forward: one).
 
 The layers' array code makes 10-16 device calls per pass (means, squares, the running sums'
 updates, square roots, divisions, copies); ResNet-50 has 53 of each layer. Here:

@@ -158,7 +158,8 @@ def measure_allreduce(comm: Communicator, sizes: Sequence[int] = DEFAULT_SIZES,
                       model: str | None = None) -> AllreduceBenchmark:
     """Time `comm.allreduce_sum` for every size (bytes) and make the cost model of the form
     `model` (COST_MODELS; default the measured curve); a collective. `xp`: the array module
-    of the buffer (CuPy to time NCCL on device memory)."""
+    of the buffer (CuPy to time NCCL on device memory). `warmup` 0 warms nothing, neither the
+    link nor any size."""
     model = canonical_cost_model(model)
     sizes = [int(s) for s in sizes]
     if len(set(sizes)) < 2:

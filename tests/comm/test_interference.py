@@ -150,6 +150,45 @@ def test_the_probe_times_the_all_reduces_against_T_as_sigma():
     assert floor == 1.0
 
 
+def test_a_round_after_a_slow_one_sends_fewer_all_reduces():
+    """All-reduces 30x slower than T: the first round sends duration / T of them (100, 0.6 s
+    instead of 20 ms); the later rounds fit `duration` with sigma's count (4), so a probe of
+    a badly contended network does not take rounds x sigma x duration."""
+    import time as _time  # noqa: PLC0415
+
+    from mgcaffe.comm.backends.local import SingleCommunicator  # noqa: PLC0415
+    from mgcaffe.comm.training.interference import MAX_SIGMA, measure_slowdowns  # noqa: PLC0415
+
+    class Counted(SingleCommunicator):
+        calls = 0
+
+        def allreduce_sum(self, buf):
+            Counted.calls += 1
+            _time.sleep(0.006)
+
+    [(_, _, sigma)] = measure_slowdowns(Counted(), CostModel(2e-4, 0.0), [1024],
+                                        duration=0.02, rounds=3)
+    assert sigma == MAX_SIGMA
+    # 1 warm-up, 100, then at most ceil(0.02 / (2e-4 x 30)) = 4 each (sigma measured >= 30)
+    assert 1 + 100 + 2 * 2 <= Counted.calls <= 1 + 100 + 2 * 4, Counted.calls
+
+
+def test_the_probe_halves_a_unit_of_work_too_coarse_for_its_phases():
+    """A unit that takes longer than a phase's eighth is halved (not below `smallest`): a
+    phase that counts one or two units measures where the last one was cut off, not a rate."""
+    import time as _time  # noqa: PLC0415
+
+    from mgcaffe.comm.training.interference import _Work  # noqa: PLC0415
+
+    class Timed(_Work):  # a unit of n costs n x 0.1 ms (the GEMM itself still runs)
+        def unit(self):
+            _time.sleep(self.n * 1e-4)
+
+    assert Timed.fine_grained(1.0).n == 192  # 19.2 ms, within 125 ms: kept
+    assert Timed.fine_grained(0.1).n == 96  # 19.2 ms > 12.5 ms; 9.6 ms within
+    assert Timed.fine_grained(0.01, smallest=64).n == 64  # never below smallest
+
+
 # ----------------------------------------------------------------- sigma: comm slowed by backward
 def test_hand_computed_timeline_with_comm_slowed_during_backward():
     # l2 (2 s) then l1 (2 s) of backward; messages take 1 s alone (a = 1, b = 0); while backward

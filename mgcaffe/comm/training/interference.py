@@ -33,6 +33,7 @@ from .insitu import MAX_X
 __all__ = ["interference_sizes", "measure_interference", "measure_slowdowns"]
 
 MAX_SIGMA = 1 / (1 - MAX_X)  # the in-situ estimate's cap: a message at most 20x slower
+UNITS_PER_PHASE = 8  # at least this many units of work in each timed phase
 
 
 def interference_sizes(total_bytes: int) -> list[int]:
@@ -48,6 +49,7 @@ class _Work:
 
     def __init__(self, n: int | None = None, xp=np):
         n = n or (192 if xp is np else 2048)
+        self.n = n
         rng = np.random.default_rng(0)
         self.xp = xp
         self.a = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
@@ -60,6 +62,20 @@ class _Work:
         if self._wait is not None:
             self._wait()
 
+    @classmethod
+    def fine_grained(cls, duration: float, xp=np, smallest: int = 64) -> _Work:
+        """The default unit, halved until one unit takes at most 1/UNITS_PER_PHASE of
+        `duration`: a phase must count many units, or the probe measures how the last unit
+        was cut off rather than a rate (a slow device: a GEMM of 2048 can take longer than
+        the whole phase)."""
+        work = cls(xp=xp)
+        while work.n > smallest:
+            work.unit()  # warm: the first call may set up the library
+            if min(_timed(work.unit) for _ in range(2)) <= duration / UNITS_PER_PHASE:
+                break
+            work = cls(max(smallest, work.n // 2), xp)
+        return work
+
     def seconds_per_unit(self, duration: float) -> float:
         self.unit()
         count, t0 = 0, time.perf_counter()
@@ -70,6 +86,12 @@ class _Work:
             now = time.perf_counter()
             if now >= deadline:
                 return (now - t0) / count
+
+
+def _timed(call) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
 
 
 def measure_interference(comm: Communicator, cost: CostModel, sizes: Sequence[int],
@@ -89,27 +111,36 @@ def measure_slowdowns(comm: Communicator, cost: CostModel, sizes: Sequence[int],
     """[(bytes, rho, sigma)] for each size: rho as `measure_interference` says, and sigma
     (at least 1, at most MAX_SIGMA), the thread's all-reduce time while the work runs over
     `cost`'s T(M), the median of the rounds; each the slowest rank's. A collective."""
-    work = _Work(xp=xp)
+    work = _Work.fine_grained(duration / 2, xp)  # the shorter phase: alone, duration / 2
     points = []
     for m in sizes:
         m = int(m)
         buf = xp.zeros(max(1, m // 4), dtype=np.float32)
         comm.allreduce_sum(buf)  # warm: connections and buffers of this size
         modelled = max(cost.time(m), 1e-6)
-        calls = int(min(1000, max(2, math.ceil(duration / modelled))))
+        calls = _calls(duration, modelled)
         rhos, sigmas = [], []
-        for _ in range(rounds):
+        for round_ in range(rounds):
             comm.barrier()
             alone = work.seconds_per_unit(duration / 2)
             comm.barrier()
             per_unit, reducing = _during(comm, work, buf, calls, timeout)
             rhos.append(per_unit / alone - 1.0)
             sigmas.append(reducing / (calls * modelled))
+            if round_ + 1 < rounds:
+                # the next round's all-reduces last about `duration` even where they run many
+                # times slower than T (every rank the same count: the slowest rank's sigma)
+                calls = _calls(duration, modelled * max(1.0, max(comm.allgather(sigmas[-1]))))
         rho = max(0.0, float(np.median(rhos)))
         sigma = min(MAX_SIGMA, max(1.0, float(np.median(sigmas))))
         slowest = comm.allgather((rho, sigma))
         points.append((m, max(r for r, _ in slowest), max(s for _, s in slowest)))
     return points
+
+
+def _calls(duration: float, seconds_each: float) -> int:
+    """How many all-reduces of `seconds_each` fill `duration` (at least 2, at most 1000)."""
+    return int(min(1000, max(2, math.ceil(duration / seconds_each))))
 
 
 def _during(comm: Communicator, work: _Work, buf, calls: int,

@@ -152,6 +152,15 @@ def digits(tmp_path_factory):
     return root, solver
 
 
+def given_network(tmp_path: Path) -> Path:
+    """A cost model given, not measured: for tests of where ranks run. Measured on the double,
+    the interference probe's all-reduces beside its host-run GEMMs take half a minute
+    (test_two_ranks_on_the_gpu_path_with_the_nccl_double measures it)."""
+    path = tmp_path / "network.json"
+    path.write_text('{"fits": {"2": {"a": 1e-5, "b": 1e-9}}}')
+    return path
+
+
 def double_command(counts: Path, *args, devices: int = 1) -> list[str]:
     return [sys.executable, "-m", "mgcaffe.testing.cupy_double", "--devices", str(devices),
             "--counts", str(counts), "-m", "mgcaffe", *map(str, args)]
@@ -263,7 +272,8 @@ def test_solver_mode_gpu_under_a_launcher_gives_each_rank_its_gpu(digits, tmp_pa
     counts = tmp_path / "counts{rank}.json"
     proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
         counts, "train", "--solver", solver(4, "solver_mode: GPU\n"), "--comm", "wfbp",
-        devices=2)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        "--network", given_network(tmp_path), devices=2)], capture_output=True, text=True,
+        timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         assert json.loads((tmp_path / f"counts{rank}.json").read_text())["contexts"] == [rank]
@@ -281,7 +291,8 @@ def test_one_gpu_per_rank_bound_by_cuda_visible_devices(digits, tmp_path):
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"
     inner = " ".join(shlex.quote(a) for a in double_command(
-        counts, "train", "--solver", solver(4), "--gpu", "all", "--comm", "wfbp", devices=2))
+        counts, "train", "--solver", solver(4), "--gpu", "all", "--comm", "wfbp", "--network",
+        given_network(tmp_path), devices=2))
     proc = subprocess.run([mpiexec(), "-n", "2", "sh", "-c",
                            f"CUDA_VISIBLE_DEVICES=$PMI_RANK exec {inner}"],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path)

@@ -56,6 +56,39 @@ def test_a_silent_peer_is_named_after_the_timeout_not_before():
         b.close()
 
 
+def test_a_watcher_kept_from_the_cpu_reads_the_waiting_heartbeats_before_judging(monkeypatch):
+    """A heartbeat thread that ran late (a loaded host: the thread waited past the timeout
+    for a CPU after its wait returned) must not name a peer whose heartbeats arrived in the
+    meantime and wait unread in its socket. (The peer, not hearing the late rank, may name
+    it: that is what its silence looks like from outside.)"""
+    from mgcaffe.comm.training import liveness as module  # noqa: PLC0415
+
+    real_select = module.select.select
+    held = []  # the socket whose thread is held back once
+
+    class Select:  # rank 0's wait returns empty, then its thread runs 1 s late (timeout 0.6)
+        @staticmethod
+        def select(readable, *args):
+            if held and readable[0] is held[0]:
+                held.clear()
+                time.sleep(1.0)
+                return [], [], []
+            return real_select(readable, *args)
+
+    monkeypatch.setattr(module, "select", Select)
+    dead = []
+    a, b = two_livenesses(0.6, lambda r, m: dead.append((r, m)))
+    try:
+        time.sleep(0.3)
+        held.append(a._sock)
+        time.sleep(1.5)
+        assert not held  # rank 0's thread was held back
+        assert [m for r, m in dead if r == 0] == []
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_silent_peer_is_named_with_the_iteration_and_phase_it_was_in():
     dead = []
     a, b = two_livenesses(0.6, lambda r, m: dead.append((r, m)))

@@ -273,6 +273,10 @@ class Liveness:
         try:
             next_beat = 0.0
             while not self._closed:
+                # Read what came while this thread was not running before judging anyone
+                # silent: a thread kept from the CPU (a loaded host) past the timeout would
+                # otherwise name a peer whose heartbeats wait unread in the socket.
+                self._drain()
                 now = time.monotonic()
                 if now >= next_beat:
                     self._send()
@@ -285,17 +289,19 @@ class Liveness:
                     watch = [p.last_seen + self.timeout for p in self.peers.values()
                              if not p.done]
                 wake = min([next_beat, *watch])
-                ready, _, _ = select.select([self._sock], [], [], max(0.0, wake - now))
-                if ready:
-                    while True:
-                        try:
-                            data = self._sock.recv(MAX_DATAGRAM)
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        self._receive(data, time.monotonic())
+                select.select([self._sock], [], [], max(0.0, wake - now))
         except BaseException as exc:  # noqa: BLE001 - kept and logged, never swallowed
             self.error = exc
             log.error("rank %d: heartbeat thread: %s: %s", self.rank, type(exc).__name__, exc)
+
+    def _drain(self) -> None:
+        """Receive every datagram waiting in the socket (it does not block)."""
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            self._receive(data, time.monotonic())
 
     def _silent(self, now: float) -> int | None:
         with self._lock:

@@ -163,7 +163,6 @@ class Replanner:
         self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
         self.median_prediction: float | None = None  # median of the plan's per-iteration times
         self.insitu: InSitu | None = None  # the in-situ rho once measured
-        self.probe_interference: tuple = ()  # the start-up probe's points, once replaced
         self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
         self.insitu_comm: Any = None  # the in-situ sigma (insitu.CommInSitu) once measured
         self.executor: Any = None
@@ -181,6 +180,11 @@ class Replanner:
         self.probe_model: tuple | None = None  # the probe's (rho, sigma) points, once replaced
         self.check_at: int | None = None  # iteration at which the re-plan is judged
         self.fallback: tuple[Any, float] | None = None  # (start-up plan, its prediction now)
+
+    @property
+    def probe_interference(self) -> tuple:
+        """The start-up probe's rho points where in-situ ones replaced them; else ()."""
+        return self.probe_model[0] if self.insitu is not None else ()
 
     @property
     def check_iters(self) -> int:
@@ -590,7 +594,7 @@ class Replanner:
         self.window = None
         self.executor.intervals = None
         self.probe_model = (tuple(self.cost.interference), tuple(self.cost.comm_slowdown))
-        probe = tuple(self.cost.interference)
+        probe = self.probe_model[0]
         classes = [m for m, _ in probe]
         mine = estimate([b for _, b in self.profiler.samples], window.rows, classes)
         with self.guard("gathering the in-situ interference estimates"):
@@ -616,7 +620,7 @@ class Replanner:
                     log.info("%s", in_situ_summary(None, comm_est.single, self.size))
             return
         est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
-        self.insitu, self.probe_interference = est, probe
+        self.insitu = est
         self.cost = self.cost.with_interference(est.points)
         with self.guard("gathering the in-situ all-reduce times"):
             slowest = max(m / p if p > 0 else 1.0 for m, p in

@@ -97,6 +97,16 @@ def run_ranks(n, fn, timeout=30.0):
     return results, errors
 
 
+def given_network(directory: Path, ranks: int = 2) -> Path:
+    """A network file (`--network`) of a fixed a + b*M for `ranks` nodes, written into
+    `directory`: for runs whose test is not about the cost model, so that start-up skips the
+    all-reduce benchmark and the interference probe (its busiest phase, and on the CuPy
+    double, where the probe's GEMMs run on the host, its longest)."""
+    path = Path(directory) / f"network_given_{ranks}.json"
+    path.write_text(f'{{"fits": {{"{ranks}": {{"a": 1e-5, "b": 1e-9}}}}}}')
+    return path
+
+
 def mpiexec() -> str:
     """The mpiexec beside this Python (the PyPI MPICH installs it into the environment)."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mgcaffe.comm.runtime.trace import load_trace
-from mgcaffe.testing.comm import run_mpi
+from mgcaffe.testing.comm import given_network, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -286,15 +286,6 @@ def rank_map(log):
     m = re.search(r"Ranks: 0 = (\S+) pid (\d+), 1 = (\S+) pid (\d+)", log)
     assert m, log
     return {0: (m[1], int(m[2])), 1: (m[3], int(m[4]))}
-
-
-def given_network(root: Path) -> Path:
-    """A cost model given, not measured: tests of faults with a short --comm-timeout skip
-    the start-up probe, whose busy threads on a loaded machine with few cores can keep a
-    heartbeat thread off the CPU for seconds (what they test comes later)."""
-    path = root / "network_given.json"
-    path.write_text('{"fits": {"2": {"a": 1e-5, "b": 1e-9}}}')
-    return path
 
 
 @pytest.mark.parametrize("stopped", [1, 0])

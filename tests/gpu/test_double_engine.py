@@ -152,15 +152,6 @@ def digits(tmp_path_factory):
     return root, solver
 
 
-def given_network(tmp_path: Path) -> Path:
-    """A cost model given, not measured: for tests of where ranks run. Measured on the double,
-    the interference probe's all-reduces beside its host-run GEMMs take half a minute
-    (test_two_ranks_on_the_gpu_path_with_the_nccl_double measures it)."""
-    path = tmp_path / "network.json"
-    path.write_text('{"fits": {"2": {"a": 1e-5, "b": 1e-9}}}')
-    return path
-
-
 def double_command(counts: Path, *args, devices: int = 1) -> list[str]:
     return [sys.executable, "-m", "mgcaffe.testing.cupy_double", "--devices", str(devices),
             "--counts", str(counts), "-m", "mgcaffe", *map(str, args)]
@@ -266,7 +257,7 @@ def test_bench_comm_times_nccl_on_device_memory(tmp_path):
 @pytest.mark.mpi
 def test_solver_mode_gpu_under_a_launcher_gives_each_rank_its_gpu(digits, tmp_path):
     """No --gpu: the solver file's solver_mode: GPU places each rank on its node's GPU."""
-    from mgcaffe.testing.comm import mpiexec
+    from mgcaffe.testing.comm import given_network, mpiexec
 
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"
@@ -286,7 +277,7 @@ def test_one_gpu_per_rank_bound_by_cuda_visible_devices(digits, tmp_path):
     --gpus-per-task=1 does): every rank sees one GPU, and train --gpu all uses it."""
     import shlex
 
-    from mgcaffe.testing.comm import mpiexec
+    from mgcaffe.testing.comm import given_network, mpiexec
 
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"

@@ -21,7 +21,8 @@ def test_a_short_run_measures_and_predicts_every_scheme_asked(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_distributed.py"),
                            "--model", "cifar10_quick", "--iters", "2", "--rounds", "1",
                            "--profile-iters", "2", "--schemes", "wfbp", "mgwfbp",
-                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+                           "--out", str(out)], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)  # its solvers' snapshot lock: here, not the caller's
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads(out.read_text())
     assert sorted(results["schemes"]) == ["mgwfbp", "wfbp"]

@@ -95,8 +95,10 @@ def worker(a) -> int:
 
 def _worker(a, comm, rank, size) -> int:
     from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.model.planner import Plan, make_plan, timeline  # noqa: PLC0415
+    from mgcaffe.comm.model.plan import Plan  # noqa: PLC0415
     from mgcaffe.comm.model.profile import Profile  # noqa: PLC0415
+    from mgcaffe.comm.model.schemes import make_plan  # noqa: PLC0415
+    from mgcaffe.comm.model.timeline import timeline  # noqa: PLC0415
     from mgcaffe.comm.training.replanner import PROFILE_EXTENSION  # noqa: PLC0415
     from mgcaffe.comm.training.trainer import attach  # noqa: PLC0415
     from mgcaffe.solvers import get_solver  # noqa: PLC0415
@@ -223,8 +225,8 @@ def window_predictions(trace_path: str, run: dict, a) -> dict[str, float]:
     start-up profile can be minutes older than a measurement; on a shared machine the load
     moves in between."""
     from mgcaffe.comm.model.cost import CostModel  # noqa: PLC0415
-    from mgcaffe.comm.model.planner import timeline  # noqa: PLC0415
     from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: PLC0415
+    from mgcaffe.comm.model.timeline import timeline  # noqa: PLC0415
     from mgcaffe.comm.runtime.timing import slowest  # noqa: PLC0415
     from mgcaffe.comm.runtime.trace import load_trace  # noqa: PLC0415
 
@@ -285,7 +287,7 @@ def launch_on_cluster(a, mpi_args, env, timeout):
     the shaped links."""
     import importlib.util  # noqa: PLC0415
 
-    from mgcaffe.testing.comm import mpiexec  # noqa: PLC0415
+    from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: PLC0415
 
     spec = importlib.util.spec_from_file_location("netns_cluster",
                                                   REPO / "tools" / "netns_cluster.py")
@@ -337,7 +339,7 @@ def main() -> int:
     if a.worker:
         return worker(a)
 
-    from mgcaffe.testing.comm import mpiexec  # noqa: PLC0415
+    from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: PLC0415
 
     env = dict(os.environ, **ONE_THREAD, PYTHONPATH=str(REPO))
     me = [sys.executable, str(Path(__file__).resolve())]

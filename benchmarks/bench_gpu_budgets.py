@@ -5,7 +5,7 @@
 
 For LeNet (b64), CIFAR-10 quick (b100), AlexNet (b32), GoogleNet (b64) and ResNet-50 (b32),
 one forward+backward iteration (after an untimed one) on the double
-(mgcaffe/testing/cupy_double): device calls ("launches"), host synchronisations with their
+(tests/support/cupy_double): device calls ("launches"), host synchronisations with their
 call sites, and bytes copied each way, against the targets: launches within 3x the layer
 passes, at most 2 host syncs. Counts are deterministic, so this needs no quiet machine and
 no GPU; the GoogleNet table of launches per layer type shows where launches go.
@@ -19,10 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "support"))  # the CuPy double: tests' code
 
-from mgcaffe.testing import cupy_double  # noqa: E402
-from mgcaffe.testing.cupy_double.budget import NETS, measure  # noqa: E402
+import cupy_double  # noqa: E402
+from cupy_double.budget import NETS, measure  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 
 from google.protobuf import text_format  # noqa: E402
 
+from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: E402
 from mgcaffe.formats.protoio import read_net_param  # noqa: E402
 from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: E402
-from mgcaffe.testing.comm import mpiexec  # noqa: E402
 
 MODELS = {"googlenet": REPO / "models" / "googlenet" / "train_val.prototxt",
           "resnet50": REPO / "models" / "resnet50" / "train_val.prototxt"}

@@ -28,8 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network  # noqa: E402
-from mgcaffe.comm.model.planner import grouping_lower_bound, make_plan  # noqa: E402
+from mgcaffe.comm.model.interference_search import grouping_lower_bound  # noqa: E402
 from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: E402
+from mgcaffe.comm.model.schemes import make_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NETWORK = ROOT / "models" / "paper" / "network-10gbe-paper-constants.json"

@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mgcaffe.comm.model.cost import CostModel  # noqa: E402
-from mgcaffe.comm.model.planner import SCHEMES, make_plan  # noqa: E402
 from mgcaffe.comm.model.profile import LayerProfile, Profile  # noqa: E402
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan  # noqa: E402
 
 REGIMES = {
     "latency-bound (a 5.7 ms, b 4.4 ns/B)": CostModel(5.70276e-3, 4.4167e-9),

@@ -16,6 +16,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MGCAFFE_POOLING_LOOPS", "0")
 os.environ.setdefault("MGCAFFE_LRN_LOOPS", "0")
 
+# The tests' support code (tests/support: the CuPy double, the fakes of comm_fakes) is not
+# part of the package; the processes tests start (`python -m cupy_double ...`, MPI scripts)
+# find it on PYTHONPATH as pytest does.
+SUPPORT = str(REPO_ROOT / "tests" / "support")
+_OTHERS = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SUPPORT]
+os.environ["PYTHONPATH"] = os.pathsep.join([SUPPORT, *_OTHERS])
+
 
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]

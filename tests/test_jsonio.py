@@ -43,7 +43,7 @@ def test_bad_json_gives_one_line(tmp_path, capsys, flag, content, expect):
 
 
 def test_plan_file_is_read_through_the_same_loader(tmp_path):
-    from mgcaffe.comm.model.planner import load_plan
+    from mgcaffe.comm.model.plan import load_plan
 
     bad = tmp_path / "plan.json"
     bad.write_bytes(b"\xff\xfe{}")

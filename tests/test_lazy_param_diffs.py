@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comm_fakes import run_ranks
 from google.protobuf import text_format
 from layer_rules import changed
 
@@ -24,7 +25,6 @@ from mgcaffe.layer_types.base import TRAIN
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
-from mgcaffe.testing.comm import run_ranks
 
 # Every learnable layer type: Convolution (3x3, grouped, 1x1 direct), Deconvolution with a
 # frozen bias, BatchNorm (lr 0), Scale with bias, PReLU, Bias, InnerProduct (two sharing

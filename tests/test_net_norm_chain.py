@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgcaffe.kernels import batch_norm_loops
+from mgcaffe.kernels.loops import batch_norm as batch_norm_loops
 from mgcaffe.layer_types import TEST, TRAIN
 from mgcaffe.layer_types.scale_bias import ScaleLayer
 from mgcaffe.net import Net

@@ -53,8 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout: the package beside it
 
 from mgcaffe.comm.model.cost import CostModel  # noqa: E402
-from mgcaffe.comm.model.planner import SCHEMES, Plan, make_plan  # noqa: E402
+from mgcaffe.comm.model.plan import Plan  # noqa: E402
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile  # noqa: E402
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan  # noqa: E402
 
 OUT = ROOT / "demo-output"
 SOLVER = "models/digits/solver.prototxt"

@@ -14,7 +14,7 @@ sticky CUDA error in one is recorded and the others still run):
                     on the same GPU (skipped when torch/torchvision are not importable)
   layers            every registered layer type, forward and backward on the GPU against
                     the CPU with the same inputs and weights (LAYER_CASES below)
-  kernels           the CUDA twins (mgcaffe.kernels.cuda_kernels) against the generic
+  kernels           the CUDA twins (mgcaffe.kernels.cuda) against the generic
                     kernels / the Pooling layer, with their speed-up
   nccl              the NCCL communicator with one rank: all-reduce, the event/stream path,
                     broadcast
@@ -557,7 +557,7 @@ def _time_call(check: Check, fn, repeats: int = 5) -> float:
 def section_kernels(check: Check) -> dict:
     if not check.on_gpu:
         return {"status": "skipped", "summary": "CUDA kernels need a GPU"}
-    from mgcaffe.kernels import cuda_kernels as ck
+    from mgcaffe.kernels.cuda import im2col_pool as ck
 
     rng = np.random.default_rng(0)
     rows = []
@@ -578,7 +578,7 @@ def section_kernels(check: Check) -> dict:
 
 def _im2col_rows(check: Check, ck, name, shape, geometry, rng) -> list[dict]:
     """im2col and col2im: the twin against the generic function, values and time."""
-    from mgcaffe.kernels import im2col as generic
+    from mgcaffe.kernels import im2col as generic  # the module: generic.im2col, .col2im
 
     xp = check.xp
     pad = geometry[1]

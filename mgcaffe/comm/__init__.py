@@ -1,7 +1,8 @@
 """Communication for distributed synchronous SGD with merged gradients (MG-WFBP).
 
-profile.py (per-layer sizes and backward times), cost.py (all-reduce cost T_ar(M) = a + b*M),
-planner.py (which consecutive layers share one all-reduce: WFBP, SyncEASGD, the paper's
-Algorithm 1, the exact optimum, fixed-size buckets) and simulate.py (weak-scaling predictions)
-are pure and need no engine; the executor and communicators build on their `Plan`.
+The data flow, one folder a step: `model/` (pure: the profile, the cost T_ar(M), MG-WFBP's
+merge and the other schemes, the predicted timeline, the `Plan`), `backends/` (the
+communicators: MPI, NCCL, local threads, an emulated network), `runtime/` (the communication
+thread that runs a plan each iteration) and `training/` (the trainer that measures, plans,
+re-plans and wires them to a solver).
 """

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ..comm.model.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, Network, load_network
-from ..comm.model.planner import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..comm.model.profile import Profile, load_profile
+from ..comm.model.schemes import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..errors import PlanError
 
 

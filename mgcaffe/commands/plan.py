@@ -19,8 +19,10 @@ import json
 import sys
 
 from ..comm.model.cost import CostModel, Network, cost_for
-from ..comm.model.planner import DEFAULT_SCHEME, Plan, grouping_lower_bound, make_plans
+from ..comm.model.interference_search import grouping_lower_bound
+from ..comm.model.plan import Plan
 from ..comm.model.profile import Profile
+from ..comm.model.schemes import DEFAULT_SCHEME, make_plans
 from ..errors import PlanError
 from ._plan_inputs import (
     add_input_arguments,

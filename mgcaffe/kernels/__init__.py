@@ -1,5 +1,3 @@
-"""Array kernels the layers share: generic `xp` code (numpy now, CuPy later)."""
-
-from .im2col import col2im, conv_output_size, im2col, valid_range
-
-__all__ = ["col2im", "conv_output_size", "im2col", "valid_range"]
+"""The arithmetic the layers call, with no knowledge of layers, by kind: generic `xp` array
+code here (im2col, windows, GEMM, Winograd, shifted and per-sample convolution), loops
+compiled with numba for the CPU in `loops/`, CUDA kernels for the GPU in `cuda/`."""

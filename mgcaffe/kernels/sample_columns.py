@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import im2col_loops
 from .gemm import gemm_accumulate
+from .loops import im2col as im2col_loops
 from .sample_gemm import for_each_gemm
 
 #: Chunks of a batch (fewer for a smaller batch): their partial weight gradients and column

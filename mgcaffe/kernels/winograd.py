@@ -62,9 +62,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import winograd4_loops, winograd_loops
 from .gemm import gemm_accumulate
 from .im2col import col2im, im2col, padded_copy
+from .loops import winograd as winograd_loops
+from .loops import winograd4 as winograd4_loops
 from .sample_gemm import for_each_gemm
 
 #: The F(2x2, 3x3) matrices: input B^T (4x4), weight G (4x3), output A^T (2x4).

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import batch_norm_loops, cuda_norm, scale_loops
+from ..kernels.cuda import norm as cuda_norm
+from ..kernels.loops import batch_norm as batch_norm_loops
+from ..kernels.loops import scale as scale_loops
 from ..proto import caffe_pb2
 from .base import TEST, Layer
 from .choice.normalization import choose_batch_norm

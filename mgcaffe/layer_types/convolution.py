@@ -24,8 +24,9 @@ from ..blob import Blob
 from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..errors import LayerError
 from ..fillers import fill_blob, filler_rng
-from ..kernels import col2im, conv_output_size, cuda_kernels, im2col
+from ..kernels.cuda import im2col_pool as cuda_kernels
 from ..kernels.gemm import gemm_accumulate
+from ..kernels.im2col import col2im, conv_output_size, im2col
 from ..kernels.sample_gemm import for_each_gemm
 from . import conv_fast_paths, conv_paths
 from .base import Layer

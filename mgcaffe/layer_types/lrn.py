@@ -24,7 +24,8 @@ from math import prod
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk
-from ..kernels import cuda_lrn, lrn_loops
+from ..kernels.cuda import lrn as cuda_lrn
+from ..kernels.loops import lrn as lrn_loops
 from ..proto import caffe_pb2
 from .base import Layer
 from .choice.normalization import choose_lrn

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import cuda_kernels, pool_loops
+from ..kernels.cuda import im2col_pool as cuda_kernels
+from ..kernels.loops import pool as pool_loops
 from ..kernels.windows import ShiftedWindows
 from ..proto import caffe_pb2
 from . import pooling_stochastic

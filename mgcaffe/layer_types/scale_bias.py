@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu.parallel import for_each_chunk, runner_or_default
-from ..kernels import cuda_norm, scale_loops
+from ..kernels.cuda import norm as cuda_norm
+from ..kernels.loops import scale as scale_loops
 from .base import Layer
 from .choice.normalization import choose_scale
 from .layer_util import canonical_axis, count, ensure_param_blob, filler_param, in_place

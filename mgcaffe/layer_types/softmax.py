@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
-from ..kernels import cuda_softmax_loss
+from ..kernels.cuda import softmax_loss as cuda_softmax_loss
 from ..proto import caffe_pb2
 from .base import Layer
 from .choice.softmax_loss import choose_softmax_loss

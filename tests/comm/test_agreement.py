@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from comm_fakes import run_ranks
 from google.protobuf import text_format
 
 from mgcaffe.comm.backends.local import LocalWorld
@@ -15,7 +16,6 @@ from mgcaffe.comm.training.trainer import attach
 from mgcaffe.errors import CommError
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
-from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+from comm_fakes import run_mpi, run_ranks
 
 from mgcaffe.comm.backends.emulate import EmulatedCommunicator
 from mgcaffe.comm.backends.local import LocalWorld
@@ -15,7 +16,6 @@ from mgcaffe.comm.training.benchmark import DEFAULT_SIZES, default_sizes, measur
 from mgcaffe.comm.training.notices import fit_notices, fit_quality_level, one_host_note
 from mgcaffe.commands.bench_comm import parse_size, ring_constants
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import run_mpi, run_ranks
 
 
 def test_default_sizes_span_bytes_to_tens_of_megabytes():

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from comm_fakes import run_mpi, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.backends.mpi import launched_by_mpi
 from mgcaffe.comm.training.trainer import world
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import run_mpi, run_ranks
 
 CHECKS = Path(__file__).resolve().parents[1] / "mpi" / "comm_checks.py"
 

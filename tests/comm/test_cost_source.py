@@ -7,12 +7,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from comm_fakes import run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
 from mgcaffe.comm.training.cost_source import run_cost
 from mgcaffe.comm.training.options import Options
-from mgcaffe.testing.comm import run_ranks
 
 NETWORK = Path(__file__).resolve().parents[2] / "models" / "paper" / "network-10gbe.json"
 guards = []

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mgcaffe.comm.model.cost import cost_for, load_network
-from mgcaffe.comm.model.planner import SCHEMES, make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "demo.py"

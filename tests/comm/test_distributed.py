@@ -10,11 +10,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comm_fakes import plan, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.cost import CostModel
-from mgcaffe.comm.model.planner import make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile
+from mgcaffe.comm.model.schemes import make_plan
 from mgcaffe.comm.training.options import check_for_world
 from mgcaffe.comm.training.trainer import (
     Options,
@@ -26,7 +27,6 @@ from mgcaffe.comm.training.trainer import (
 from mgcaffe.errors import CommError
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
-from mgcaffe.testing.comm import plan, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

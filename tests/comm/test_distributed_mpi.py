@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from comm_fakes import given_network, run_mpi
 
 from mgcaffe.comm.runtime.trace import load_trace
-from mgcaffe.testing.comm import given_network, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -466,7 +466,7 @@ def test_ctrl_c_during_the_launch_stops_every_rank_quietly(digits, delay):
     import signal  # noqa: PLC0415
     import time  # noqa: PLC0415
 
-    from mgcaffe.testing.comm import mpiexec  # noqa: PLC0415
+    from comm_fakes import mpiexec  # noqa: PLC0415
 
     root, solver = digits
     proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "mgcaffe", "train",

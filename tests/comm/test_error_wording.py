@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import re
 
+from comm_fakes import run_ranks
+
 from mgcaffe import log as mlog
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.training.agreement import agree_on_settings
 from mgcaffe.comm.training.faults import describe_failure
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import run_ranks
 
 GLOG_HEAD = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
 

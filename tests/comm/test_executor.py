@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from comm_fakes import FakeNet, plan, run_mpi, run_ranks
 
 from mgcaffe.comm.backends.communicator import Communicator
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import FakeNet, plan, run_mpi, run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from comm_fakes import run_mpi, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.training.faults import Watchdog, check_in_sync, weights_checksum
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import run_mpi, run_ranks
 
 CHECKS = Path(__file__).resolve().parents[1] / "mpi" / "comm_checks.py"
 

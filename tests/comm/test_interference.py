@@ -12,10 +12,13 @@ import random
 import numpy as np
 import pytest
 
-from mgcaffe.comm.model import planner
+from mgcaffe.comm.model import interference_search
 from mgcaffe.comm.model.cost import CostModel, Network, cost_for
-from mgcaffe.comm.model.planner import SCHEMES, Plan, make_plan, timeline
+from mgcaffe.comm.model.mgwfbp import groups_from_runs
+from mgcaffe.comm.model.plan import Plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan
+from mgcaffe.comm.model.timeline import interfered_message, timeline
 from mgcaffe.errors import PlanError
 
 
@@ -82,8 +85,8 @@ def test_state_dp_without_interference_matches_the_paper_dp(make_random_profile)
     for _ in range(30):
         profile = make_random_profile(rng, rng.randint(1, 40))
         cost = CostModel(10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-10, -8))
-        runs, _ = planner._optimal_interfered_runs(profile, cost, strict=False)
-        t = timeline(profile, cost, planner._groups_from_runs(profile, runs)).iteration_time
+        runs, _ = interference_search._optimal_interfered_runs(profile, cost, strict=False)
+        t = timeline(profile, cost, groups_from_runs(profile, runs)).iteration_time
         assert t == pytest.approx(make_plan(profile, cost, "mgwfbp").iteration_time,
                                   rel=1e-12)
 
@@ -106,12 +109,13 @@ def test_interference_travels_through_network_json_and_plans(tmp_path):
 
 
 def test_measure_interference_is_a_collective_with_one_answer():
+    from comm_fakes import run_ranks  # noqa: PLC0415
+
     from mgcaffe.comm.backends.local import LocalWorld  # noqa: PLC0415
     from mgcaffe.comm.training.interference import (  # noqa: PLC0415
         interference_sizes,
         measure_interference,
     )
-    from mgcaffe.testing.comm import run_ranks  # noqa: PLC0415
 
     assert interference_sizes(100) == [100]
     assert interference_sizes(64 << 20) == [64 << 10, 1 << 20, 16 << 20]
@@ -271,12 +275,12 @@ def test_the_idling_dominance_is_wrong_under_sigma():
     # From A: backward's 2 s take 20 s beside it, the message does 0.2 s of its work by then and
     # ends at 20.8. From B: the last 1 s takes 10 s (end 11), 0.1 s done, ends at 11.9: B wins.
     states = [(np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 0.0]]), 3, 2)]  # F, w, parent: A, B
-    idling = planner._pareto_arrays(states, strict=False)
+    idling = interference_search._pareto_arrays(states, strict=False)
     assert idling[0].tolist() == [0.0]  # the old rule drops B: wrong
-    strict = planner._pareto_arrays(states, strict=True)
+    strict = interference_search._pareto_arrays(states, strict=True)
     assert strict[0].tolist() == [0.0, 1.0] and strict[1].tolist() == [0.0, 1.0]  # keeps both
-    dA, _ = planner._message(0.0, 1.0, 10.0, 100.0, 2.0)
-    dB, _ = planner._message(1.0, 1.0, 10.0, 100.0, 2.0)
+    dA, _ = interfered_message(0.0, 1.0, 10.0, 100.0, 2.0)
+    dB, _ = interfered_message(1.0, 1.0, 10.0, 100.0, 2.0)
     assert 0.0 + dA == pytest.approx(20.8) and 1.0 + dB == pytest.approx(11.9)
 
 
@@ -285,7 +289,7 @@ def test_a_cut_search_says_it_is_not_proven(make_random_profile, monkeypatch):
     profile = make_random_profile(rng, 40)
     cost = CostModel(2.7e-4, 3.4e-9, interference=((4, 1.0),), comm_slowdown=((4, 1.3),))
     full = make_plan(profile, cost, "mgwfbp")
-    monkeypatch.setattr(planner, "FRONT_BUDGET", 10)  # one state per front
+    monkeypatch.setattr(interference_search, "FRONT_BUDGET", 10)  # one state per front
     cut = make_plan(profile, cost, "mgwfbp")
     assert full.exact and not cut.exact
     assert Plan.from_dict(cut.to_dict()).exact is False
@@ -331,7 +335,7 @@ def test_the_bound_stays_below_every_continuation():
                          comm_slowdown=((4, rng.uniform(1, 3)), (32, rng.uniform(1, 3))))
         best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
         total = sum(layer.backward_time for layer in profile.layers)
-        lower = planner._lower(profile, cost, total)
+        lower = interference_search._lower(profile, cost, total)
         index = {n: i + 1 for i, n in enumerate(profile.names)}
         W = {l: sum(x.backward_time for x in profile.layers[l - 1:]) for l in range(1, L + 1)}
         for g in groupings(profile):
@@ -343,7 +347,7 @@ def test_the_bound_stays_below_every_continuation():
                 j = index[group[-1]]
                 size = 4 * sum(profile.layers[index[n] - 1].params for n in group)
                 s, ws = (F, w) if w >= W[j] else (F + W[j] - w, W[j])
-                d, w = planner._message(ws, cost.time(size), 1 + cost.slowdown(size),
+                d, w = interfered_message(ws, cost.time(size), 1 + cost.slowdown(size),
                                         cost.sigma(size), total)
                 F, k = s + d, j - 1
             assert F == pytest.approx(end, rel=1e-12)  # the states replay the timeline
@@ -372,7 +376,7 @@ def test_the_bound_holds_for_measured_curves_that_are_not_subadditive():
                          comm_slowdown=((4, rng.uniform(1, 3)),))
         best = min(timeline(profile, cost, g).iteration_time for g in groupings(profile))
         total = sum(layer.backward_time for layer in profile.layers)
-        lower = planner._lower(profile, cost, total)
+        lower = interference_search._lower(profile, cost, total)
         assert lower(L, profile.forward_time, 0.0) <= best * (1 + 1e-12)
         opt = make_plan(profile, cost, "mgwfbp")
         assert opt.exact and opt.iteration_time == pytest.approx(best, rel=1e-12)

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from comm_fakes import run_ranks
 
 from mgcaffe import _launch
 from mgcaffe.comm.backends.local import LocalWorld
@@ -24,7 +25,6 @@ from mgcaffe.solvers.actions import (
     exit_status,
     parse_exit_status,
 )
-from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 

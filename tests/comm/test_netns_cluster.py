@@ -10,8 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from mgcaffe.testing.comm import mpiexec
+from comm_fakes import mpiexec
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "netns_cluster.py"
 

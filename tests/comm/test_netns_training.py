@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from mgcaffe.testing.comm import mpiexec
+from comm_fakes import mpiexec
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "netns_cluster.py"

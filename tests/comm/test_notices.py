@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from mgcaffe.comm.model.cost import CostModel
-from mgcaffe.comm.model.planner import make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile
+from mgcaffe.comm.model.schemes import make_plan
 from mgcaffe.comm.training.notices import in_situ_summary, likely_causes, overrun_warning
 from mgcaffe.comm.training.options import Options
 from mgcaffe.comm.training.startup import describe_groups, plan_summary

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comm_fakes import run_ranks
 from google.protobuf import text_format
 
 from mgcaffe.comm.backends.local import LocalWorld
@@ -19,7 +20,6 @@ from mgcaffe.comm.runtime.scheduled import ScheduledExecutor
 from mgcaffe.comm.training.trainer import attach
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
-from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(180)
 

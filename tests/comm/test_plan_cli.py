@@ -12,10 +12,13 @@ import sys
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.model import planner as planner_module
+from mgcaffe.comm.model import interference_search
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
-from mgcaffe.comm.model.planner import SCHEMES, load_plan, make_plan
+from mgcaffe.comm.model.interference_search import grouping_lower_bound
+from mgcaffe.comm.model.plan import load_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan
+from mgcaffe.comm.model.timeline import timeline as model_timeline
 
 
 @pytest.fixture
@@ -222,7 +225,7 @@ def test_a_cut_search_says_how_far_above_the_lower_bound_it_is(capsys, paper_dir
                                                               monkeypatch):
     # a budget too small for GoogleNet under rho/sigma cuts the search: the plan says its gap
     # to a lower bound on any grouping, which no grouping beats
-    monkeypatch.setattr(planner_module, "FRONT_BUDGET", 200)
+    monkeypatch.setattr(interference_search, "FRONT_BUDGET", 200)
     net = tmp_path / "net.json"
     net.write_text(json.dumps({"fits": {"2": {"a": 2.3e-3, "b": 9.2e-9,
                                               "interference": [[65536, 1.0]],
@@ -249,7 +252,7 @@ def test_the_grouping_bound_holds_for_every_grouping():
         cost = CostModel(rng.uniform(0, 3e-3), rng.uniform(0, 1e-8))
         if rng.random() < 0.7:
             cost = cost.with_interference([(1, rng.uniform(0, 5))], [(1, rng.uniform(1, 2))])
-        bound = planner_module.grouping_lower_bound(prof, cost)
+        bound = grouping_lower_bound(prof, cost)
         for cuts in itertools.product([False, True], repeat=L - 1):
             groups, group = [], [prof.names[-1]]
             for name, cut in zip(reversed(prof.names[:-1]), cuts):
@@ -258,5 +261,5 @@ def test_the_grouping_bound_holds_for_every_grouping():
                     group = []
                 group.append(name)
             groups.append(group)
-            t = planner_module.timeline(prof, cost, groups).iteration_time
+            t = model_timeline(prof, cost, groups).iteration_time
             assert bound <= t * (1 + 1e-12), (bound, t, groups)

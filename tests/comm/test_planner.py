@@ -12,19 +12,18 @@ import time
 import pytest
 
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
-from mgcaffe.comm.model.planner import (
+from mgcaffe.comm.model.plan import Plan, load_plan
+from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.schemes import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_SCHEME,
     REGISTRY,
     SCHEMES,
-    Plan,
     canonical_scheme,
-    load_plan,
     make_plan,
     make_plans,
-    timeline,
 )
-from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.timeline import timeline
 from mgcaffe.errors import PlanError
 
 REL = 1e-12
@@ -56,7 +55,8 @@ def random_cost(rng: random.Random) -> CostModel:
 
 
 # the schemes that only group layers and send the groups in order (the others, which also
-# cut, reorder and update per layer, are tested in test_scheduler.py and test_schedule.py)
+# cut, reorder and update per layer, are tested in test_scheduler.py (schedule_search.py)
+# and test_schedule.py)
 GROUPING = tuple(s.name for s in REGISTRY if s.schedule is None)
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from mgcaffe.cli import main
 from mgcaffe.comm.model.cost import cost_for, load_network
-from mgcaffe.comm.model.planner import SCHEMES, make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
+from mgcaffe.comm.model.schemes import SCHEMES, make_plan
 from mgcaffe.errors import PlanError
 
 

@@ -8,6 +8,7 @@ import logging
 from contextlib import nullcontext
 
 import pytest
+from comm_fakes import run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
 from mgcaffe.comm.model.cost import CostModel
@@ -20,7 +21,6 @@ from mgcaffe.comm.training.replanner import (
     median_prediction,
 )
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 

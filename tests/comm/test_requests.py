@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from comm_fakes import run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.training.requests import (
@@ -15,7 +16,6 @@ from mgcaffe.comm.training.requests import (
     agree_on_requests,
 )
 from mgcaffe.solvers.actions import SolverAction
-from mgcaffe.testing.comm import run_ranks
 
 
 def agree(votes):

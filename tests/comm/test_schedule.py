@@ -9,13 +9,7 @@ import random
 import pytest
 
 from mgcaffe.comm.model.cost import CostModel, cost_for, load_network
-from mgcaffe.comm.model.planner import (
-    SCHEDULED_FORMAT,
-    Plan,
-    load_plan,
-    make_plan,
-    scheduled_timeline,
-)
+from mgcaffe.comm.model.plan import SCHEDULED_FORMAT, Plan, load_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.comm.model.schedule import (
     Schedule,
@@ -26,6 +20,8 @@ from mgcaffe.comm.model.schedule import (
     part_bounds,
     part_layers,
 )
+from mgcaffe.comm.model.schemes import make_plan
+from mgcaffe.comm.model.timeline import scheduled_timeline
 from mgcaffe.errors import PlanError
 
 # two layers, backward 1 s each; layer 2's 40-byte gradient costs T = 0.2 + 0.07 * 40 = 3 s,

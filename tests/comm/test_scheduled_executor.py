@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comm_fakes import FakeNet, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
 from mgcaffe.comm.runtime.scheduled import ScheduledExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
-from mgcaffe.testing.comm import FakeNet, run_ranks
 
 GROUPS = [["fc2", "fc1"], ["conv2", "conv1"]]  # the fake net: conv1 conv2 fc1 fc2
 LAYERS = [[4, 3], [2, 1]]

@@ -1,4 +1,4 @@
-"""The optimiser that also overlaps the next forward pass (comm/model/scheduler.py): its lower
+"""The optimiser that also overlaps the next forward pass (comm/model/schedule_search.py): its lower
 bound holds for every schedule, its answer is never worse than the schedules it is given, it
 is a pure function, and the other systems' schedules are what their papers describe."""
 
@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from mgcaffe.comm.model.cost import CostModel
-from mgcaffe.comm.model.planner import make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, cycle, edf_order
-from mgcaffe.comm.model.scheduler import (
+from mgcaffe.comm.model.schedule_search import (
     DEAR_GROUP_BYTES,
     bucket_runs,
     bytescheduler_schedule,
@@ -22,6 +21,7 @@ from mgcaffe.comm.model.scheduler import (
     overlap_schedule,
     runs_layers,
 )
+from mgcaffe.comm.model.schemes import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 TWO = Profile("two", 1, 4, 2.0, (LayerProfile("l1", 1, 1.0, 1.0),

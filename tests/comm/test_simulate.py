@@ -8,8 +8,8 @@ import pytest
 
 from mgcaffe.comm.model import plots
 from mgcaffe.comm.model.cost import Network, load_network
-from mgcaffe.comm.model.planner import SCHEMES
 from mgcaffe.comm.model.profile import load_profile
+from mgcaffe.comm.model.schemes import SCHEMES
 from mgcaffe.comm.model.simulate import efficiency, simulate_nodes, speedup, weak_scaling
 from mgcaffe.errors import PlanError
 

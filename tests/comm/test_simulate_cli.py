@@ -8,7 +8,7 @@ import re
 import pytest
 
 from mgcaffe.cli import main
-from mgcaffe.comm.model.planner import SCHEMES
+from mgcaffe.comm.model.schemes import SCHEMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

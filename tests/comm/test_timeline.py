@@ -6,8 +6,8 @@ import pytest
 
 from mgcaffe.cli import main
 from mgcaffe.comm.model.cost import CostModel
-from mgcaffe.comm.model.planner import make_plan
 from mgcaffe.comm.model.profile import LayerProfile, Profile
+from mgcaffe.comm.model.schemes import make_plan
 from mgcaffe.comm.runtime.timeline_plot import (
     iteration_window,
     plot_timeline,

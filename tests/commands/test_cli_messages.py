@@ -10,7 +10,7 @@ import pytest
 import mgcaffe
 from mgcaffe.backend import gpu_available
 from mgcaffe.cli import main
-from mgcaffe.comm.model.planner import SCHEMES
+from mgcaffe.comm.model.schemes import SCHEMES
 from mgcaffe.commands import time as time_command
 from mgcaffe.commands.bench_comm import fit_warning
 

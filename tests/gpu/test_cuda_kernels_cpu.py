@@ -20,8 +20,8 @@ from im2col_reference import GEOMETRIES
 from layer_rules import changed
 
 from mgcaffe.blob import Blob
-from mgcaffe.kernels import col2im, conv_output_size, im2col
-from mgcaffe.kernels import cuda_kernels as ck
+from mgcaffe.kernels.cuda import im2col_pool as ck
+from mgcaffe.kernels.im2col import col2im, conv_output_size, im2col
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 

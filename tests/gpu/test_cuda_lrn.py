@@ -5,6 +5,7 @@ launch each way; in place and WITHIN_CHANNEL keep the array code."""
 
 from __future__ import annotations
 
+import cupy_double
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -15,7 +16,6 @@ from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.choice.normalization import LRNRules
 from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing import cupy_double
 
 CASES = [
     # (lrn_param text, bottom shape, dtype)

@@ -6,6 +6,7 @@ and backward for BatchNorm, one forward and two backward for Scale."""
 
 from __future__ import annotations
 
+import cupy_double
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -16,7 +17,6 @@ from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.layer_types.choice.normalization import BatchNormRules, ScaleRules
 from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing import cupy_double
 
 SHAPES = [(2, 16, 5, 5), (1, 3, 4, 3), (3, 7, 1, 1), (4, 5, 2, 9)]
 DTYPES = [np.float32, np.float64]

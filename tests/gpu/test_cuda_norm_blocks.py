@@ -19,7 +19,8 @@ import threading
 import numpy as np
 import pytest
 
-from mgcaffe.kernels import cuda_kernels, cuda_norm
+from mgcaffe.kernels.cuda import im2col_pool as cuda_kernels
+from mgcaffe.kernels.cuda import norm as cuda_norm
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
                                 reason="compiling the kernels for the host needs g++")

@@ -5,6 +5,7 @@ and an out-of-range label reported with the loss."""
 
 from __future__ import annotations
 
+import cupy_double
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -13,7 +14,6 @@ from mgcaffe.backend import to_device, to_host
 from mgcaffe.blob import Blob
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing import cupy_double
 
 CASES = [
     # (loss_param text, scores shape, dtype)

@@ -1,5 +1,5 @@
 """The CuPy test double itself: CuPy's names and no others, CuPy's host/device rules, and
-counts that follow from the calls (mgcaffe/testing/cupy_double)."""
+counts that follow from the calls (tests/support/cupy_double)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import importlib.util
 import sys
 import threading
 
+import cupy_double
 import numpy as np
 import pytest
-
-from mgcaffe.testing import cupy_double
-from mgcaffe.testing.cupy_double.names import LIST, cupy_names
+from cupy_double.names import LIST, cupy_names
 
 
 @pytest.fixture
@@ -58,7 +57,7 @@ def test_checked_in_list_is_cupy_14():
 def test_checked_in_list_matches_the_installed_cupy():
     import json
 
-    from mgcaffe.testing.cupy_double.names import real_names
+    from cupy_double.names import real_names
 
     real = real_names()
     listed = json.loads(LIST.read_text())

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cupy_double
 import numpy as np
 import pytest
 
 from mgcaffe.backend import Device, is_device_array
-from mgcaffe.testing import cupy_double
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = Device("gpu", 0)
@@ -153,7 +153,7 @@ def digits(tmp_path_factory):
 
 
 def double_command(counts: Path, *args, devices: int = 1) -> list[str]:
-    return [sys.executable, "-m", "mgcaffe.testing.cupy_double", "--devices", str(devices),
+    return [sys.executable, "-m", "cupy_double", "--devices", str(devices),
             "--counts", str(counts), "-m", "mgcaffe", *map(str, args)]
 
 
@@ -174,7 +174,7 @@ def test_train_gpu_0_on_the_digits_net_learns(digits, tmp_path):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
-    from mgcaffe.testing.comm import mpiexec
+    from comm_fakes import mpiexec
 
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"
@@ -236,7 +236,7 @@ def test_label_checks_on_the_gpu_are_read_back_with_the_loss(double, tmp_path):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_bench_comm_times_nccl_on_device_memory(tmp_path):
-    from mgcaffe.testing.comm import mpiexec
+    from comm_fakes import mpiexec
 
     counts, out = tmp_path / "counts{rank}.json", tmp_path / "net.json"
     proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
@@ -257,7 +257,7 @@ def test_bench_comm_times_nccl_on_device_memory(tmp_path):
 @pytest.mark.mpi
 def test_solver_mode_gpu_under_a_launcher_gives_each_rank_its_gpu(digits, tmp_path):
     """No --gpu: the solver file's solver_mode: GPU places each rank on its node's GPU."""
-    from mgcaffe.testing.comm import given_network, mpiexec
+    from comm_fakes import given_network, mpiexec
 
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"
@@ -277,7 +277,7 @@ def test_one_gpu_per_rank_bound_by_cuda_visible_devices(digits, tmp_path):
     --gpus-per-task=1 does): every rank sees one GPU, and train --gpu all uses it."""
     import shlex
 
-    from mgcaffe.testing.comm import given_network, mpiexec
+    from comm_fakes import given_network, mpiexec
 
     root, solver = digits
     counts = tmp_path / "counts{rank}.json"
@@ -296,8 +296,9 @@ def test_one_gpu_per_rank_bound_by_cuda_visible_devices(digits, tmp_path):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_a_gpu_asked_for_and_missing_under_a_launcher_is_an_error(digits, tmp_path):
+    from comm_fakes import mpiexec
+
     from mgcaffe.backend import gpu_available
-    from mgcaffe.testing.comm import mpiexec
 
     if gpu_available():
         pytest.skip("checks a machine without a usable GPU")

@@ -4,12 +4,12 @@ after its layer's event, and no thread touches a GPU other than its rank's."""
 
 from __future__ import annotations
 
+import cupy_double
 import numpy as np
+from comm_fakes import LAYERS, FakeBlob, FakeLayer, plan, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.runtime.executor import GradientExecutor
-from mgcaffe.testing import cupy_double
-from mgcaffe.testing.comm import LAYERS, FakeBlob, FakeLayer, plan, run_ranks
 
 
 def device_net(cupy, rank):

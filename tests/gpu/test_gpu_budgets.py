@@ -4,10 +4,9 @@ and batches)."""
 
 from __future__ import annotations
 
+import cupy_double
 import pytest
-
-from mgcaffe.testing import cupy_double
-from mgcaffe.testing.cupy_double.budget import measure
+from cupy_double.budget import measure
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import cupy_double
 import numpy as np
 import pytest
 
 from mgcaffe.backend import Device
-from mgcaffe.testing import cupy_double
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_max_pool_twins_equal_the_generic_path_for_googlenets_pool2(check):
     """The CPU's default MAX backward adds overlapping windows in output order, the twin in
     offset order: comparing with the former failed on this geometry (cells differ in the
     last bits); the reference is now the generic path, bit for bit."""
-    from mgcaffe.kernels import cuda_kernels as ck
+    from mgcaffe.kernels.cuda import im2col_pool as ck
 
     try:
         rows = gc._pool_rows(check, ck, "googlenet pool2/3x3_s2", (2, 192, 56, 56),

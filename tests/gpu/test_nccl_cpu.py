@@ -132,7 +132,7 @@ def test_ranks_left_to_share_a_gpu_are_named():
 
 def test_one_gpu_per_rank_through_cuda_visible_devices(monkeypatch):
     """Each rank of a thread world sees its own GPU through CUDA_VISIBLE_DEVICES."""
-    from mgcaffe.testing import cupy_double
+    import cupy_double
 
     world = LocalWorld(2, timeout=10)
     results = {}

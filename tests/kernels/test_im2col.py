@@ -7,8 +7,7 @@ import pytest
 from im2col_reference import GEOMETRIES, naive_col2im, naive_im2col
 
 from mgcaffe.cpu.parallel import ChunkRunner
-from mgcaffe.kernels import col2im, im2col, valid_range
-from mgcaffe.kernels.im2col import col2im_batch_last, im2col_batch_last
+from mgcaffe.kernels.im2col import col2im, col2im_batch_last, im2col, im2col_batch_last, valid_range
 
 #: Splits every minibatch into one-sample chunks run on three threads.
 THREADED = ChunkRunner(3, chunk_elements=1, serial_below=0)

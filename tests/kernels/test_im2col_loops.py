@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from im2col_reference import GEOMETRIES, naive_col2im, naive_im2col
 
-from mgcaffe.kernels import col2im, conv_output_size, im2col_loops
+from mgcaffe.kernels.im2col import col2im, conv_output_size
+from mgcaffe.kernels.loops import im2col as im2col_loops
 
 pytest.importorskip("numba")
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mgcaffe.kernels import scale_loops
+from mgcaffe.kernels.loops import scale as scale_loops
 
 loops = scale_loops.load()
 pytestmark = pytest.mark.skipif(loops is None, reason="numba is not importable")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import make_layer
 
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import make_layer
 
 
 def param(type_: str, text: str = "", tops: int = 1) -> caffe_pb2.LayerParameter:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients
+from gradient_check import make_layer as _make_layer
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.errors import LayerError
-from mgcaffe.kernels import batch_norm_loops
+from mgcaffe.kernels.loops import batch_norm as batch_norm_loops
 from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
 from mgcaffe.layer_types.choice import target_for
 from mgcaffe.layer_types.choice.normalization import BatchNormRules, choose_batch_norm
 from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients
-from mgcaffe.testing.gradient_check import make_layer as _make_layer
 
 EPS = float(np.float32(1e-5))
 

@@ -255,7 +255,7 @@ def test_the_environment_switches_turn_the_pooling_loops_off():
 def test_gpu_kernel_choices_cover_exactly_the_types_the_kernels_compile_for():
     # the choice module cannot import the kernels' dtype table (no array backend there):
     # this holds the two lists equal, so a new kernel type is chosen as soon as it compiles
-    from mgcaffe.kernels import cuda_kernels
+    from mgcaffe.kernels.cuda import im2col_pool as cuda_kernels
     from mgcaffe.layer_types.choice import CUDA_KERNEL_TYPES
 
     compiled = sorted(str(d) for d in cuda_kernels._REAL_TYPES)
@@ -395,9 +395,9 @@ def test_the_environment_switches_turn_the_lrn_loops_off():
 def test_the_layers_keep_and_print_their_choice():
     """The choice a layer makes in setup/reshape is the table's, and shows in its repr."""
     from google.protobuf import text_format
+    from gradient_check import make_layer
 
     from mgcaffe.proto import caffe_pb2
-    from mgcaffe.testing.gradient_check import make_layer
 
     def layer(text, shapes, rules=None, top_count=None):
         param = text_format.Parse(f'name: "l" {text}', caffe_pb2.LayerParameter())

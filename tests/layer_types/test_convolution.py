@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from conv_layers import conv_rules
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def conv_param(body: str, name: str = "conv", n_top: int = 1) -> caffe_pb2.LayerParameter:

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.kernels.im2col_nd import col2im_nd, im2col_nd
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def param(kind, body):

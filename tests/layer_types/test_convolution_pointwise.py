@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conv_layers import conv_rules
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 @pytest.fixture(params=["in GEMM", "scratch and add"])

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 from conv_layers import threaded_conv
+from gradient_check import check_layer_gradients
 
-from mgcaffe.kernels import im2col_loops, sample_columns
-from mgcaffe.testing.gradient_check import check_layer_gradients
+from mgcaffe.kernels import sample_columns
+from mgcaffe.kernels.loops import im2col as im2col_loops
 
 pytest.importorskip("numba")
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conv_layers import threaded_conv
+from gradient_check import check_layer_gradients
 
 from mgcaffe.kernels import shift_conv
 from mgcaffe.layer_types.choice.convolution import ConvolutionRules
-from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pad 0/1/2, kernels 1..5 and non-square, groups, bias
 # off, dilation, batch 1 and 3.

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conv_layers import threaded_conv
+from gradient_check import check_layer_gradients
 
 from mgcaffe.cpu import parallel
 from mgcaffe.cpu.parallel import ChunkRunner
 from mgcaffe.kernels import sample_gemm
 from mgcaffe.layer_types import convolution
-from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape; every case is made per-sample (kxk) or direct (1x1) by the fixture.
 CASES = [

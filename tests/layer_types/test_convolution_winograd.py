@@ -11,12 +11,14 @@ import sys
 import numpy as np
 import pytest
 from conv_layers import threaded_conv
+from gradient_check import check_layer_gradients
 
 from mgcaffe.errors import LayerError
-from mgcaffe.kernels import winograd, winograd4_loops, winograd_loops
+from mgcaffe.kernels import winograd
+from mgcaffe.kernels.loops import winograd as winograd_loops
+from mgcaffe.kernels.loops import winograd4 as winograd4_loops
 from mgcaffe.layer_types.choice.convolution import ConvolutionRules
 from mgcaffe.layer_types.conv_fast_paths import WINOGRAD_SLOTS
-from mgcaffe.testing.gradient_check import check_layer_gradients
 
 # body, bottom shape (N, C, H, W): pads 0/1/2, odd and even sizes (7x7, 14x14, 8x5),
 # batch 1 and 3, groups 1 and 2, bias on and off.

@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 from layer_rules import changed
 from threadpoolctl import threadpool_limits
 
 from mgcaffe.cpu.parallel import ChunkRunner, blas_threads
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def ip_param(body: str, name: str = "fc") -> caffe_pb2.LayerParameter:

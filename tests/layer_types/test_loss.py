@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def param(type_: str, text: str = "") -> caffe_pb2.LayerParameter:

@@ -8,14 +8,14 @@ import itertools
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients
+from gradient_check import make_layer as _make_layer
 from layer_rules import changed
 
 from mgcaffe.errors import LayerError
-from mgcaffe.kernels import lrn_loops
+from mgcaffe.kernels.loops import lrn as lrn_loops
 from mgcaffe.layer_types.choice.rules import LayerRules
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients
-from mgcaffe.testing.gradient_check import make_layer as _make_layer
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])

@@ -1,4 +1,4 @@
-"""LRN's compiled loops (kernels/lrn_loops.py): against a float64 reference written here,
+"""LRN's compiled loops (kernels/loops/lrn.py): against a float64 reference written here,
 against the numpy path in float32, gradients, threads, and the fallback without numba."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients
 from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
-from mgcaffe.kernels import lrn_loops
+from mgcaffe.kernels.loops import lrn as lrn_loops
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients
 
 pytest.importorskip("numba", reason="the compiled LRN loops need numba")
 

@@ -6,11 +6,11 @@ import h5py
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.errors import LayerError
 from mgcaffe.formats.protoio import write_binaryproto
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def lp(text, tops=1):

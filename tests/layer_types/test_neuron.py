@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.blob import Blob
 from mgcaffe.errors import LayerError
 from mgcaffe.layer_types import TEST, TRAIN, LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 SHAPE = (2, 3, 4, 5)
 

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 from layer_rules import changed
 
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 

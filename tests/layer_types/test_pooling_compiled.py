@@ -1,4 +1,4 @@
-"""Pooling's compiled loops (kernels/pool_loops.py) against its numpy paths, bit for bit.
+"""Pooling's compiled loops (kernels/loops/pool.py) against its numpy paths, bit for bit.
 
 The numpy paths are the reference here (tests/layer_types/test_pooling.py checks both
 against Caffe's loops written out): MAX's tops, winner tags, mask and bottom diff (the
@@ -17,7 +17,7 @@ from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.cpu.parallel import ChunkRunner
-from mgcaffe.kernels import pool_loops
+from mgcaffe.kernels.loops import pool as pool_loops
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
 

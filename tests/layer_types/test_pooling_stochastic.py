@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.layer_types import TEST, TRAIN
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def param(body):

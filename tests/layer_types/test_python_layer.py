@@ -12,13 +12,13 @@ import traceback
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 import mgcaffe
 from mgcaffe.errors import LayerError
 from mgcaffe.net import Net
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import SGDSolver
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 USER_MODULE = '''
 import numpy as np

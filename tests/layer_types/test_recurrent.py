@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 
 from mgcaffe.errors import LayerError
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 
 def layer_param(kind, hidden=3, expose=False, tops=1, bottoms=2):

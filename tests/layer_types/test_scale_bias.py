@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gradient_check import check_layer_gradients, make_layer
 from layer_rules import changed
 
 from mgcaffe.blob import Blob
 from mgcaffe.errors import LayerError
 from mgcaffe.layer_types import LayerContext, create_layer
 from mgcaffe.proto import caffe_pb2
-from mgcaffe.testing.gradient_check import check_layer_gradients, make_layer
 
 X_SHAPE = (2, 3, 4, 5)
 
@@ -175,7 +175,7 @@ def test_scale_row_blocks_on_threads(in_place, dtype, compiled):
     as compiled loops or numpy calls: forward bit for bit as x * s + b, backward against sums
     written out here, from stale bottom diffs and lazily cleared parameter diffs."""
     from mgcaffe.cpu.parallel import ChunkRunner
-    from mgcaffe.kernels import scale_loops
+    from mgcaffe.kernels.loops import scale as scale_loops
 
     if compiled and scale_loops.load() is None:
         pytest.skip("numba is not importable: the compiled loops cannot run")
@@ -227,7 +227,7 @@ def test_compiled_scale_rows_repeat_bit_for_bit_on_any_thread_count():
     """Each row is summed by one thread in the compiled loops, so 1 and 3 threads (one-row
     chunks) give the same bits, forward and backward, in ResNet's in-place form."""
     from mgcaffe.cpu.parallel import ChunkRunner
-    from mgcaffe.kernels import scale_loops
+    from mgcaffe.kernels.loops import scale as scale_loops
 
     if scale_loops.load() is None:
         pytest.skip("numba is not importable: the compiled loops cannot run")

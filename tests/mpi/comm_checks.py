@@ -19,12 +19,12 @@ import threading
 import time
 
 import numpy as np
+from comm_fakes import FakeNet, plan
 
 from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.comm.training.faults import Watchdog, fail_all
 from mgcaffe.comm.training.world import world
-from mgcaffe.testing.comm import FakeNet, plan
 
 PLANS = {
     "wfbp": plan(["fc2"], ["fc1"], ["conv2"], ["conv1"]),

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from comm_fakes import run_ranks
 from google.protobuf import text_format
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.training.trainer import attach
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import SGDSolver
-from mgcaffe.testing.comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from comm_fakes import run_mpi
 
 from mgcaffe.data.convert import write_lmdb
 from mgcaffe.data.datum import array_to_datum
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import snapshot as snap
-from mgcaffe.testing.comm import run_mpi
 
 RECORDS = 23  # not a multiple of the batch: the cursor wraps mid-batch
 

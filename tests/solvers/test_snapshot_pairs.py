@@ -182,8 +182,9 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "l
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_under_mpi_only_rank_0_locks_and_a_held_prefix_stops_every_rank(tmp_path):
+    from comm_fakes import run_mpi
+
     from mgcaffe.formats import snapshot_lock
-    from mgcaffe.testing.comm import run_mpi
 
     (tmp_path / "net.prototxt").write_text(MPI_NET)
     solver = tmp_path / "solver.prototxt"

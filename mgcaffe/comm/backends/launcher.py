@@ -1,4 +1,5 @@
-"""Which launcher started this process, and the check that MPI sees the job it started.
+"""Which launcher started this process, the check that MPI sees the job it started, and the
+mpiexec to start a job with.
 
 A launcher of one MPI (a site Open MPI's `mpirun`) starting a program linked to another
 (the MPICH wheel from PyPI) gives every process an MPI world of one rank: N copies would
@@ -9,10 +10,13 @@ many processes it started, so the mismatch is detectable before any training.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from pathlib import Path
 
 from ...errors import CommError
 
-__all__ = ["check_world", "launcher_size"]
+__all__ = ["check_world", "launcher_size", "local_mpiexec"]
 
 # (variable holding the job's size, who sets it), in the order they are trusted.
 _SIZE_VARIABLES = (
@@ -55,3 +59,10 @@ def check_world(mpi_size: int, library: str, environ=None) -> None:
         f"({library}) sees a world of 1: each would train alone. Launch with the mpiexec of "
         f"that library, or use the site's MPI: pip uninstall mpich mpi4py && pip install "
         f"--no-binary mpi4py mpi4py (built with the site's mpicc; docs/cluster.md)")
+
+
+def local_mpiexec() -> str:
+    """The mpiexec beside this Python (the PyPI MPICH installs it into the environment), else
+    the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ...errors import PlanError
-from .planner import SCHEMES, Plan, scheme_named
+from .plan import Plan
 from .schedule import Cycle
+from .schemes import SCHEMES, scheme_named
 from .simulate import Scaling
 
 __all__ = ["gantt_chart", "label", "scaling_plot"]

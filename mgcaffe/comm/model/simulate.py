@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from ...errors import PlanError
 from .cost import CostModel, Network, cost_for
-from .planner import SCHEMES, Plan, canonical_scheme, make_plan, scheme_named
+from .plan import Plan
 from .profile import Profile, as_int
-from .scheduler import lower_bound
+from .schedule_search import lower_bound
+from .schemes import SCHEMES, canonical_scheme, make_plan, scheme_named
 
 __all__ = ["SchemePoint", "ScalingPoint", "Scaling", "efficiency", "ratio_pairs", "speedup",
            "simulate_nodes", "weak_scaling"]

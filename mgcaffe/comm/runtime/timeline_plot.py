@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CommError, PlanError
-from ..model.planner import Plan
+from ..model.plan import Plan
 
 __all__ = ["iteration_window", "plot_timeline", "scheme_of", "timeline_figure",
            "typical_iteration"]

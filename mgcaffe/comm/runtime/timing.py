@@ -165,7 +165,7 @@ class OnlineProfile:
                 f"interquartile range above half their median")
 
 
-def _ready_times(sample: tuple[float, list[float]]) -> list[float]:
+def ready_times(sample: tuple[float, list[float]]) -> list[float]:
     """[t_f, ready(L), ready(L-1), ..., ready(1)] of one iteration's (t_f, [t_b per layer])."""
     forward, backward = sample
     out, t = [forward], forward
@@ -191,7 +191,7 @@ def median_profile(samples: list[tuple[float, list[float]]], model: str, names: 
     moment lands on a different layer each iteration, and the sum of per-layer medians then
     falls short of the median iteration (the last ready time here is the median t_f + t_b).
     Coordinate-wise medians of ordered sequences are ordered, so no time is negative."""
-    readies = [_ready_times(s) for s in samples]
+    readies = [ready_times(s) for s in samples]
     med = [statistics.median(r[i] for r in readies) for i in range(len(readies[0]))]
     L = len(names)
     backward = [0.0] * L
@@ -245,7 +245,7 @@ def per_iteration_slowest(windows: list[list[tuple[float, list[float]]]]
         raise ValueError("slowest_by_iteration: a rank has no samples")
     steps = []
     for i in range(n):
-        readies = [_ready_times(w[len(w) - n + i]) for w in windows]
+        readies = [ready_times(w[len(w) - n + i]) for w in windows]
         latest = [max(r[j] for r in readies) for j in range(len(readies[0]))]
         L = len(latest) - 1
         backward = [0.0] * L

@@ -16,7 +16,8 @@ from typing import Any
 
 from ...errors import CommError, PlanError
 from ..backends.communicator import Communicator
-from ..model.planner import DEFAULT_SCHEME, SCHEMES, Plan, load_plan, scheme_named
+from ..model.plan import Plan, load_plan
+from ..model.schemes import DEFAULT_SCHEME, SCHEMES, scheme_named
 from ..runtime.trace import TraceWindow
 
 __all__ = ["BACKENDS", "COMM_MODES", "MERGES", "Options", "add_arguments", "check_for_world",

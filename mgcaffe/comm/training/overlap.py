@@ -24,8 +24,8 @@ from typing import Any
 
 from ...errors import CommError
 from ..backends.communicator import Communicator
-from ..model.planner import scheme_named
 from ..model.profile import Profile
+from ..model.schemes import scheme_named
 from ..runtime.scheduled import ScheduledExecutor
 
 __all__ = ["ForwardShape", "runs_a_schedule", "scheduled_executor"]

@@ -49,16 +49,11 @@ from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
 from ..model.cost_fit import SizeTimes, correct, summarise
-from ..model.planner import (
-    Plan,
-    grouping_lower_bound,
-    load_plan,
-    make_plan,
-    scheduled_timeline,
-    scheme_named,
-    timeline,
-)
+from ..model.interference_search import grouping_lower_bound
+from ..model.plan import Plan, load_plan
 from ..model.profile import load_profile
+from ..model.schemes import make_plan, scheme_named
+from ..model.timeline import scheduled_timeline, timeline
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .gradient_comm import Guard
 from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps

@@ -40,7 +40,7 @@ import numpy as np
 from ...backend import to_host
 from ...errors import CommError
 from ..backends.communicator import Communicator
-from ..model.planner import scheme_named
+from ..model.schemes import scheme_named
 from ..runtime.executor import GradientExecutor
 from ..runtime.timing import NetTimer
 from ..runtime.trace import COMPUTE, Tracer, merge_traces, save_trace

@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...kernels import (
-    batch_norm_loops,
-    gemm,
-    lrn_loops,
-    pool_loops,
-    sample_columns,
-    scale_loops,
-    winograd,
+from ...kernels import gemm, sample_columns, winograd
+from ...kernels.loops import (
+    batch_norm as batch_norm_loops,
+)
+from ...kernels.loops import (
+    lrn as lrn_loops,
+)
+from ...kernels.loops import (
+    pool as pool_loops,
+)
+from ...kernels.loops import (
+    scale as scale_loops,
 )
 
 #: The compiled CPU loop sets a choice may ask for, and how to tell whether each loads.

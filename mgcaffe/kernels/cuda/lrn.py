@@ -9,14 +9,14 @@ device's, so scale^-beta and what follows equal it within rounding. The backward
 the window of dtop * top / scale the same way (each thread reads its neighbours' terms: no
 running sum, whose subtraction cancels badly in float32). Neither kernel may run in place
 (a thread reads channels that others write): the layer keeps its array code then.
-Nothing here imports CuPy (kernels/cuda_kernels.py launches them).
+Nothing here imports CuPy (im2col_pool.py launches them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cuda_kernels import _cupy_of, _kernel, _launch, add_sources
+from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
 
 __all__ = ["lrn_across_backward", "lrn_across_forward"]
 

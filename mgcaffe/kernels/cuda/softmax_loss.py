@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cuda_kernels import _cupy_of, _kernel, _launch, add_sources
+from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
 
 __all__ = ["STAT_BAD", "STAT_LOSS", "STAT_VALID", "softmax_loss_backward",
            "softmax_loss_forward"]

@@ -1,4 +1,4 @@
-"""`python -m mgcaffe.testing.cupy_double [--devices N] [--counts FILE] (-m MODULE | SCRIPT)
+"""`python -m cupy_double [--devices N] [--counts FILE] (-m MODULE | SCRIPT)
 ARGS...`: run a program with the CuPy double installed (tests start `mgcaffe` commands and
 MPI ranks this way); with --counts, the counters are written to FILE as JSON at exit
 (FILE may contain {rank}: the MPI rank from the launcher's environment)."""

@@ -14,14 +14,14 @@ updates, square roots, divisions, copies); ResNet-50 has 53 of each layer. Here:
 The values are those of the array code up to rounding (double sums instead of numpy's
 pairwise float sums; variance from deviations about the double mean). Each element-wise
 kernel reads an element before writing the same element only, so they run in place.
-Nothing here imports CuPy (kernels/cuda_kernels.py launches them).
+Nothing here imports CuPy (im2col_pool.py launches them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cuda_kernels import _cupy_of, _kernel, _launch, add_sources
+from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
 
 __all__ = ["CHANNEL_THREADS", "bn_backward", "bn_forward", "bn_global_stats",
            "scale_backward", "scale_forward"]

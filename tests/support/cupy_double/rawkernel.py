@@ -1,6 +1,6 @@
 """`cupy.RawKernel` of the double: the CUDA C source compiled for the host and run there.
 
-The kernels mgcaffe writes (kernels/cuda_kernels.py) are plain C apart from their launch
+The kernels mgcaffe writes (mgcaffe/kernels/cuda/) are plain C apart from their launch
 indices; with blockIdx = threadIdx = 0 and blockDim = gridDim = 1 their grid-stride loop
 visits every index on one host thread. So the very source NVRTC would compile runs here on
 the arrays behind the double's device arrays (a C++ compiler is needed: g++ or c++).

@@ -25,7 +25,8 @@ import types
 
 import numpy as np
 
-from . import compiled, winograd_loops
+from . import compiled
+from . import winograd as winograd_loops
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 

@@ -1,6 +1,6 @@
 """A CuPy test double: the GPU engine run on the CPU, with CuPy's rules and counters.
 
-    from mgcaffe.testing import cupy_double
+    import cupy_double                # tests/support is on the path (pytest, PYTHONPATH)
     with cupy_double.installed(devices=2) as double:   # `import cupy` now gets the double
         net = Net(param, TRAIN, device=Device("gpu", 0))
         net.forward(); net.backward()
@@ -18,9 +18,9 @@ CUDA source for the host (rawkernel.py).
 What the double does not model: timing, asynchrony (every call completes at once) and
 numerics beyond numpy's (cuBLAS may sum in another order).
 
-`python -m mgcaffe.testing.cupy_double PROGRAM ARGS` runs a Python program or module (`-m
-mgcaffe train ...`) with the double installed: the way tests start `mgcaffe` commands and
-MPI ranks on it.
+`python -m cupy_double PROGRAM ARGS` (tests/support on PYTHONPATH) runs a Python program or
+module (`-m mgcaffe train ...`) with the double installed: the way tests start `mgcaffe`
+commands and MPI ranks on it.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blob import Blob
-from ..layer_types.base import TRAIN, LayerContext
-from ..layer_types.choice.rules import LayerRules
-from ..layer_types.registry import create_layer
+from mgcaffe.blob import Blob
+from mgcaffe.layer_types.base import TRAIN, LayerContext
+from mgcaffe.layer_types.choice.rules import LayerRules
+from mgcaffe.layer_types.registry import create_layer
 
 
 def make_layer(param, bottom_shapes_or_arrays, phase=TRAIN, seed=0, dtype=np.float64,

@@ -2,7 +2,7 @@
 
 Read from CuPy's own modules when CuPy is installed (`real_names()`), else from the list
 checked in beside this file (`names.json`, written by `python -m
-mgcaffe.testing.cupy_double.names --write` on a machine with CuPy; importing CuPy needs no
+cupy_double.names --write` on a machine with CuPy; importing CuPy needs no
 GPU). Names that only exist on an instance or on a CuPy build with NCCL cannot be read
 without a GPU; `INSTANCE_NAMES` lists those from CuPy's documentation.
 """

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from ...backend import Device
-from ...formats.protoio import read_net_param
-from ...layer_types.base import TRAIN
-from ...net import Net
-from ...net.synthetic_data import fill_labels, synthesize_data_layers
-from ...proto import caffe_pb2
+from mgcaffe.backend import Device
+from mgcaffe.formats.protoio import read_net_param
+from mgcaffe.layer_types.base import TRAIN
+from mgcaffe.net import Net
+from mgcaffe.net.synthetic_data import fill_labels, synthesize_data_layers
+from mgcaffe.proto import caffe_pb2
 
 __all__ = ["NETS", "measure", "train_net_param"]
 

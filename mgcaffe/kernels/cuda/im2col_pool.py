@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_array_module
-from .im2col import _pairs, col_geometry, conv_output_size
+from ...backend import get_array_module
+from ..im2col import _pairs, col_geometry, conv_output_size
 
 __all__ = ["add_sources", "ave_pool_backward", "ave_pool_forward", "col2im", "im2col",
            "kernel_source", "max_pool_backward", "max_pool_forward", "use_cuda_kernels"]

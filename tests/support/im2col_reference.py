@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from mgcaffe.kernels import conv_output_size
+from mgcaffe.kernels.im2col import conv_output_size
 
 GEOMETRIES = [
     # kernel, pad, stride, dilation

@@ -2,13 +2,12 @@
 
 A fake net of a few float32 parameter blobs whose backward calls the learnable-layer hook, a
 plan made of plain name lists, and a helper that runs one function per fake rank in threads.
-The MPI test scripts import them too, so they live in the package, not under tests/.
+The MPI test scripts import them too (tests/support is on their PYTHONPATH).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
+from mgcaffe.comm.backends.launcher import local_mpiexec
 
 # name -> parameter blob shapes, input side first
 LAYERS = {"conv1": [(4, 1, 3, 3), (4,)], "conv2": [(6, 4, 3, 3), (6,)],
@@ -108,10 +109,8 @@ def given_network(directory: Path, ranks: int = 2) -> Path:
 
 
 def mpiexec() -> str:
-    """The mpiexec beside this Python (the PyPI MPICH installs it into the environment)."""
-
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+    """The mpiexec the tests launch with (`launcher.local_mpiexec`)."""
+    return local_mpiexec()
 
 
 def run_mpi(n, args, timeout=120.0, env=None, cwd=None):

@@ -210,16 +210,14 @@ FOLDER_MODULES = 12  # modules in one folder, __init__ not counted
 REGISTRIES = {"mgcaffe/layer_types", "mgcaffe/commands"}
 
 #: path -> lines, for modules over MODULE_LINES today
-MODULE_EXCEPTIONS = {
-    "mgcaffe/net/net.py": 701,
-}
+MODULE_EXCEPTIONS: dict[str, int] = {}
 #: "path:Class" -> (lines, attributes), for classes over either budget today
 CLASS_EXCEPTIONS = {
     "mgcaffe/comm/runtime/executor.py:GradientExecutor": (432, 38),
     "mgcaffe/comm/runtime/scheduled.py:ScheduledExecutor": (383, 51),
     "mgcaffe/comm/training/replanner.py:Replanner": (496, 34),
     "mgcaffe/comm/training/trainer.py:DistributedTraining": (405, 35),
-    "mgcaffe/net/net.py:Net": (634, 43),
+    "mgcaffe/net/net.py:Net": (595, 36),
     "mgcaffe/solvers/base.py:Solver": (545, 31),
 }
 #: folder -> modules, for folders over FOLDER_MODULES today (the package's top holds

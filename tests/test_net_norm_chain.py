@@ -93,7 +93,7 @@ def test_chains_are_the_in_place_runs_only(model):
     """bn1-sc1-relu1 and bn2-sc2 share their blob; bn3 writes a new one, and a leaky ReLU
     is not in a chain."""
     net = make(model)
-    found = {net.layer_names[c.first]: net.layer_names[c.last] for c in net._chains.values()}
+    found = {net.layer_names[c.first]: net.layer_names[c.last] for c in net._chains}
     assert found == {"bn1": "relu1", "bn2": "sc2"}
 
 

@@ -34,6 +34,7 @@ from ..layer_types.choice.rules import LayerRules
 from ..proto import caffe_pb2
 from . import debug as net_debug
 from .builder import build_graph, insert_splits, name_index, wrap_layer_error
+from .learnable import LearnableLayer, number_learnable_layers
 from .norm_chain import find_chains
 from .param_diffs import ParamDiffs
 from .weights import (
@@ -50,19 +51,21 @@ __all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
 log = logging.getLogger("mgcaffe.net")
 
 
-@dataclass(frozen=True)
-class LearnableLayer:
-    """Learnable layer `index` (1 = input side .. L = output side).
+@dataclass
+class LayerCallbacks:
+    """pycaffe's per-layer callbacks (`net.before_forward(fn)` etc.), each called with the
+    layer index; tuples, so a run in progress keeps the ones it started with."""
 
-    layer_id indexes `net.layers`; param_ids index `net.learnable_params` (the blobs this
-    layer owns with lr_mult != 0); count is their total number of elements.
-    """
+    before_forward: tuple = ()
+    after_forward: tuple = ()
+    before_backward: tuple = ()
+    after_backward: tuple = ()
 
-    index: int
-    name: str
-    layer_id: int
-    param_ids: tuple[int, ...]
-    count: int
+    def forward(self) -> tuple:
+        return self.before_forward + self.after_forward
+
+    def backward(self) -> tuple:
+        return self.before_backward + self.after_backward
 
 
 class Net:
@@ -78,11 +81,6 @@ class Net:
     choice made; default `CpuEngine.library_default()`, a new one per net); `net.cpu`.
     """
 
-    # pycaffe's per-layer callbacks (before_forward etc.), each called with the layer index.
-    _before_forward: tuple = ()
-    _after_forward: tuple = ()
-    _before_backward: tuple = ()
-    _after_backward: tuple = ()
     #: Run BatchNorm, Scale (and ReLU) in place on one blob as one sweep each way where a
     #: forward or backward run covers all of them (layer_types.norm_chain; the CPU, not
     #: under debug_info or per-layer callbacks). False: always layer by layer.
@@ -151,34 +149,20 @@ class Net:
         self.params_lr = g.params_lr
         self.params_weight_decay = g.params_weight_decay
         self.param_owners = g.param_owner
-        self._param_blobs = g.params  # every layer's parameter blobs, sharers included
         self._diffs = ParamDiffs(g.learnable_params, g.param_owner, g.params, self.xp,
                                  self.dtype)
         self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
         self._has_python_layer = any(layer.type == "Python" for layer in g.layers)
-        self.learnable_layers = []
-        self._learnable_of_layer: list[int | None] = [None] * len(g.layers)
-        for layer_id, name in enumerate(g.layer_names):
-            ids = tuple(i for i, owner in enumerate(g.learnable_param_layer)
-                        if owner == layer_id and g.params_lr[i] != 0)
-            if ids:
-                k = len(self.learnable_layers) + 1
-                count = sum(g.learnable_params[i].count for i in ids)
-                self.learnable_layers.append(LearnableLayer(k, name, layer_id, ids, count))
-                self._learnable_of_layer[layer_id] = k
-        # per layer, the learnable layers whose parameters its forward reads (sharers: the
-        # owner's), for `set_param_gate`
-        owner_of = {j: layer.index for layer in self.learnable_layers for j in layer.param_ids}
-        needs: list[set[int]] = [set() for _ in g.layers]
-        for net_param, (layer_id, _) in enumerate(g.param_layer):
-            k = owner_of.get(g.learnable_param_ids[net_param])
-            if k is not None:
-                needs[layer_id].add(k)
-        self._param_needs = [tuple(sorted(ks)) for ks in needs]
+        self._learnable = number_learnable_layers(g)
+        self._callbacks = LayerCallbacks()
         self._param_gate: Callable[[int], None] | None = None
         self._shapes = [self._shape_key(i) for i in range(len(self.layers))]
         self._chains = find_chains(self.layers, self._bottom_vecs, self._top_vecs)
-        self._chains_by_last = {c.last: c for c in self._chains.values()}
+
+    @property
+    def learnable_layers(self) -> list[LearnableLayer]:
+        """The learnable layers, input side first: `learnable_layers[k-1]` is layer k."""
+        return self._learnable.layers
 
     # -- lookups
     def layer_id(self, name: str) -> int:
@@ -189,6 +173,7 @@ class Net:
             raise NetError(f"net {self.name!r}: no layer named {name!r}") from None
 
     def layer_by_name(self, name: str):
+        """The layer called `name` (Caffe's layer_by_name)."""
         return self.layers[self.layer_id(name)]
 
     @property
@@ -204,19 +189,19 @@ class Net:
     # -- pycaffe's callbacks
     def before_forward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) before layer i's forward, for every layer run."""
-        self._before_forward = (*self._before_forward, fn)
+        self._callbacks.before_forward += (fn,)
 
     def after_forward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) after layer i's forward."""
-        self._after_forward = (*self._after_forward, fn)
+        self._callbacks.after_forward += (fn,)
 
     def before_backward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) before layer i's backward (for every layer in the range, as Caffe)."""
-        self._before_backward = (*self._before_backward, fn)
+        self._callbacks.before_backward += (fn,)
 
     def after_backward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) after layer i's backward."""
-        self._after_backward = (*self._after_backward, fn)
+        self._callbacks.after_backward += (fn,)
 
     def set_param_gate(self, gate: Callable[[int], None] | None) -> None:
         """Call gate(k) before the forward of every layer that reads learnable layer k's
@@ -247,13 +232,15 @@ class Net:
         """
         for i in range(len(self.layers)):
             if self._bottom_vecs[i]:
-                self._guard(i, "reshape", self._reshape_layer, i)
+                self._guard(self.layers[i].param, "reshape", self._reshape_layer, i)
 
-    def _guard(self, i: int, stage: str, fn, *args):
+    @staticmethod
+    def _guard(layer_param, stage: str, fn, *args):
+        """fn(*args), an error re-raised naming the layer and the stage (wrap_layer_error)."""
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
-            err = wrap_layer_error(self.layers[i].param, stage, exc)
+            err = wrap_layer_error(layer_param, stage, exc)
             if err is None:
                 raise
             raise err from exc
@@ -263,27 +250,22 @@ class Net:
         """Run layer i's forward (reshaping it first if its blob shapes changed); its loss."""
         layer = self.layers[i]
         bottom, top = self._bottom_vecs[i], self._top_vecs[i]
-        try:
-            if bottom and self._shape_key(i) != self._shapes[i]:
-                self._reshape_layer(i)
-            # on all threads or one, as the net's way says
-            call_layer(self.xp, self.cpu.layer_way, (id(layer), 0), layer.forward, bottom, top)
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
-            err = wrap_layer_error(layer.param, "forward", exc)
-            if err is None:
-                raise
-            raise err from exc
+        if bottom and self._shape_key(i) != self._shapes[i]:
+            self._guard(layer.param, "forward", self._reshape_layer, i)
+        # on all threads or one, as the net's way says
+        self._guard(layer.param, "forward", call_layer, self.xp, self.cpu.layer_way,
+                    (id(layer), 0), layer.forward, bottom, top)
         return layer.device_loss(top) if self._has_loss[i] else 0.0
 
     def forward_step(self, i: int, end: int) -> tuple[int, float]:
         """Run layer i's forward, or that of the norm chain starting at i where the run goes
         on to layer `end` past it (see `fuse_norm_chains`); (the last layer run, its loss)."""
-        chain = self._chains.get(i)
+        chain = self._chains.starting_at(i)
         if chain is not None and chain.last <= end and self._chain_runs(chain, forward=True):
             layers = range(chain.first, chain.last + 1)
             for j in layers:
                 if self._shape_key(j) != self._shapes[j]:
-                    self._guard(j, "reshape", self._reshape_layer, j)
+                    self._guard(self.layers[j].param, "reshape", self._reshape_layer, j)
             if chain.usable():  # still, after a reshape
                 self._run_chain(chain, chain.forward, 0)
             else:
@@ -295,8 +277,7 @@ class Net:
     def _chain_runs(self, chain, forward: bool, propagate=None) -> bool:
         """Whether a chain may run as one now: allowed, nothing watching its layers one at a
         time, usable, and in backward every layer of it giving its bottom a diff."""
-        hooks = (self._before_forward + self._after_forward if forward else
-                 self._before_backward + self._after_backward)
+        hooks = self._callbacks.forward() if forward else self._callbacks.backward()
         if not self.fuse_norm_chains or self.debug_info or hooks or not chain.usable():
             return False
         if forward:
@@ -308,26 +289,22 @@ class Net:
                    for j in layers)
 
     def _run_chain(self, chain, run, phase: int) -> None:
-        """run() for a chain (phase 0 forward, 1 backward), as a layer call of its own."""
-        try:
-            call_layer(self.xp, self.cpu.layer_way, (id(chain), phase), run)
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the chain's first layer
-            err = wrap_layer_error(chain.batch_norm.param, ("forward", "backward")[phase], exc)
-            if err is None:
-                raise
-            raise err from exc
+        """run() for a chain (phase 0 forward, 1 backward), as a layer call of its own; an
+        error names the chain's first layer."""
+        self._guard(chain.batch_norm.param, ("forward", "backward")[phase], call_layer,
+                    self.xp, self.cpu.layer_way, (id(chain), phase), run)
 
     def _forward_range(self, start: int, end: int) -> float:
         loss = 0.0
         i = start
         while i <= end:
             if self._param_gate is not None:
-                chain = self._chains.get(i)  # a chain runs as one: every layer's parameters
+                chain = self._chains.starting_at(i)  # a chain runs as one: every layer's parameters
                 last = chain.last if chain is not None and chain.last <= end else i
                 for j in range(i, last + 1):
-                    for k in self._param_needs[j]:
+                    for k in self._learnable.reads[j]:
                         self._param_gate(k)
-            for hook in self._before_forward:
+            for hook in self._callbacks.before_forward:
                 hook(i)
             last, layer_loss = self.forward_step(i, end)
             if isinstance(loss, float) and loss == 0 and not isinstance(layer_loss, float):
@@ -336,7 +313,7 @@ class Net:
                 loss += layer_loss
             if self.debug_info:
                 net_debug.forward(self, i)
-            for hook in self._after_forward:
+            for hook in self._callbacks.after_forward:
                 hook(i)
             i = last + 1
         self.loss = loss = self._read_back(loss)
@@ -411,21 +388,16 @@ class Net:
         layer = self.layers[i]
         if propagate_down is None:
             propagate_down = self.bottom_need_backward[i]
-        try:
-            call_layer(self.xp, self.cpu.layer_way, (id(layer), 1), layer.backward,
-                       self._top_vecs[i], propagate_down, self._bottom_vecs[i])
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the layer
-            err = wrap_layer_error(layer.param, "backward", exc)
-            if err is None:
-                raise
-            raise err from exc
+        self._guard(layer.param, "backward", call_layer, self.xp, self.cpu.layer_way,
+                    (id(layer), 1), layer.backward, self._top_vecs[i], propagate_down,
+                    self._bottom_vecs[i])
 
     def backward_step(self, i: int, end: int, propagate=None) -> int:
         """Run layer i's backward (if it needs one), or that of the norm chain ending at i
         where the run goes on to layer `end` before it; the first layer run. `propagate`:
         every layer's propagate_down, each layer's backward then run whatever the net's rule
         (as `caffe time` does); default the net's rule."""
-        chain = self._chains_by_last.get(i)
+        chain = self._chains.ending_at(i)
         if chain is not None and chain.first >= end and \
                 self._chain_runs(chain, forward=False, propagate=propagate):
             self._run_chain(chain, chain.backward, 1)
@@ -438,14 +410,14 @@ class Net:
 
     def _backward_range(self, start: int, end: int,
                         on_learnable_done: Callable[[int], None] | None) -> None:
-        learnable = self._learnable_of_layer
+        learnable = self._learnable.of_layer
         i = start
         try:
             while i >= end:
-                for hook in self._before_backward:
+                for hook in self._callbacks.before_backward:
                     hook(i)
                 first = self.backward_step(i, end)
-                for hook in self._after_backward:
+                for hook in self._callbacks.after_backward:
                     hook(i)
                 for j in range(i, first - 1, -1):
                     if on_learnable_done is not None and learnable[j] is not None:
@@ -508,15 +480,7 @@ class Net:
         flattened blob to another shape would give it a diff of its own again. Arrays held
         from before (`net.params[...][0].diff`) are no longer the blobs' diffs."""
         ids = self.reduced_param_ids() if order is None else [int(p) for p in order]
-        count = len(self.learnable_params)
-        bad = [p for p in ids if not 0 <= p < count]
-        if bad:
-            raise NetError(f"net {self.name!r}: flatten_param_diffs: parameter ids {bad} are "
-                           f"not in 0..{count - 1}")
-        if len(set(ids)) != len(ids):
-            raise NetError(f"net {self.name!r}: flatten_param_diffs: the order repeats a "
-                           f"parameter id: {ids}")
-        return self._diffs.flatten(ids)
+        return self._diffs.flatten(ids, f"net {self.name!r}: flatten_param_diffs")
 
     @property
     def flat_param_ids(self) -> tuple[int, ...]:
@@ -539,8 +503,8 @@ class Net:
     def runs_user_code(self) -> bool:
         """Whether a forward or backward of this net runs code of the user's: a Python
         layer or a per-layer callback (before_forward etc.)."""
-        return self._has_python_layer or bool(self._before_forward or self._after_forward
-                                              or self._before_backward or self._after_backward)
+        return self._has_python_layer or bool(self._callbacks.forward()
+                                              or self._callbacks.backward())
 
     def clear_param_diffs(self) -> None:
         """Zero every owned parameter diff, at once (pycaffe's clear_param_diffs): an array

@@ -14,7 +14,7 @@ What the layers compute is unchanged: the blob holds the ReLU's output after for
 BatchNorm's bottom diff after backward, the running statistics and Scale's parameter diffs
 are updated as by the layers (forward bit for bit; the float64 sums in another order), and
 each layer's own kept arrays are set, so any of them can still run alone afterwards. The
-net runs a chain only when its whole run covers it (net.Net: not under debug_info or
+net runs a chain only when its whole run covers it (net.NetEngine: not under debug_info or
 per-layer callbacks, which look at the layers one at a time).
 """
 
@@ -101,17 +101,35 @@ class NormChain:
             bn.use_global_stats, start, stop))
 
 
-def find_chains(layers, bottoms, tops) -> dict[int, NormChain]:
-    """The chains of a net's layers (with their bottom and top blob lists), by first index:
-    BatchNorm, then Scale with a learned per-channel scale, then optionally a ReLU of slope
-    0, each with one bottom and one top, all the same blob, and no loss weight."""
+class NormChains:
+    """A net's chains, looked up by their first layer (forward runs) or their last
+    (backward runs); iterating gives them in net order."""
+
+    def __init__(self, chains: list[NormChain]):
+        self._by_first = {c.first: c for c in chains}
+        self._by_last = {c.last: c for c in chains}
+
+    def starting_at(self, i: int) -> NormChain | None:
+        return self._by_first.get(i)
+
+    def ending_at(self, i: int) -> NormChain | None:
+        return self._by_last.get(i)
+
+    def __iter__(self):
+        return iter(self._by_first.values())
+
+
+def find_chains(layers, bottoms, tops) -> NormChains:
+    """The chains of a net's layers (with their bottom and top blob lists): BatchNorm,
+    then Scale with a learned per-channel scale, then optionally a ReLU of slope 0, each
+    with one bottom and one top, all the same blob, and no loss weight."""
     def in_place(j, kind, blob):
         return j < len(layers) and isinstance(layers[j], kind) and \
             len(bottoms[j]) == 1 and bottoms[j][0] is blob and \
             len(tops[j]) == 1 and tops[j][0] is blob and \
             not any(layers[j].loss_weights)  # a loss on a layer's top: the layer runs alone
 
-    chains = {}
+    chains = []
     i = 0
     while i + 1 < len(layers):
         blob = bottoms[i][0] if len(bottoms[i]) == 1 else None
@@ -120,8 +138,8 @@ def find_chains(layers, bottoms, tops) -> dict[int, NormChain]:
             relu = layers[i + 2] if in_place(i + 2, ReLULayer, blob) and \
                 layers[i + 2].negative_slope == 0 else None
             chain = NormChain(i, layers[i], layers[i + 1], relu, blob)
-            chains[i] = chain
+            chains.append(chain)
             i = chain.last + 1
             continue
         i += 1
-    return chains
+    return NormChains(chains)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import NetError
+
 LAZY = "lazy"
 EAGER = "eager"
 
@@ -49,9 +51,16 @@ class ParamDiffs:
         self.marked = False  # diffs cleared lazily that may be unwritten still
         self.last_way: str | None = None
 
-    def flatten(self, ids: list[int]):
+    def flatten(self, ids: list[int], where: str = "flatten_param_diffs"):
         """Make the diffs of `ids` (learnable_params indices, in buffer order) consecutive
-        views of one new buffer, values kept; sharers follow their owners. Returns it."""
+        views of one new buffer, values kept; sharers follow their owners. Returns it.
+        Ids out of range or repeated are a NetError that begins with `where`."""
+        count = len(self.params)
+        bad = [p for p in ids if not 0 <= p < count]
+        if bad:
+            raise NetError(f"{where}: parameter ids {bad} are not in 0..{count - 1}")
+        if len(set(ids)) != len(ids):
+            raise NetError(f"{where}: the order repeats a parameter id: {ids}")
         blobs = [self.params[p] for p in ids]
         flat = self.xp.zeros(sum(b.count for b in blobs), dtype=self.dtype)
         offset = 0

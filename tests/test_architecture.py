@@ -217,7 +217,6 @@ CLASS_EXCEPTIONS = {
     "mgcaffe/comm/runtime/scheduled.py:ScheduledExecutor": (383, 51),
     "mgcaffe/comm/training/replanner.py:Replanner": (496, 34),
     "mgcaffe/comm/training/trainer.py:DistributedTraining": (405, 35),
-    "mgcaffe/net/net.py:Net": (595, 36),
     "mgcaffe/solvers/base.py:Solver": (545, 31),
 }
 #: folder -> modules, for folders over FOLDER_MODULES today (the package's top holds

@@ -35,9 +35,9 @@ def _param_display_name(layer, param_id: int) -> str:
 
 def forward(net, i: int) -> None:
     """After layer i's forward: its tops' and parameters' mean absolute data."""
-    name, layer = net.layer_names[i], net.layers[i]
-    for blob_name, blob in zip(net.top_names[name], net._top_vecs[i]):
-        log.info("    [Forward] Layer %s, top blob %s data: %s", name, blob_name,
+    name, layer, g = net.layer_names[i], net.layers[i], net.graph
+    for blob_id, blob in zip(g.top_ids[i], net._top_vecs[i]):
+        log.info("    [Forward] Layer %s, top blob %s data: %s", name, g.blob_names[blob_id],
                  _num(_mean_abs(blob.data)))
     for p, blob in enumerate(layer.blobs):
         log.info("    [Forward] Layer %s, param blob %s data: %s", name,
@@ -46,12 +46,12 @@ def forward(net, i: int) -> None:
 
 def backward(net, i: int) -> None:
     """After layer i's backward: the diffs of the bottoms and parameters it wrote."""
-    name, layer = net.layer_names[i], net.layers[i]
-    for blob_name, blob, need in zip(net.bottom_names[name], net._bottom_vecs[i],
-                                     net.bottom_need_backward[i]):
+    name, layer, g = net.layer_names[i], net.layers[i], net.graph
+    for blob_id, blob, need in zip(g.bottom_ids[i], net._bottom_vecs[i],
+                                   net.bottom_need_backward[i]):
         if need:
-            log.info("    [Backward] Layer %s, bottom blob %s diff: %s", name, blob_name,
-                     _num(_mean_abs(blob.diff)))
+            log.info("    [Backward] Layer %s, bottom blob %s diff: %s", name,
+                     g.blob_names[blob_id], _num(_mean_abs(blob.diff)))
     propagate = getattr(layer, "param_propagate_down", [])
     for p, blob in enumerate(layer.blobs):
         if p < len(propagate) and propagate[p]:

@@ -1,23 +1,23 @@
-"""Net: a DAG of layers built from a NetParameter; forward, backward with a per-layer hook.
+"""The engine of a Net: a DAG of layers built from a NetParameter, run by layer index, with a
+per-layer hook in backward.
 
 Semantics follow BVLC Caffe's Net (see docs/design.md, "Net contract"): phase/level/stage
 filtering, automatic Split layers, in-place layers, loss weights, propagate_down,
 force_backward, parameter sharing by ParamSpec name, reshaping when input shapes change.
+As Caffe's C++ Net, the engine runs layers by index (`forward_from_to`,
+`backward_from_to`); pycaffe's name-keyed and batched API (`net.blobs`, `forward(data=x)`,
+`forward_all`, ...) is `pycaffe.Net`, built on it, which is what `mgcaffe.net.Net` is.
 
-Learnable layers are a first-class, documented order: `net.learnable_layers[k-1]` is learnable
-layer k, numbered 1 (input side) .. L (output side). A layer is learnable when it OWNS at least
-one parameter blob with lr_mult != 0 (shared parameters belong to the first layer that
-declares their name). During backward, `on_learnable_done(k)` is called right after layer k's
-backward, in the order L, L-1, ..., 1; at that moment layer k's parameter diffs are final for
-this backward pass (every sharer's backward ran earlier, since sharers come after owners).
+Learnable layers are a first-class, documented order (learnable.py): `net.learnable_layers[k-1]`
+is learnable layer k, numbered 1 (input side) .. L (output side). During backward,
+`on_learnable_done(k)` is called right after layer k's backward, in the order L, L-1, ..., 1;
+at that moment layer k's parameter diffs are final for this backward pass (every sharer's
+backward ran earlier, since sharers come after owners).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +28,7 @@ from ..backend import CPU, Device, to_host
 from ..cpu.engine import CpuEngine
 from ..cpu.layer_way import call_layer
 from ..errors import NetError
-from ..formats.protoio import filter_net, read_net_param, write_caffemodel
+from ..formats.protoio import filter_net, read_net_param
 from ..layer_types.base import TEST, TRAIN
 from ..layer_types.choice.rules import LayerRules
 from ..proto import caffe_pb2
@@ -37,16 +37,9 @@ from .builder import build_graph, insert_splits, name_index, wrap_layer_error
 from .learnable import LearnableLayer, number_learnable_layers
 from .norm_chain import find_chains
 from .param_diffs import ParamDiffs
-from .weights import (
-    HDF5,
-    copy_trained_layers,
-    copy_trained_layers_hdf5,
-    net_to_proto,
-    share_trained_layers,
-    write_weights,
-)
+from .weights import copy_trained_layers, net_to_proto, share_trained_layers
 
-__all__ = ["Net", "LearnableLayer", "TRAIN", "TEST"]
+__all__ = ["NetEngine", "LearnableLayer", "TRAIN", "TEST"]
 
 log = logging.getLogger("mgcaffe.net")
 
@@ -68,33 +61,49 @@ class LayerCallbacks:
         return self.before_backward + self.after_backward
 
 
-class Net:
-    """A Caffe network. See the module docstring and docs/design.md for the contract.
+def _wiring(field: str, doc: str) -> property:
+    """A read-only view of the built graph's `field` (builder.Graph), Caffe's vector of it."""
+    return property(lambda self: getattr(self.graph, field), doc=doc)
 
-    `Net(model, phase=TRAIN, weights=None, ...)`; pycaffe's older positional form
-    `Net(model, weights_path, phase)` is accepted too. `model` is a prototxt path or a
-    NetParameter. `device` defaults to the CPU (the pycaffe-style `mgcaffe.Net` uses the
-    process-wide default set by `mgcaffe.set_mode_gpu()`/`set_device()`). `rules`: how the
-    layers with several implementations choose one (`layer_types.choice.rules.LayerRules`;
-    default its measured defaults). `cpu`: how it computes on the CPU, its own chunk runner
-    and per-layer way (`cpu.engine.CpuEngine`; the commands pass the one their `--threads`
-    choice made; default `CpuEngine.library_default()`, a new one per net); `net.cpu`.
+
+class NetEngine:
+    """A Caffe network's engine, by layer index. See the module docstring and
+    docs/design.md for the contract; `mgcaffe.net.Net` adds pycaffe's API.
+
+    `NetEngine(model, phase=TRAIN, weights=None, ...)`: `model` is a prototxt path or a
+    NetParameter. `device` defaults to the CPU. `rules`: how the layers with several
+    implementations choose one (`layer_types.choice.rules.LayerRules`; default its measured
+    defaults). `cpu`: how it computes on the CPU, its own chunk runner and per-layer way
+    (`cpu.engine.CpuEngine`; the commands pass the one their `--threads` choice made;
+    default `CpuEngine.library_default()`, a new one per net); `net.cpu`.
     """
 
     #: Run BatchNorm, Scale (and ReLU) in place on one blob as one sweep each way where a
     #: forward or backward run covers all of them (layer_types.norm_chain; the CPU, not
     #: under debug_info or per-layer callbacks). False: always layer by layer.
     fuse_norm_chains = True
+    #: Whether the solver's per-iteration clear (clear_param_diffs_for_pass) may clear
+    #: lazily (Blob.clear_diff_lazily): the first backward writer then overwrites (GEMM
+    #: beta = 0) instead of a fill and a read. False: a fill every time (the reference the
+    #: tests compare against).
+    lazy_param_diff_clear = True
+
+    layer_need_backward = _wiring("layer_need_backward", "Per layer, whether it runs backward.")
+    bottom_need_backward = _wiring("bottom_need_backward",
+                                   "Per layer, which bottoms get a diff (propagate_down).")
+    bottom_need_backward_unpruned = _wiring(
+        "bottom_need_backward_unpruned",
+        "bottom_need_backward before dropping the layers that reach no loss (`caffe time`).")
+    params_lr = _wiring("params_lr", "Per learnable_params blob, its lr_mult.")
+    params_weight_decay = _wiring("params_weight_decay",
+                                  "Per learnable_params blob, its decay_mult.")
+    param_owners = _wiring("param_owner", "Per parameter blob of every layer, -1 when it owns "
+                           "its blob, else the index of the blob it shares.")
 
     def __init__(self, model, phase=TRAIN, weights=None, *, level: int = 0, stages=(),
                  device: Device | None = None, dtype=np.float32, seed: int | None = None,
                  rank: int = 0, world_size: int = 1, rules: LayerRules | None = None,
                  cpu: CpuEngine | None = None):
-        if isinstance(phase, (str, os.PathLike)):  # pycaffe's Net(model, weights, phase)
-            phase, weights = weights, phase
-            if phase is None:
-                raise NetError(f"Net(model, {str(weights)!r}, phase): the older form needs "
-                               f"the phase (mgcaffe.TRAIN or mgcaffe.TEST) after the weights")
         if phase not in (TRAIN, TEST):
             raise NetError(f"Net: phase must be mgcaffe.TRAIN ({TRAIN}) or mgcaffe.TEST "
                            f"({TEST}), got {phase!r}")
@@ -126,34 +135,21 @@ class Net:
             self.copy_from(weights)
 
     def _adopt(self, g) -> None:
-        """Take over the built graph as this net's public attributes."""
+        """Take over the built graph: what the engine runs with, by index."""
+        #: The built wiring (builder.Graph): blob names and blobs, each layer's bottom and
+        #: top ids, inputs, outputs, loss weights, parameters; what pycaffe's API names.
+        self.graph = g
         self.layers = g.layers
         self.layer_names = g.layer_names
         self._layer_index = name_index(g.layer_names)
-        self.blobs = OrderedDict(zip(g.blob_names, g.blobs))
         self._bottom_vecs = [[g.blobs[i] for i in ids] for ids in g.bottom_ids]
         self._top_vecs = [[g.blobs[i] for i in ids] for ids in g.top_ids]
-        self.bottom_names = OrderedDict(
-            (n, [g.blob_names[i] for i in ids]) for n, ids in zip(g.layer_names, g.bottom_ids))
-        self.top_names = OrderedDict(
-            (n, [g.blob_names[i] for i in ids]) for n, ids in zip(g.layer_names, g.top_ids))
-        self.inputs = [g.blob_names[i] for i in g.input_ids]
-        self.outputs = [g.blob_names[i] for i in g.output_ids]
-        self.blob_loss_weights = OrderedDict(zip(g.blob_names, g.blob_loss_weights))
-        self.layer_need_backward = g.layer_need_backward
-        self.bottom_need_backward = g.bottom_need_backward
-        self.bottom_need_backward_unpruned = g.bottom_need_backward_unpruned
-        self.params = OrderedDict((n, layer.blobs) for n, layer in zip(g.layer_names, g.layers)
-                                  if layer.blobs)
         self.learnable_params = g.learnable_params
-        self.params_lr = g.params_lr
-        self.params_weight_decay = g.params_weight_decay
-        self.param_owners = g.param_owner
+        self._learnable = number_learnable_layers(g)
         self._diffs = ParamDiffs(g.learnable_params, g.param_owner, g.params, self.xp,
                                  self.dtype)
         self._has_loss = [any(w != 0 for w in layer.loss_weights) for layer in g.layers]
         self._has_python_layer = any(layer.type == "Python" for layer in g.layers)
-        self._learnable = number_learnable_layers(g)
         self._callbacks = LayerCallbacks()
         self._param_gate: Callable[[int], None] | None = None
         self._shapes = [self._shape_key(i) for i in range(len(self.layers))]
@@ -176,17 +172,7 @@ class Net:
         """The layer called `name` (Caffe's layer_by_name)."""
         return self.layers[self.layer_id(name)]
 
-    @property
-    def layer_dict(self) -> OrderedDict:
-        """pycaffe's {layer name: layer}, in net order."""
-        return OrderedDict(zip(self.layer_names, self.layers))
-
-    @property
-    def _layer_names(self) -> list[str]:
-        """pycaffe's name for `layer_names`."""
-        return self.layer_names
-
-    # -- pycaffe's callbacks
+    # -- pycaffe's callbacks (Caffe's Net keeps them: they run inside its loops)
     def before_forward(self, fn: Callable[[int], None]) -> None:
         """Call fn(i) before layer i's forward, for every layer run."""
         self._callbacks.before_forward += (fn,)
@@ -294,7 +280,10 @@ class Net:
         self._guard(chain.batch_norm.param, ("forward", "backward")[phase], call_layer,
                     self.xp, self.cpu.layer_way, (id(chain), phase), run)
 
-    def _forward_range(self, start: int, end: int) -> float:
+    def forward_from_to(self, start: int, end: int) -> float:
+        """Run layers `start`..`end` (indices, both run) forward, with the parameter gate
+        and the callbacks; the objective of the layers run, also kept in `net.loss`
+        (Caffe's ForwardFromTo)."""
         loss = 0.0
         i = start
         while i <= end:
@@ -339,49 +328,6 @@ class Net:
                 raise error()
         return float(host[0])
 
-    def forward(self, blobs=None, start: str | None = None, end: str | None = None,
-                **inputs):
-        """pycaffe's forward: set `inputs` (of the net's batch size, else pycaffe's "Input is
-        not batch sized" error: reshape the input blob first), run layers
-        `start`..`end` (names; default all) and return {name: data array} for the outputs
-        (or, with `end`, that layer's tops) plus the names in `blobs`. The objective of the
-        layers run is kept in `net.loss`."""
-        start_i = self.layer_id(start) if start is not None else 0
-        if end is not None:
-            end_i = self.layer_id(end)
-            wanted = self.top_names[end]
-        else:
-            end_i = len(self.layers) - 1
-            wanted = self.outputs
-        self._set_blobs(inputs, self.inputs, "data", "inputs")
-        self._forward_range(start_i, end_i)
-        return self._collect(list(wanted) + list(blobs or []), "data")
-
-    def _set_blobs(self, values: dict, allowed: list[str], which: str, what: str) -> None:
-        for name, value in values.items():
-            if name not in allowed:
-                raise NetError(f"net {self.name!r}: {name!r} is not one of the net {what} "
-                               f"({', '.join(allowed) or 'none'})")
-            blob = self.blobs[name]
-            value = self.xp.asarray(value, dtype=self.dtype)
-            if blob.shape and (not value.ndim or value.shape[0] != blob.shape[0]):
-                kind = "Input" if which == "data" else "Diff"
-                raise NetError(f"net {self.name!r}: {kind} is not batch sized: {name!r} got "
-                               f"shape {value.shape}, the blob is {blob.shape} (reshape it "
-                               f"first: net.blobs[{name!r}].reshape(...); net.reshape())")
-            if which == "data":
-                blob.data = value
-            else:
-                blob.diff = value
-
-    def _collect(self, names: list[str], which: str) -> dict:
-        out = {}
-        for name in names:
-            if name not in self.blobs:
-                raise NetError(f"net {self.name!r}: no blob named {name!r}")
-            out[name] = getattr(self.blobs[name], which)
-        return out
-
     # -- backward
     def backward_layer(self, i: int, propagate_down=None) -> None:
         """Run layer i's backward (propagate_down defaults to the net's rule for it)."""
@@ -408,8 +354,12 @@ class Net:
                 net_debug.backward(self, i)
         return i
 
-    def _backward_range(self, start: int, end: int,
-                        on_learnable_done: Callable[[int], None] | None) -> None:
+    def backward_from_to(self, start: int, end: int,
+                         on_learnable_done: Callable[[int], None] | None = None) -> None:
+        """Run layers `start` down to `end` (indices, both run) backward, each that needs
+        one, with the callbacks; `on_learnable_done(k)` right after learnable layer k's
+        backward (k = L..1; also for a learnable layer whose backward was skipped, its diffs
+        being final then). Caffe's BackwardFromTo."""
         learnable = self._learnable.of_layer
         i = start
         try:
@@ -430,34 +380,14 @@ class Net:
             # zeros now: an array the user holds reads what a fresh read would
             self._diffs.settle()
 
-    def backward(self, diffs=None, start: str | None = None, end: str | None = None,
-                 on_learnable_done: Callable[[int], None] | None = None, **top_diffs):
-        """pycaffe's backward: set output diffs from `top_diffs`, run layers `start`..`end`
-        backwards (names; default all) and return {name: diff array} for the inputs (or,
-        with `end`, that layer's bottoms) plus the names in `diffs`.
-
-        `on_learnable_done(k)` is called right after learnable layer k's backward (k = L..1;
-        also for a learnable layer whose backward was skipped, its diffs being final then).
-        """
-        start_i = self.layer_id(start) if start is not None else len(self.layers) - 1
-        if end is not None:
-            end_i = self.layer_id(end)
-            wanted = self.bottom_names[end] or self.top_names[end]
-        else:
-            end_i = 0
-            wanted = self.inputs
-        self._set_blobs(top_diffs, self.outputs, "diff", "outputs")
-        self._backward_range(start_i, end_i, on_learnable_done)
-        return self._collect(list(wanted) + list(diffs or []), "diff")
-
     def forward_backward(self, on_learnable_done: Callable[[int], None] | None = None) -> float:
         """One forward and one backward over the whole net (data layers feed themselves);
         returns the loss. Parameter diffs accumulate: call clear_param_diffs() first."""
-        loss = self._forward_range(0, len(self.layers) - 1)
+        loss = self.forward_from_to(0, len(self.layers) - 1)
         if self._param_gate is not None:  # before backward writes any parameter diff
             for layer in self.learnable_layers:
                 self._param_gate(layer.index)
-        self._backward_range(len(self.layers) - 1, 0, on_learnable_done)
+        self.backward_from_to(len(self.layers) - 1, 0, on_learnable_done)
         if self.debug_info:
             net_debug.all_params(self)
         return loss
@@ -486,12 +416,6 @@ class Net:
     def flat_param_ids(self) -> tuple[int, ...]:
         """The `learnable_params` indices in the flat buffer, in its order (() before)."""
         return self._diffs.flat_ids
-
-    #: Whether the solver's per-iteration clear (clear_param_diffs_for_pass) may clear
-    #: lazily (Blob.clear_diff_lazily): the first backward writer then overwrites (GEMM
-    #: beta = 0) instead of a fill and a read. False: a fill every time (the reference the
-    #: tests compare against).
-    lazy_param_diff_clear = True
 
     @property
     def param_diff_buffer(self):
@@ -547,74 +471,10 @@ class Net:
             data = blob.data
             self.xp.subtract(data, blob.diff, out=data)
 
-    def share_weights(self, other: Net) -> None:
+    def share_weights(self, other: NetEngine) -> None:
         """Make this net's parameter data the arrays of `other`'s layers of the same name
         (Caffe's ShareTrainedLayersWith: test nets follow the train net's weights)."""
         share_trained_layers(self, other)
-
-    def share_with(self, other: Net) -> None:
-        """pycaffe's name for share_weights."""
-        share_trained_layers(self, other)
-
-    # -- pycaffe's batched passes
-    def _batches(self, arrays: dict):
-        """{name: array} cut into the net's batch size; the last batch padded with zeros."""
-        if not arrays:
-            yield {}
-            return
-        shape = self.blobs[next(iter(arrays))].shape if next(iter(arrays)) in self.blobs else ()
-        size = shape[0] if shape else 1
-        num = len(next(iter(arrays.values())))
-        for start in range(0, num, size):
-            batch = {}
-            for name, value in arrays.items():
-                part = np.asarray(value[start:start + size])
-                if len(part) < size:
-                    pad = np.zeros((size - len(part),) + part.shape[1:], dtype=part.dtype)
-                    part = np.concatenate([part, pad])
-                batch[name] = part
-            yield batch
-
-    def _batched(self, run, names, arrays: dict) -> dict:
-        outs = {name: [] for name in names}
-        for batch in self._batches(arrays):
-            for name, value in run(batch).items():
-                outs.setdefault(name, []).append(np.array(to_host(value), copy=True))
-        total = len(next(iter(arrays.values()))) if arrays else None
-        return {name: np.concatenate(parts)[:total] if parts else np.zeros(0)
-                for name, parts in outs.items()}
-
-    def forward_all(self, blobs=None, **inputs) -> dict:
-        """pycaffe's forward_all: forward every batch of `inputs` (any number of items; the
-        net's batch size per pass) and return {output or blob name: all items' data}."""
-        names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
-        return self._batched(lambda b: self.forward(blobs=blobs, **b), names, inputs)
-
-    def forward_backward_all(self, blobs=None, diffs=None, **arrays) -> tuple[dict, dict]:
-        """pycaffe's forward_backward_all: for every batch, forward the inputs given and
-        backward the output diffs given (both in `arrays`, by blob name); returns
-        ({output or blob: all items' data}, {input or blob: all items' diff})."""
-        inputs = {k: v for k, v in arrays.items() if k in self.inputs}
-        tops = {k: v for k, v in arrays.items() if k not in inputs}
-        out_names = list(dict.fromkeys(list(self.outputs) + list(blobs or [])))
-        diff_names = list(dict.fromkeys(list(self.inputs) + list(diffs or [])))
-        outs: dict = {name: [] for name in out_names}
-        grads: dict = {name: [] for name in diff_names}
-        forward_batches, backward_batches = self._batches(inputs), self._batches(tops)
-        for fb, bb in itertools.zip_longest(forward_batches, backward_batches, fillvalue={}):
-            for name, value in self.forward(blobs=blobs, **fb).items():
-                outs.setdefault(name, []).append(np.array(to_host(value), copy=True))
-            for name, value in self.backward(diffs=diffs, **bb).items():
-                grads.setdefault(name, []).append(np.array(to_host(value), copy=True))
-        total = len(next(iter(arrays.values()))) if arrays else None
-        return ({n: np.concatenate(p)[:total] for n, p in outs.items() if p},
-                {n: np.concatenate(p)[:total] for n, p in grads.items() if p})
-
-    def backward_all(self, diffs=None, **output_diffs) -> dict:
-        """pycaffe's backward_all: backward every batch of the output diffs given and return
-        {input or blob name: all items' diff}."""
-        names = list(dict.fromkeys(list(self.inputs) + list(diffs or [])))
-        return self._batched(lambda b: self.backward(diffs=diffs, **b), names, output_diffs)
 
     # -- weights
     def copy_from(self, source) -> None:
@@ -625,27 +485,6 @@ class Net:
         """The net with its parameter blobs as a NetParameter (what a .caffemodel holds)."""
         return net_to_proto(self, write_diff)
 
-    def save(self, path, write_diff: bool = False) -> None:
-        """Write the weights as a binary .caffemodel (atomically) that BVLC Caffe loads."""
-        write_caffemodel(self.to_proto(write_diff), path)
-
-    def save_hdf5(self, path, write_diff: bool = False) -> None:
-        """Write the weights in Caffe's HDF5 layout (.caffemodel.h5), atomically."""
-        write_weights(self, str(path), HDF5, write_diff)
-
-    def load_hdf5(self, path) -> None:
-        """Load weights from Caffe's HDF5 layout, matching layers by name."""
-        copy_trained_layers_hdf5(self, str(path))
-
-    # -- data and resources
-    def set_input_arrays(self, data, labels) -> None:
-        """pycaffe's MemoryData feed: hand arrays to the net's first layer (a MemoryData)."""
-        first = self.layers[0] if self.layers else None
-        if first is None or not hasattr(first, "set_input_arrays"):
-            raise NetError(f"net {self.name!r}: set_input_arrays needs a MemoryData first layer, "
-                           f"found {first.type if first else 'no layers'}")
-        first.set_input_arrays(data, labels)
-
     def close(self) -> None:
         """Stop background work of the layers (data prefetch threads); idempotent."""
         for layer in self.layers:
@@ -653,7 +492,7 @@ class Net:
             if close is not None:
                 close()
 
-    def __enter__(self) -> Net:
+    def __enter__(self) -> NetEngine:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -230,8 +230,8 @@ def weights_bytes(net, fmt: int = BINARYPROTO, write_diff: bool = False) -> byte
 def _write_weights_hdf5(f, net, write_diff: bool) -> None:
     # Caffe's layout: data/<layer>/<i> (and diff/<layer>/<i>), one group per layer.
     groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
-    for name in net.layer_names:
-        blobs = net.params.get(name, [])
+    for name, layer in zip(net.layer_names, net.layers):
+        blobs = layer.blobs
         for g, attr in zip(groups, ("data", "diff")):
             layer_group = g.create_group(name)
             for i, blob in enumerate(blobs):

@@ -376,3 +376,25 @@ def test_world_hands_a_late_start_up_ctrl_c_to_the_caller_when_asked(keep_deferr
     finally:
         signal.signal(signal.SIGINT, before)
         _launch.take_pending()
+
+
+def test_startup_deadline_watcher_ignores_sigint_from_its_first_instant():
+    # A signal sent to every process of a job (scancel --signal=INT) reaches the watcher too:
+    # it must say nothing and stay, whether the signal comes while its interpreter starts
+    # (the first kill, sent as soon as it exists) or later; the rank answers for the job.
+    code = ("import os, signal, sys, time\n"
+            "from mgcaffe.comm.backends.startup_deadline import StartupDeadline\n"
+            "with StartupDeadline(20) as d:\n"
+            "    w = d._watcher\n"
+            "    os.kill(w.pid, signal.SIGINT)\n"
+            "    time.sleep(0.5)\n"
+            "    os.kill(w.pid, signal.SIGINT)\n"
+            "    time.sleep(0.3)\n"
+            "    print('alive' if w.poll() is None else f'gone {w.returncode}', flush=True)\n"
+            "print('exit', w.wait(5), flush=True)\n")
+    env = dict(os.environ, PMI_RANK="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=25)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "alive\nexit 0\n"  # left when the pipe closed, not before
+    assert proc.stderr == ""

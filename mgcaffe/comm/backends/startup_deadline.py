@@ -7,12 +7,17 @@ watcher process: it waits on a pipe from this process; if the pipe is not closed
 deadline, it prints one line naming this rank and what was awaited, and kills this process
 (SIGKILL: the only signal a process blocked in C cannot postpone). The launcher then ends
 the other ranks. If this process dies first, the pipe closes and the watcher leaves. The
-watcher runs in a session of its own, out of reach of the terminal's Ctrl-C.
+watcher runs in a session of its own, out of reach of the terminal's Ctrl-C, and ignores
+SIGINT sent to it directly (`scancel --signal=INT`, a `kill` of every process of the job):
+the ranks answer such a signal with their own line, and the watcher leaves with them when
+the pipe closes. It is started with SIGINT blocked, so that a SIGINT that arrives while its
+interpreter starts waits until the ignoring is in place (and is then discarded).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +32,8 @@ DEFAULT_STARTUP_TIMEOUT = 120.0
 # starts in a few milliseconds and imports nothing of the project.
 _WATCHER = """
 import os, select, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 ready, _, _ = select.select([sys.stdin], [], [], seconds)
 if not ready:
@@ -67,6 +74,9 @@ class StartupDeadline:
                    f"{os.getpid()}): {self.what} did not complete within {self.seconds:g} s "
                    f"(--comm-timeout): a rank stopped, died or was not started before "
                    f"MPI_Init; ending this rank")
+        # The child inherits this thread's signal mask: SIGINT stays blocked in it until its
+        # first lines have set SIGINT to be ignored (a pending one is then discarded).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self._watcher = subprocess.Popen(
                 [sys.executable, "-S", "-I", "-c", _WATCHER, str(os.getpid()),
@@ -75,6 +85,8 @@ class StartupDeadline:
                 start_new_session=True)
         except OSError:
             self._watcher = None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -68,6 +68,19 @@ def _import_user_module(name: str, where: str):
         return importlib.import_module(name)
 
 
+def _check_layer_class(obj, qualified: str, where: str) -> None:
+    """Refuse a `layer:` that names something other than a Layer class (a function such as
+    `os.system`, a module-level object, a class of another kind) with one line, before it is
+    called with a LayerParameter and fails inside code that is not the user's layer."""
+    if isinstance(obj, type) and issubclass(obj, UserLayer):
+        return
+    kind = ("a class that does not derive from the Layer base" if isinstance(obj, type)
+            else f"a {type(obj).__name__}, not a class")
+    raise LayerError(f"{where}: python_param layer {qualified!r} is {kind}; a Python layer's "
+                     "`layer:` names a class deriving from caffe.Layer (mgcaffe.Layer) in "
+                     "`module:`")
+
+
 class BlobVec(list):
     """A layer's parameter blobs (pycaffe's BlobVec): a list with `add_blob(*shape)`."""
 
@@ -133,6 +146,7 @@ class PythonLayer(Layer):
         if cls is None:
             raise LayerError(f"{where}: module {pp.module!r} ({getattr(module, '__file__', '?')}) "
                              f"has no class {pp.layer!r}")
+        _check_layer_class(cls, f"{pp.module}.{pp.layer}", where)
         self.__dict__["impl"] = None
         super().__init__(param, ctx)
         impl = self._call(cls, "__init__", param)

@@ -230,6 +230,25 @@ def test_missing_module_or_class_is_one_clear_error(user_module):
         assert "layer 'p' (Python)" in str(info.value)
 
 
+@pytest.mark.parametrize("module, name, kind", [
+    ("os", "system", "a builtin_function_or_method, not a class"),
+    ("json", "dumps", "a function, not a class"),
+    ("collections", "OrderedDict", "a class that does not derive from the Layer base"),
+    ("math", "pi", "a float, not a class"),
+])
+def test_layer_naming_no_layer_class_is_one_line(module, name, kind):
+    # `module: "os" layer: "system"` used to end in a TypeError from inside mgcaffe
+    # ("expected str, bytes or os.PathLike object, not LayerParameter")
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 } } } '
+            + py_layer(module, name, "p", ["data"], "out"))
+    with pytest.raises(LayerError) as info:
+        Net(text_format.Parse(text, caffe_pb2.NetParameter()), mgcaffe.TEST)
+    message = str(info.value)
+    assert message.startswith("layer 'p' (Python): ")
+    assert f"'{module}.{name}' is {kind}" in message
+    assert "deriving from caffe.Layer" in message and "\n" not in message
+
+
 def test_data_layer_learns_rank_and_world_size(user_module):
     text = py_layer(user_module, "RankData", "data", [], "records")
     param = text_format.Parse(text, caffe_pb2.NetParameter())

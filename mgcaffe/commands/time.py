@@ -23,7 +23,7 @@ from ..cpu import parallel, threads
 from ..cpu.engine import CpuEngine
 from ..errors import NetError
 from ..formats.outputs import check_output_path
-from ..formats.protoio import atomic_write_bytes, read_net_param, require_layers
+from ..formats.protoio import atomic_write_bytes, read_net_to_build, require_layers
 from ..layer_types.base import TEST, TRAIN
 from ..net import Net, profiling
 from ..net.synthetic_data import (
@@ -74,7 +74,7 @@ def build_net(args, cpu: CpuEngine | None = None):
     """The Net to time, with synthetic data layers when asked for; `cpu`: its CPU engine
     (None: the library default)."""
 
-    param = read_net_param(args.model)
+    param = read_net_to_build(args.model)
     shapes = dict(parse_shape_override(text) for text in args.synthetic_shape)
     labels = []
     if args.synthetic_data or shapes or args.batch_size:

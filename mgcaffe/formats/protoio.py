@@ -24,6 +24,7 @@ from google.protobuf import text_format
 from ..errors import MgcaffeError, NetError, ParseError
 from ..proto import caffe_pb2
 from .jsonio import read_regular_file
+from .settings_check import check_net_settings
 from .upgrade import upgrade_net, upgrade_solver
 
 PathLike = str | os.PathLike
@@ -168,6 +169,50 @@ def read_net_param(path_or_netparam: PathLike | caffe_pb2.NetParameter) -> caffe
         return upgrade_net(net, f"<NetParameter {net.name!r}>")
     source = str(path_or_netparam)
     return parse_net_text(_read_text(source), source=source)
+
+
+def _shapeless_inputs(net: caffe_pb2.NetParameter) -> list[str]:
+    """Inputs declared with `input:` and neither input_shape nor input_dim."""
+    if len(net.input_shape) or len(net.input_dim):
+        return []
+    return list(net.input)
+
+
+def _check_inputs_have_shapes(net: caffe_pb2.NetParameter, shapeless: list[str],
+                              source: str) -> None:
+    # Caffe's upgrade drops inputs without a shape (old .caffemodel files declare them);
+    # the first layer reading one would then fail as if it were never declared.
+    produced: set[str] = set()
+    for layer in net.layer:
+        for name in layer.bottom:
+            if name in shapeless and name not in produced:
+                raise NetError(
+                    f"{source}: layer {layer.name!r}: net input {name!r} (declared with "
+                    f"`input: \"{name}\"`) has no shape; give it one with `input_shape "
+                    "{ dim: N dim: C dim: H dim: W }` or four `input_dim` values after the "
+                    "input, or make it an Input layer (`type: \"Input\"` with "
+                    "`input_param { shape { dim: ... } }`)")
+        produced.update(layer.top)
+
+
+def read_net_to_build(model, source: str | None = None) -> caffe_pb2.NetParameter:
+    """`read_net_param` for a net about to be built: also refuses a net input without a
+    shape that a layer reads, and settings that are not finite or out of range
+    (settings_check). `source` names a given NetParameter in errors (a solver's
+    `net_param`, say); a path names itself."""
+    if isinstance(model, caffe_pb2.NetParameter):
+        raw = caffe_pb2.NetParameter()
+        raw.CopyFrom(model)
+        source = source or f"<NetParameter {raw.name!r}>"
+    else:
+        source = str(model)
+        raw = parse_text(_read_text(source), caffe_pb2.NetParameter(), source=source)
+    shapeless = _shapeless_inputs(raw)
+    net = upgrade_net(raw, source)
+    if shapeless:
+        _check_inputs_have_shapes(net, shapeless, source)
+    check_net_settings(net, source)
+    return net
 
 
 def read_solver_param(path: PathLike) -> caffe_pb2.SolverParameter:

@@ -28,7 +28,7 @@ from ..backend import CPU, Device, to_host
 from ..cpu.engine import CpuEngine
 from ..cpu.layer_way import call_layer
 from ..errors import NetError
-from ..formats.protoio import filter_net, read_net_param
+from ..formats.protoio import filter_net, read_net_to_build
 from ..layer_types.base import TEST, TRAIN
 from ..layer_types.choice.rules import LayerRules
 from ..proto import caffe_pb2
@@ -113,7 +113,7 @@ class NetEngine:
         self.phase = phase
         #: This net's chunk runner and per-layer way (all threads or one BLAS thread).
         self.cpu = cpu if cpu is not None else CpuEngine.library_default()
-        param = read_net_param(model)
+        param = read_net_to_build(model)
         if not stages and param.HasField("state"):
             stages = tuple(param.state.stage)
         if not level and param.HasField("state"):

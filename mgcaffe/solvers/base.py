@@ -45,7 +45,7 @@ from google.protobuf import text_format
 from ..backend import CPU, Device, gpu_available, to_host
 from ..cpu.engine import CpuEngine
 from ..errors import SolverError
-from ..formats.protoio import read_net_param, require_layers
+from ..formats.protoio import read_net_to_build, require_layers
 from ..formats.snapshot_lock import acquire
 from ..layer_types.choice.rules import LayerRules
 from ..net import Net
@@ -169,8 +169,8 @@ class Solver:
     def _read_net(self, field: str, value):
 
         if isinstance(value, caffe_pb2.NetParameter):
-            return read_net_param(value)
-        return read_net_param(resolve_net_path(value, self.solver_path, field))
+            return read_net_to_build(value, f"{self.source}: {field}")
+        return read_net_to_build(resolve_net_path(value, self.solver_path, field))
 
     def _make_net(self, net_param, state: caffe_pb2.NetState):
 

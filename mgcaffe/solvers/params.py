@@ -12,6 +12,7 @@ import os
 
 from ..errors import SolverError
 from ..formats.protoio import read_solver_param
+from ..formats.settings_check import check_solver_settings
 from ..formats.upgrade import upgrade_solver
 from ..proto import caffe_pb2
 from .lr_policy import check_lr_policy
@@ -92,8 +93,7 @@ def check_solver_param(p: caffe_pb2.SolverParameter, source: str = "<solver>") -
         bad("type", "one of " + ", ".join(SOLVER_TYPES), repr(p.type))
     if not p.HasField("base_lr"):
         raise SolverError(f"{source}: base_lr is not set")
-    if p.base_lr < 0:
-        bad("base_lr", ">= 0", p.base_lr)
+    check_solver_settings(p, source)  # every float finite, ranges by the table
     check_lr_policy(p, source)
     for field in ("max_iter", "display", "snapshot", "test_interval", "stepsize"):
         if getattr(p, field) < 0:
@@ -101,24 +101,8 @@ def check_solver_param(p: caffe_pb2.SolverParameter, source: str = "<solver>") -
     for field in ("average_loss", "iter_size"):
         if getattr(p, field) < 1:
             bad(field, ">= 1", getattr(p, field))
-    if p.weight_decay < 0:
-        bad("weight_decay", ">= 0", p.weight_decay)
     if p.regularization_type not in ("L1", "L2"):
         bad("regularization_type", '"L1" or "L2"', repr(p.regularization_type))
-    if p.momentum < 0:
-        bad("momentum", ">= 0", p.momentum)
-    if p.type == "Adam" and not p.momentum < 1:
-        bad("momentum", "a value in [0, 1) (Adam's beta1)", p.momentum)
-    if p.type in ("AdaGrad", "RMSProp") and p.momentum != 0:
-        bad("momentum", f"0 (momentum cannot be used with {p.type})", p.momentum)
-    if p.type == "RMSProp" and not 0 <= p.rms_decay < 1:
-        bad("rms_decay", "a value in [0, 1)", p.rms_decay)
-    if p.type == "Adam" and not 0 <= p.momentum2 < 1:
-        bad("momentum2", "a value in [0, 1)", p.momentum2)
-    if p.type == "AdaDelta" and p.momentum > 1:
-        bad("momentum", "a value in [0, 1]", p.momentum)
-    if p.type in ("AdaGrad", "RMSProp", "AdaDelta", "Adam") and p.delta <= 0:
-        bad("delta", "> 0", p.delta)
     if any(n <= 0 for n in p.test_iter):
         bad("test_iter", "values > 0", list(p.test_iter))
     _check_test_nets(p, source)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .data.db import iter_records
 from .proto import caffe_pb2
 
 _LEGACY = ("num", "channels", "height", "width")
@@ -81,6 +82,17 @@ def datum_to_array(datum) -> np.ndarray:
     if len(datum.data):
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape)
     return np.array(datum.float_data, dtype=float).reshape(shape)
+
+
+def db_datums(path, backend=None):
+    """(key, Datum) of every record of a Datum LMDB or LevelDB, in key order (`backend`:
+    caffe_pb2.DataParameter.LMDB or LEVELDB; None: whichever the files are). Not in
+    pycaffe, whose users open the database with the lmdb or leveldb module; with
+    `datum_to_array` it reads what convert_imageset and extract_features write."""
+    for key, value in iter_records(path, backend):
+        datum = caffe_pb2.Datum()
+        datum.ParseFromString(value)
+        yield key, datum
 
 
 # ----------------------------------------------------------------------------- images

@@ -60,7 +60,7 @@ FORBIDDEN = {
 #: Third-party modules that may be imported inside a function (optional at run time, or MPI,
 #: which a lone process must not start); everything else is imported at the top.
 LAZY_ALLOWED = {"cupy", "cupyx", "h5py", "numba", "matplotlib", "pydot", "PIL", "mpi4py",
-                "lmdb"}
+                "lmdb", "plyvel"}
 
 
 def _module_name(path: Path) -> str:

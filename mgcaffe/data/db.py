@@ -1,5 +1,6 @@
-"""Sequential LMDB reading as Caffe's Data layer does it, with Caffe 1.0's sharding rule.
+"""Sequential database reading as Caffe's Data layer does it, with Caffe 1.0's sharding rule.
 
+Both of Caffe's backends are read: LMDB (`lmdb_store`) and LevelDB (`leveldb_store`).
 Records are read in key order and the cursor wraps to the first key after the last, forever.
 Record k (0-based position in that endless stream, counted across wraps) is read by this
 reader only if k % world_size == rank, so N readers with batch B together read exactly the
@@ -10,162 +11,130 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from typing import Any
 
 from ..errors import DataError
 from ..proto import caffe_pb2
-
-
-def _lmdb():
-    """The lmdb module, imported on first use: importing mgcaffe needs no LMDB library."""
-    import lmdb  # noqa: PLC0415 - optional at import time (only LMDB sources need it)
-
-    return lmdb
-
+from .leveldb_store import LevelDBStore, is_leveldb
+from .lmdb_store import LMDBStore
 
 log = logging.getLogger("mgcaffe.data")
 
-# LMDB forbids opening one environment twice in a process (py-lmdb raises), yet a train and
-# a test net, or ranks run as threads, may read the same database: readers share one
-# Environment per path, each with its own transaction and cursor.
-_ENVS: dict[tuple, list] = {}  # _env_key -> [Environment, reference count]
-_ENVS_LOCK = threading.Lock()
+LMDB = caffe_pb2.DataParameter.LMDB
+LEVELDB = caffe_pb2.DataParameter.LEVELDB
+_STORES = {LMDB: LMDBStore, LEVELDB: LevelDBStore}
+_NAMES = {LMDB: "LMDB", LEVELDB: "LEVELDB"}
 
 
-def _env_key(path: str) -> tuple:
-    """Path and data file identity: a database rewritten in place gets a fresh environment."""
-    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-    st = os.stat(data)
-    return os.path.realpath(path), st.st_dev, st.st_ino
+def backend_named(name: str, flag: str = "-backend") -> int:
+    """The DataParameter.DB value of a tool's backend flag ("lmdb", "leveldb", any case)."""
+    value = {"lmdb": LMDB, "leveldb": LEVELDB}.get(name.lower())
+    if value is None:
+        raise DataError(f"{flag} {name}: expected lmdb or leveldb")
+    return value
 
 
-def _acquire_env(path: str) -> tuple[Any, tuple]:
-    key = _env_key(path)
-    with _ENVS_LOCK:
-        entry = _ENVS.get(key)
-        if entry is None:
-            try:
-                env = _lmdb().open(path, readonly=True, lock=False, readahead=False,
-                                subdir=os.path.isdir(path))
-            except _lmdb().Error as exc:
-                raise DataError(f"LMDB {path!r}: cannot open ({exc})") from None
-            try:
-                _check_not_truncated(env, path)
-            except DataError:
-                env.close()
-                raise
-            entry = _ENVS[key] = [env, 0]
-        entry[1] += 1
-        return entry[0], key
+def detect_backend(path: str) -> int | None:
+    """LMDB or LEVELDB, from what `path` holds (data.mdb, or CURRENT); None if neither."""
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "data.mdb")):
+        return LMDB
+    if is_leveldb(path):
+        return LEVELDB
+    return None
 
 
-def _check_not_truncated(env: Any, path: str) -> None:
-    """Refuse a data file shorter than the pages its meta page says it has.
-
-    LMDB maps the file and reads pages through the mapping: a page past the end of a
-    truncated file (an interrupted copy, a full disk) is a SIGBUS that kills the process
-    with no message. The meta pages are read with plain reads, so this check itself is safe.
-    """
-    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-    pages = int(env.info()["last_pgno"]) + 1
-    need = pages * int(env.stat()["psize"])
-    have = os.path.getsize(data)
-    if have < need:
-        raise DataError(f"LMDB {path!r}: {data} is truncated: {have} bytes, but the database "
-                        f"has {pages} pages of {env.stat()['psize']} bytes ({need} bytes); "
-                        "copy or convert it again")
-
-
-def _release_env(key: tuple) -> None:
-    with _ENVS_LOCK:
-        entry = _ENVS.get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _ENVS[key]
-            entry[0].close()
+def choose_backend(path: str, backend: int | None) -> int:
+    """The backend to read `path` with: `backend` when given (and the files agree), else the
+    one its files show. Caffe's own default is LEVELDB; a source that omits `backend` is
+    read as what it is."""
+    found = detect_backend(path)
+    if backend is None:
+        if found is None:
+            if not os.path.exists(path):
+                raise DataError(f"database {path!r} not found")
+            raise DataError(f"{path!r} is neither an LMDB (no data.mdb) nor a LevelDB (no "
+                            "CURRENT file)")
+        return found
+    if found is not None and found != backend:
+        raise DataError(f"{path!r} is a{'n' if found == LMDB else ''} {_NAMES[found]} "
+                        f"database, but backend {_NAMES[backend]} was asked for: name "
+                        f"{_NAMES[found]} as its backend (or leave the backend out: mgcaffe "
+                        "reads what the files are)")
+    return backend
 
 
-def _check_lmdb_path(path: str) -> None:
-    """Fail with a one-line error for a missing path or a LevelDB where an LMDB was expected."""
-    if not os.path.exists(path):
-        raise DataError(f"LMDB {path!r} not found")
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")):
-        if os.path.exists(os.path.join(path, "CURRENT")):
-            raise DataError(f"{path!r} is a LevelDB; LEVELDB is not supported, convert it to "
-                            "LMDB (e.g. tools/convert_imageset.py --backend lmdb)")
-        raise DataError(f"LMDB {path!r} has no data.mdb: not an LMDB directory")
-    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-    if os.path.isfile(data) and os.path.getsize(data) == 0:
-        raise DataError(f"LMDB {path!r}: {data} is empty (0 bytes)")
+def open_store(path, backend: int | None = None, ranks: int = 1):
+    """This process's share of the database at `path` (an LMDBStore or LevelDBStore);
+    `ranks`: how many ranks of the job read it (for a LevelDB's lock error)."""
+    path = os.fspath(path)
+    return _STORES[choose_backend(path, backend)](path, ranks)
 
 
-class LMDBReader:
-    """An endless, sharded, sequential reader of one LMDB's (key, value) records.
+class DBReader:
+    """An endless, sharded, sequential reader of one database's (key, value) records.
 
     `skip` records are passed over first (the data layer's rand_skip) and are not counted in
-    k. The cursor and its read transaction are opened on the first `next()` call, so they
-    belong to the thread that reads (the prefetch thread); `first()` uses its own short
-    transaction.
+    k. The cursor is opened on the first `next()` call, so it belongs to the thread that
+    reads (the prefetch thread); `first()` uses a cursor of its own. `kind` is "LMDB" or
+    "LevelDB".
     """
 
-    def __init__(self, path, rank: int = 0, world_size: int = 1, skip: int = 0):
+    def __init__(self, path, rank: int = 0, world_size: int = 1, skip: int = 0,
+                 backend: int | None = None):
         self.path = os.fspath(path)
         if world_size < 1 or not 0 <= rank < world_size:
-            raise DataError(f"LMDB {self.path!r}: rank {rank} is not in 0..{world_size - 1}")
-        _check_lmdb_path(self.path)
-        self._env, self._env_key = _acquire_env(self.path)
-        self._entries = int(self._env.stat()["entries"])
-        if self._entries == 0:
-            _release_env(self._env_key)
-            self._env = None
-            raise DataError(f"LMDB {self.path!r} has no records")
+            raise DataError(f"database {self.path!r}: rank {rank} is not in "
+                            f"0..{world_size - 1}")
+        self._store = open_store(self.path, backend, world_size)
+        self.kind = self._store.kind
         self.rank = rank
         self.world_size = world_size
-        self._skip = int(skip) % self._entries
+        self._skip = int(skip)
         self.offset = 0  # k of the next record in the stream
-        self._txn = None
         self._cursor = None
+        self._seek_key: bytes | None = None
+        try:
+            self.first()  # an empty database is refused now, not by the prefetch thread
+        except DataError:
+            self.close()
+            raise
 
     def __len__(self) -> int:
         """Number of records in the whole database (all ranks)."""
-        return self._entries
+        return self._store.count()
 
     def first(self) -> tuple[bytes, bytes]:
         """The first record in key order (to size the tops at setup); does not move the cursor."""
-        with self._env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            return bytes(cursor.key()), bytes(cursor.value())
+        cursor = self._store.cursor()
+        try:
+            if not cursor.first():
+                raise DataError(f"{self.kind} {self.path!r} has no records")
+            return cursor.key(), cursor.value()
+        finally:
+            cursor.close()
 
     def _open_cursor(self) -> None:
-        self._txn = self._env.begin(buffers=False)
-        self._cursor = self._txn.cursor()
-        key = getattr(self, "_seek_key", None)
-        self._seek_key = None
-        if key is not None and self._cursor.set_key(key):
+        self._cursor = self._store.cursor()
+        key, self._seek_key = self._seek_key, None
+        if key is not None and self._cursor.seek(key):
             return  # a restored position whose record is still there: O(log n)
         self._cursor.first()
-        for _ in range((self._skip + self.offset) % self._entries):
+        for _ in range((self._skip + self.offset) % len(self)):
             if not self._cursor.next():
                 self._cursor.first()
 
     def state(self) -> dict:
         """Where the stream stands: k of the next record and that record's key (hex)."""
         if self._cursor is not None:
-            key = bytes(self._cursor.key()).hex()
+            key = self._cursor.key().hex()
         else:
-            pending = getattr(self, "_seek_key", None)
-            key = pending.hex() if pending is not None else None
+            key = self._seek_key.hex() if self._seek_key is not None else None
         return {"offset": self.offset, "key": key}
 
     def set_state(self, state: dict) -> None:
         """Continue from a `state()`: the cursor reopens at that record on the next read."""
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = self._cursor = None
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
         self.offset = int(state["offset"])
         key = state.get("key")
         self._seek_key = bytes.fromhex(key) if key else None
@@ -181,39 +150,39 @@ class LMDBReader:
             self._open_cursor()
         while True:
             keep = self.offset % self.world_size == self.rank
-            record = (bytes(self._cursor.key()), bytes(self._cursor.value())) if keep else None
+            record = (self._cursor.key(), self._cursor.value()) if keep else None
             self._advance()
             self.offset += 1
             if keep:
                 return record
 
     def close(self) -> None:
-        """Release the transaction and this reader's share of the environment."""
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = self._cursor = None
-        if self._env is not None:
-            _release_env(self._env_key)
-            self._env = None
+        """Release the cursor and this reader's share of the database."""
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
 
-def iter_records(path):
-    """Every (key, value) of an LMDB once, in key order (what Caffe's tools read)."""
-    path = os.fspath(path)
-    _check_lmdb_path(path)
-    env, key = _acquire_env(path)
+class LMDBReader(DBReader):
+    """A DBReader of an LMDB (refuses any other database)."""
+
+    def __init__(self, path, rank: int = 0, world_size: int = 1, skip: int = 0):
+        super().__init__(path, rank=rank, world_size=world_size, skip=skip, backend=LMDB)
+
+
+def iter_records(path, backend: int | None = None):
+    """Every (key, value) of a database once, in key order (what Caffe's tools read)."""
+    store = open_store(path, backend)
     try:
-        with env.begin(buffers=False) as txn:
-            for record_key, value in txn.cursor():
-                yield bytes(record_key), bytes(value)
+        yield from store.items()
     finally:
-        _release_env(key)
+        store.close()
 
 
-def open_db(path, backend: int = caffe_pb2.DataParameter.LMDB, rank: int = 0,
-            world_size: int = 1, skip: int = 0) -> LMDBReader:
-    """Open a Data layer's source; LEVELDB is refused with a message saying to convert."""
-    if backend == caffe_pb2.DataParameter.LEVELDB:
-        raise DataError(f"source {os.fspath(path)!r}: backend LEVELDB is not supported, "
-                        "convert the database to LMDB and set `backend: LMDB`")
-    return LMDBReader(path, rank=rank, world_size=world_size, skip=skip)
+def open_db(path, backend: int | None = None, rank: int = 0, world_size: int = 1,
+            skip: int = 0) -> DBReader:
+    """Open a Data layer's source (`backend` None: whichever the files are)."""
+    return DBReader(path, rank=rank, world_size=world_size, skip=skip, backend=backend)

@@ -1,4 +1,5 @@
-"""The Data layer (LMDB of Caffe Datum records) and the prefetching base of the data layers.
+"""The Data layer (an LMDB or LevelDB of Caffe Datum records) and the prefetching base of
+the data layers.
 
 Data layers have no bottoms and no backward. Batches are assembled on the host (numpy,
 Pillow) by a prefetch thread and copied once into the tops on the layer's device.
@@ -163,7 +164,8 @@ class BasePrefetchingDataLayer(Layer):
 
 @register_layer
 class Data(BasePrefetchingDataLayer):
-    """Reads Datum records from an LMDB in key order, wrapping around; tops: data [, label].
+    """Reads Datum records from an LMDB or a LevelDB in key order, wrapping around; tops:
+    data [, label].
 
     Top shapes come from the first record and the transform; every record must have the
     first one's size. In TRAIN with world_size N, rank r reads stream record k only if
@@ -182,7 +184,9 @@ class Data(BasePrefetchingDataLayer):
             raise self.error("data_param.source is not set")
         if self.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive")
-        backend = p.backend if p.HasField("backend") else caffe_pb2.DataParameter.LMDB
+        # Caffe's default backend is LEVELDB; without `backend` the source is read as what
+        # its files are (an LMDB's data.mdb, a LevelDB's CURRENT).
+        backend = p.backend if p.HasField("backend") else None
         skip = int(self.stream_rng().integers(p.rand_skip)) if p.rand_skip else 0
         rank, world_size = self.shard
         self.reader = open_db(self.source, backend, rank=rank, world_size=world_size,
@@ -204,7 +208,7 @@ class Data(BasePrefetchingDataLayer):
         return shapes
 
     def _what(self, key: bytes) -> str:
-        return (f"layer {self.name!r}: LMDB {self.source!r} record "
+        return (f"layer {self.name!r}: {self.reader.kind} {self.source!r} record "
                 f"{key.decode('utf-8', 'replace')!r}")
 
     def release(self) -> None:

@@ -62,13 +62,16 @@ def test_missing_db_names_path(tmp_path):
         LMDBReader(missing)
 
 
-def test_leveldb_is_refused(tmp_path):
-    with pytest.raises(DataError, match="LEVELDB is not supported.*LMDB"):
+def test_not_a_database_of_the_backend_asked_for(tmp_path):
+    # (LevelDB sources themselves: tests/data/test_leveldb.py)
+    with pytest.raises(DataError, match="LevelDB .* has no CURRENT file"):
         open_db(tmp_path, caffe_pb2.DataParameter.LEVELDB)
     fake = tmp_path / "ldb"
     fake.mkdir()
     (fake / "CURRENT").write_text("MANIFEST-000001\n")
-    with pytest.raises(DataError, match="LevelDB"):
+    with pytest.raises(DataError, match="is a LEVELDB database, but backend LMDB"):
+        LMDBReader(fake)
+    with pytest.raises(DataError, match="LevelDB .*ldb': cannot open"):  # no manifest
         open_db(fake)
 
 

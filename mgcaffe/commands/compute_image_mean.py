@@ -1,6 +1,6 @@
-"""`mgcaffe compute_image_mean`: the mean image of a Datum LMDB, as a BlobProto file.
+"""`mgcaffe compute_image_mean`: the mean image of a Datum LMDB or LevelDB, as a BlobProto.
 
-    mgcaffe compute_image_mean [-backend lmdb] INPUT_DB [OUTPUT_FILE]
+    mgcaffe compute_image_mean [-backend lmdb|leveldb] INPUT_DB [OUTPUT_FILE]
 
 Caffe's tool: every record (raw, float or encoded, decoded as stored) is added up and
 divided by the count; OUTPUT_FILE, when given, gets a BlobProto with Caffe's legacy shape
@@ -17,29 +17,32 @@ import logging
 import numpy as np
 
 from ..data.datum import datum_to_array, parse_datum
-from ..data.db import iter_records
+from ..data.db import backend_named, iter_records
 from ..errors import DataError
 from ..formats.protoio import array_to_blobproto, write_message
 
 NAME = "compute_image_mean"
-HELP = "compute the mean image of a Datum LMDB (Caffe's compute_image_mean)"
+HELP = "compute the mean image of a Datum LMDB or LevelDB (Caffe's compute_image_mean)"
 
 log = logging.getLogger("mgcaffe.commands.compute_image_mean")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--backend", default="lmdb", help="database type; lmdb only")
+    parser.add_argument("--backend", default=None,
+                        help="database type: lmdb or leveldb (default: what INPUT_DB is; "
+                        "Caffe's default is lmdb)")
     parser.add_argument("input_db", metavar="INPUT_DB")
     parser.add_argument("output_file", metavar="OUTPUT_FILE", nargs="?",
                         help="the .binaryproto to write (optional)")
 
 
-def image_mean(path) -> np.ndarray:
-    """The float32 CHW mean of every Datum in the LMDB at `path`."""
+def image_mean(path, backend: int | None = None) -> np.ndarray:
+    """The float32 CHW mean of every Datum in the database at `path` (`backend` None: LMDB
+    or LevelDB, whichever the files are)."""
 
     total, count = None, 0
-    for key, value in iter_records(path):
-        what = f"LMDB {str(path)!r} key {key.decode(errors='replace')!r}"
+    for key, value in iter_records(path, backend):
+        what = f"database {str(path)!r} key {key.decode(errors='replace')!r}"
         array = datum_to_array(parse_datum(value, what), color=None, what=what)
         if total is None:
             total = np.zeros(array.shape, np.float64)
@@ -51,7 +54,7 @@ def image_mean(path) -> np.ndarray:
         if count % 10000 == 0:
             log.info("Processed %d files.", count)
     if total is None:
-        raise DataError(f"LMDB {str(path)!r} has no records")
+        raise DataError(f"database {str(path)!r} has no records")
     if count % 10000 != 0:
         log.info("Processed %d files.", count)
     return (total / count).astype(np.float32)
@@ -68,9 +71,8 @@ def mean_blobproto(mean: np.ndarray):
 
 def run(args) -> int:
 
-    if args.backend.lower() != "lmdb":
-        raise DataError(f"-backend {args.backend}: only lmdb is supported")
-    mean = image_mean(args.input_db)
+    backend = backend_named(args.backend) if args.backend else None
+    mean = image_mean(args.input_db, backend)
     if args.output_file:
         log.info("Write to %s", args.output_file)
         write_message(mean_blobproto(mean), args.output_file)

@@ -1,8 +1,8 @@
-"""`mgcaffe convert_imageset`: images named in a list file -> an LMDB of Datum records.
+"""`mgcaffe convert_imageset`: images named in a list file -> an LMDB or LevelDB of Datums.
 
     mgcaffe convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 
-Caffe's tool, with its flags (gflags spellings too): -gray, -shuffle, -backend lmdb,
+Caffe's tool, with its flags (gflags spellings too): -gray, -shuffle, -backend lmdb|leveldb,
 -resize_width, -resize_height, -check_size, -encoded, -encode_type; -seed fixes the
 shuffle. LISTFILE lines are `path label` (the label follows the last space); images are
 read from ROOTFOLDER + path (plain concatenation, as Caffe). Keys are `%08d_path` in list
@@ -19,13 +19,15 @@ import numpy as np
 
 from ..data.convert import write_records
 from ..data.datum import array_to_datum, encoded_datum
+from ..data.db import backend_named
 from ..data.image import decode_image, encode_image
 from ..errors import DataError
 from ..layer_types.image_data import read_image_list
 from ._flags import add_bool_flag
 
 NAME = "convert_imageset"
-HELP = "convert a list of images to an LMDB of Datum records (Caffe's convert_imageset)"
+HELP = ("convert a list of images to an LMDB or LevelDB of Datum records (Caffe's "
+        "convert_imageset)")
 
 log = logging.getLogger("mgcaffe.commands.convert_imageset")
 
@@ -34,7 +36,8 @@ def add_arguments(parser) -> None:
     add_bool_flag(parser, "gray", "read images as grey (1 channel)")
     add_bool_flag(parser, "shuffle", "shuffle the list before writing")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    parser.add_argument("--backend", default="lmdb", help="database type; lmdb only")
+    parser.add_argument("--backend", default="lmdb",
+                        help="database type: lmdb (the default, as Caffe's) or leveldb")
     parser.add_argument("--resize_width", type=int, default=0, metavar="W",
                         help="resize images to this width (0: keep)")
     parser.add_argument("--resize_height", type=int, default=0, metavar="H",
@@ -77,8 +80,7 @@ def make_datum(path: str, label: int, args, what: str):
 def convert(args) -> tuple[int, int]:
     """Write the database `args` describe; returns (records written, images skipped)."""
 
-    if args.backend.lower() != "lmdb":
-        raise DataError(f"-backend {args.backend}: only lmdb is supported")
+    backend = backend_named(args.backend)
     if args.resize_width < 0 or args.resize_height < 0:
         raise DataError("-resize_width/-resize_height: expected >= 0")
     lines = read_image_list(args.list_file, NAME)
@@ -109,7 +111,7 @@ def convert(args) -> tuple[int, int]:
                 log.info("Processed %d files.", written[0])
             yield f"{line_id:08d}_{name}", datum
 
-    count = write_records(args.db_name, records())
+    count = write_records(args.db_name, records(), backend=backend)
     if count % 1000 != 0:
         log.info("Processed %d files.", count)
     return count, skipped[0]

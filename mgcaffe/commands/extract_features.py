@@ -1,6 +1,6 @@
-"""`mgcaffe extract_features`: blobs of a trained net, image by image, into Datum LMDBs.
+"""`mgcaffe extract_features`: blobs of a trained net, image by image, into Datum databases.
 
-    mgcaffe extract_features WEIGHTS NET BLOB1[,BLOB2...] DB1[,DB2...] NUM_BATCHES lmdb
+    mgcaffe extract_features WEIGHTS NET BLOB1[,BLOB2...] DB1[,DB2...] NUM_BATCHES lmdb|leveldb
                              [CPU|GPU] [DEVICE_ID]
 
 Caffe's tool: the TEST-phase net (with WEIGHTS copied in) runs forward NUM_BATCHES times;
@@ -17,8 +17,9 @@ import logging
 import numpy as np
 
 from ..backend import CPU, to_host
-from ..data.convert import LMDBWriter
-from ..errors import DataError, NetError
+from ..data.convert import open_writer
+from ..data.db import backend_named
+from ..errors import NetError
 from ..layer_types.base import TEST
 from ..net import Net
 from ..proto import caffe_pb2
@@ -27,7 +28,7 @@ from ._engine import layer_rules
 from ._flags import device_from_flag, split_list
 
 NAME = "extract_features"
-HELP = "write the values of net blobs to Datum LMDBs (Caffe's extract_features)"
+HELP = "write the values of net blobs to Datum LMDBs or LevelDBs (Caffe's extract_features)"
 
 log = logging.getLogger("mgcaffe.commands.extract_features")
 
@@ -40,7 +41,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("dbs", metavar="DB1[,DB2...]", help="one new database per blob")
     parser.add_argument("num_batches", metavar="NUM_BATCHES", type=int,
                         help="forward passes to run")
-    parser.add_argument("db_type", metavar="DB_TYPE", help="database type; lmdb only")
+    parser.add_argument("db_type", metavar="DB_TYPE", help="database type: lmdb or leveldb")
     parser.add_argument("mode", metavar="CPU|GPU", nargs="?", default="CPU",
                         help="device (default CPU)")
     parser.add_argument("device_id", metavar="DEVICE_ID", nargs="?", type=int, default=0,
@@ -83,8 +84,7 @@ def run(args) -> int:
     if len(blobs) != len(dbs):
         raise NetError(f"{len(blobs)} blob name(s) but {len(dbs)} database name(s); the "
                        "numbers must be equal")
-    if args.db_type.lower() != "lmdb":
-        raise DataError(f"database type {args.db_type!r}: only lmdb is supported")
+    backend = backend_named(args.db_type, "DB_TYPE")
     if args.num_batches < 0:
         raise NetError(f"NUM_BATCHES: expected >= 0, found {args.num_batches}")
     net = Net(args.model, TEST, device=_device(args.mode, args.device_id), rules=layer_rules())
@@ -96,7 +96,7 @@ def run(args) -> int:
     try:
         for db in dbs:
             log.info("Opening dataset %s", db)
-            writers.append(LMDBWriter(db))
+            writers.append(open_writer(db, backend))
         log.info("Extracting Features")
         for _ in range(args.num_batches):
             net.forward()

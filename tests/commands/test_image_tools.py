@@ -73,8 +73,30 @@ def test_convert_imageset_refuses_an_existing_db_and_other_backends(tmp_path, im
     assert cli("convert_imageset", *args)[0] == 0
     rc, err = cli("convert_imageset", *args)
     assert rc == 1 and "already exists" in err
-    rc, err = cli("convert_imageset", "-backend", "leveldb", *args[:2], tmp_path / "x")
-    assert rc == 1 and "only lmdb" in err
+    rc, err = cli("convert_imageset", "-backend", "rocksdb", *args[:2], tmp_path / "x")
+    assert rc == 1 and "-backend rocksdb: expected lmdb or leveldb" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_leveldb_written_by_convert_imageset_is_read_by_the_tools(tmp_path, images, cli):
+    # convert_imageset -backend leveldb -> the same records as its LMDB, which
+    # compute_image_mean reads (told the backend, or not) and a Data layer trains on.
+    plyvel = pytest.importorskip("plyvel", reason="LevelDB needs plyvel (a runtime dependency)")
+    args = [f"{tmp_path}/img/", tmp_path / "list.txt"]
+    assert cli("convert_imageset", *args, tmp_path / "db")[0] == 0
+    assert cli("convert_imageset", "-backend=leveldb", *args, tmp_path / "ldb")[0] == 0
+    db = plyvel.DB(str(tmp_path / "ldb"))
+    ldb = [(k, caffe_pb2.Datum.FromString(v)) for k, v in db]
+    db.close()
+    assert ldb == read_lmdb(tmp_path / "db")
+    expected = np.mean([chw_bgr(im).astype(np.float64) for im in images], axis=0)
+    for flags in ([], ["-backend", "leveldb"]):
+        rc, err = cli("compute_image_mean", *flags, tmp_path / "ldb", tmp_path / "m.bp")
+        assert rc == 0, err
+        blob = caffe_pb2.BlobProto.FromString((tmp_path / "m.bp").read_bytes())
+        np.testing.assert_allclose(np.asarray(blob.data).reshape(3, 4, 5), expected, rtol=1e-6)
+    rc, err = cli("compute_image_mean", "-backend", "lmdb", tmp_path / "ldb")
+    assert rc == 1 and "is a LEVELDB database, but backend LMDB was asked for" in err
 
 
 def test_compute_image_mean_writes_a_legacy_blobproto(tmp_path, images, cli):

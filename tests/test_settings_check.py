@@ -231,3 +231,47 @@ def test_the_cli_prints_one_line_and_exits_non_zero(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert f"{path}: momentum: expected a finite number, found nan" in proc.stderr
+
+
+def _float_paths(descriptor, prefix=(), depth=0):
+    """Every path (field names) from `descriptor` to a float field, weights excepted."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    for fd in descriptor.fields:
+        if fd.type in (F.TYPE_FLOAT, F.TYPE_DOUBLE):
+            yield (*prefix, fd.name)
+        elif fd.type == F.TYPE_MESSAGE and depth < 2 and fd.message_type.name != "BlobProto":
+            yield from _float_paths(fd.message_type, (*prefix, fd.name), depth + 1)
+
+
+def _set_nan(message, path):
+    for name in path[:-1]:
+        field = getattr(message, name)
+        message = field.add() if hasattr(field, "add") else field
+    target = getattr(message, path[-1])
+    if hasattr(target, "append"):
+        target.append(float("nan"))
+    else:
+        setattr(message, path[-1], float("nan"))
+
+
+@pytest.mark.parametrize("path", sorted(set(_float_paths(caffe_pb2.LayerParameter.DESCRIPTOR))),
+                         ids=".".join)
+def test_every_float_of_a_layer_is_checked(path):
+    net = caffe_pb2.NetParameter()
+    _set_nan(net.layer.add(name="l", type="X"), path)
+    with pytest.raises(NetError) as info:
+        settings_check.check_net_settings(net, "f.prototxt")
+    shown = re.sub(r"\[\d+\]", "", str(info.value).split(": ")[2])
+    assert shown == ".".join(path), str(info.value)
+    assert "found nan (Caffe" in str(info.value)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in _float_paths(
+    caffe_pb2.SolverParameter.DESCRIPTOR) if p[0] not in ("net_param", "train_net_param",
+                                                          "test_net_param")), ids=".".join)
+def test_every_float_of_a_solver_is_checked(path):
+    solver = caffe_pb2.SolverParameter(type="SGD")
+    _set_nan(solver, path)
+    with pytest.raises(SolverError, match=re.escape(f"s.prototxt: {'.'.join(path)}")):
+        settings_check.check_solver_settings(solver, "s.prototxt")

@@ -122,39 +122,44 @@ _RULES_BY_FIELD: dict[tuple[str, str], list[Rule]] = {}
 for _rule in RULES:
     _RULES_BY_FIELD.setdefault((_rule.message, _rule.field), []).append(_rule)
 
+def _accepted(what: str) -> str:
+    return f"Caffe would have accepted it: {what}"
+
+
 #: What Caffe does with a non-finite value, by (message, field); else by message; else
-#: `_DEFAULT_NOT_FINITE`. Where Caffe aborts on it, the text starts with "aborts".
+#: `_DEFAULT_NOT_FINITE`.
 _NOT_FINITE = {
-    ("SolverParameter", "base_lr"): "every update, and so every weight, is NaN or "
-                                    "infinite after the first iteration",
-    ("SolverParameter", "clip_gradients"): "a NaN bound never clips; an infinite one "
-                                           "never clips either",
-    ("ParamSpec", "lr_mult"): "this parameter's updates, then its values, are NaN or "
-                              "infinite after the first iteration",
-    ("ParamSpec", "decay_mult"): "this parameter's decay, then its values, are NaN or "
-                                 "infinite after the first iteration",
-    ("LayerParameter", "loss_weight"): "the loss and every gradient below this top are NaN "
-                                       "or infinite",
-    ("FillerParameter", "min"): "aborts in caffe_rng_uniform (CHECK_LE(min, max)) for a NaN "
-                                "bound; an infinite one fills the blob with NaN or inf",
-    ("FillerParameter", "max"): "aborts in caffe_rng_uniform (CHECK_LE(min, max)) for a NaN "
-                                "bound; an infinite one fills the blob with NaN or inf",
-    ("LogParameter", "scale"): "aborts: CHECK(!isnan(base_scale)) / CHECK(!isinf(...)) in "
-                               "LogLayer",
-    ("SolverParameter",): "the learning rate or the update is NaN or infinite from the "
-                          "iteration that uses it",
-    ("FillerParameter",): "the blob is filled with NaN or infinite values",
-    ("TransformationParameter",): "every input value is NaN or infinite",
+    ("SolverParameter", "base_lr"): _accepted("every update, and so every weight, is NaN "
+                                              "or infinite after the first iteration"),
+    ("SolverParameter", "clip_gradients"): _accepted("a NaN bound never clips; an infinite "
+                                                     "one never clips either"),
+    ("ParamSpec", "lr_mult"): _accepted("this parameter's updates, then its values, are NaN "
+                                        "or infinite after the first iteration"),
+    ("ParamSpec", "decay_mult"): _accepted("this parameter's decay, then its values, are "
+                                           "NaN or infinite after the first iteration"),
+    ("LayerParameter", "loss_weight"): _accepted("the loss and every gradient below this "
+                                                 "top are NaN or infinite"),
+    ("FillerParameter", "min"): "Caffe aborts on a NaN bound (CHECK_LE(min, max) in "
+                                "caffe_rng_uniform) and fills the blob with NaN or inf for "
+                                "an infinite one",
+    ("FillerParameter", "max"): "Caffe aborts on a NaN bound (CHECK_LE(min, max) in "
+                                "caffe_rng_uniform) and fills the blob with NaN or inf for "
+                                "an infinite one",
+    ("LogParameter", "scale"): "Caffe aborts on it too: CHECK(!isnan(base_scale)) and "
+                               "CHECK(!isinf(base_scale)) in LogLayer",
+    ("SolverParameter",): _accepted("the learning rate or the update is NaN or infinite "
+                                    "from the iteration that uses it"),
+    ("FillerParameter",): _accepted("the blob is filled with NaN or infinite values"),
+    ("TransformationParameter",): _accepted("every input value is NaN or infinite"),
+    ("CommParameter",): "an mgcaffe setting, not Caffe's: a number of seconds or megabytes "
+                        "must be finite",
 }
-_DEFAULT_NOT_FINITE = "this layer's outputs or gradients are NaN or infinite"
+_DEFAULT_NOT_FINITE = _accepted("this layer's outputs or gradients are NaN or infinite")
 
 
 def _not_finite_note(message: str, field: str) -> str:
-    text = _NOT_FINITE.get((message, field)) or _NOT_FINITE.get((message,)) \
+    return _NOT_FINITE.get((message, field)) or _NOT_FINITE.get((message,)) \
         or _DEFAULT_NOT_FINITE
-    if text.startswith("aborts"):
-        return f"Caffe {text}"
-    return f"Caffe would have accepted it: {text}"
 
 
 def _fmt(value) -> str:

@@ -117,8 +117,8 @@ def bad(model, cli, solver_text=None, *argv):
     (("momentum: 0.9", 'momentum: 0.9\ntype: "Adamax"'), "bad.prototxt: type: expected one"),
     (("max_iter: 20", "max_iter: 20\ntest_iter: 5"), "bad.prototxt: test_iter is set"),
     (("max_iter: 20", "max_iter: 20\nregularization_type: 'L3'"), "regularization_type"),
-    (("momentum: 0.9", 'momentum: 0.9\ntype: "AdaGrad"'), "momentum cannot be used with "
-                                                           "AdaGrad"),
+    (("momentum: 0.9", 'momentum: 0.9\ntype: "AdaGrad"'), "bad.prototxt: momentum: expected "
+     "0 (AdaGrad and RMSProp have no momentum), found 0.9 (Caffe aborts on it too"),
 ])
 def test_bad_solver_fields(model, cli, change, words):
     text = open(model.solver()).read()

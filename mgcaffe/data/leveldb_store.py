@@ -12,10 +12,10 @@ are told to convert it to LMDB, which any number of processes read at once.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from ..errors import DataError
+from .shared_handles import SharedHandles
 
 KIND = "LevelDB"
 
@@ -37,8 +37,7 @@ def plyvel():
     return module
 
 
-_DBS: dict[tuple, list] = {}  # (realpath, dev, inode) -> [plyvel.DB, reference count]
-_DBS_LOCK = threading.Lock()
+_DBS = SharedHandles()  # (realpath, dev, inode of the directory) -> plyvel.DB
 
 
 def is_leveldb(path: str) -> bool:
@@ -116,16 +115,14 @@ class LevelDBStore:
             raise DataError(f"LevelDB {path!r} has no CURRENT file: not a LevelDB directory")
         self._key = _db_key(path)
         self._count: int | None = None
-        with _DBS_LOCK:
-            entry = _DBS.get(self._key)
-            if entry is None:
-                try:
-                    db = plyvel().DB(path, create_if_missing=False)
-                except plyvel().Error as exc:
-                    raise open_error(path, exc, ranks) from None
-                entry = _DBS[self._key] = [db, 0]
-            entry[1] += 1
-        self._db = entry[0]
+        self._db = _DBS.acquire(self._key, lambda: self._open(path, ranks))
+
+    @staticmethod
+    def _open(path: str, ranks: int) -> Any:
+        try:
+            return plyvel().DB(path, create_if_missing=False)
+        except plyvel().Error as exc:
+            raise open_error(path, exc, ranks) from None
 
     def count(self) -> int:
         """Number of records (LevelDB keeps no count: one pass over the keys, remembered)."""
@@ -145,14 +142,6 @@ class LevelDBStore:
 
     def close(self) -> None:
         """Release this share; the database closes (and unlocks) with the last one."""
-        if self._db is None:
-            return
-        self._db = None
-        with _DBS_LOCK:
-            entry = _DBS.get(self._key)
-            if entry is None:
-                return
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del _DBS[self._key]
-                entry[0].close()
+        if self._db is not None:
+            self._db = None
+            _DBS.release(self._key)

@@ -9,10 +9,10 @@ read one LMDB at once.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from ..errors import DataError
+from .shared_handles import SharedHandles
 
 KIND = "LMDB"
 
@@ -24,8 +24,7 @@ def _lmdb():
     return lmdb
 
 
-_ENVS: dict[tuple, list] = {}  # _env_key -> [Environment, reference count]
-_ENVS_LOCK = threading.Lock()
+_ENVS = SharedHandles()  # (realpath, dev, inode of data.mdb) -> Environment
 
 
 def data_file(path: str) -> str:
@@ -102,12 +101,7 @@ class LMDBStore:
         self.path = path
         check_path(path)
         self._key = _env_key(path)
-        with _ENVS_LOCK:
-            entry = _ENVS.get(self._key)
-            if entry is None:
-                entry = _ENVS[self._key] = [self._open(path), 0]
-            entry[1] += 1
-        self._env = entry[0]
+        self._env = _ENVS.acquire(self._key, lambda: self._open(path))
 
     @staticmethod
     def _open(path: str) -> Any:
@@ -139,14 +133,6 @@ class LMDBStore:
 
     def close(self) -> None:
         """Release this share; the environment closes with the last one."""
-        if self._env is None:
-            return
-        self._env = None
-        with _ENVS_LOCK:
-            entry = _ENVS.get(self._key)
-            if entry is None:
-                return
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del _ENVS[self._key]
-                entry[0].close()
+        if self._env is not None:
+            self._env = None
+            _ENVS.release(self._key)

@@ -258,7 +258,7 @@ def test_gpu_kernel_choices_cover_exactly_the_types_the_kernels_compile_for():
     from mgcaffe.kernels.cuda import im2col_pool as cuda_kernels
     from mgcaffe.layer_types.choice import CUDA_KERNEL_TYPES
 
-    compiled = sorted(str(d) for d in cuda_kernels._REAL_TYPES)
+    compiled = sorted(str(d) for d in cuda_kernels.REAL_TYPES)
     assert sorted(CUDA_KERNEL_TYPES) == compiled
     assert [choose_softmax_loss(1, False, t, GPU, SoftmaxLossRules()).path
             for t in ("float32", "float64", "float16")] == \

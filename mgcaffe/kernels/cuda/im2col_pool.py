@@ -20,30 +20,20 @@ launching a few kernels over strided slices. One thread per output (or input) ce
 whole loop in registers, in one launch, without scratch arrays. gpu_check measures both
 versions and records the speed-up.
 
-The kernels are compiled on first use (NVRTC, through `cupy.RawKernel`) for each element type
-and cached here and in CuPy's on-disk kernel cache. Nothing in this module imports CuPy: the
-arrays passed in bring their module, so importing it on a machine without CuPy is fine.
-Launches go to the current CuPy stream, like every other CuPy operation.
+The kernels are registered with `launch.py` (which compiles and launches them) at import.
+Nothing in this module imports CuPy: the arrays passed in bring their module, so importing
+it on a machine without CuPy is fine.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...backend import get_array_module
 from ..im2col import _pairs, col_geometry, conv_output_size
+from .launch import REAL_TYPES, cupy_of, kernel_source, launch, register, use_cuda_kernels
 
-__all__ = ["add_sources", "ave_pool_backward", "ave_pool_forward", "col2im", "im2col",
+__all__ = ["REAL_TYPES", "ave_pool_backward", "ave_pool_forward", "col2im", "im2col",
            "kernel_source", "max_pool_backward", "max_pool_forward", "use_cuda_kernels"]
-
-#: Element types the kernels are compiled for (numpy dtype -> CUDA type).
-_REAL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-#: Winner-tag types the pooling layer keeps (the smallest that holds kh*kw + 1).
-_INDEX_TYPES = {np.dtype(np.int8): "signed char", np.dtype(np.int16): "short",
-                np.dtype(np.int32): "int"}
-_THREADS = 256
-#: A grid-stride loop covers any size; more blocks than this buys nothing on current GPUs.
-_MAX_BLOCKS = 65536
 
 _IM2COL_SOURCE = r"""
 typedef REAL real;
@@ -274,84 +264,14 @@ extern "C" __global__ void mgcaffe_ave_pool_backward(
 }
 """
 
-_SOURCES = {
+register({
     "mgcaffe_im2col": _IM2COL_SOURCE,
     "mgcaffe_col2im": _COL2IM_SOURCE,
     "mgcaffe_max_pool_forward": _MAX_POOL_FORWARD_SOURCE,
     "mgcaffe_max_pool_backward": _MAX_POOL_BACKWARD_SOURCE,
     "mgcaffe_ave_pool_forward": _AVE_POOL_FORWARD_SOURCE,
     "mgcaffe_ave_pool_backward": _AVE_POOL_BACKWARD_SOURCE,
-}
-
-#: Kernels by (name, dtype, index dtype), compiled on their first launch.
-_cache: dict[tuple, object] = {}
-
-
-def use_cuda_kernels(xp, dtype=None) -> bool:
-    """Whether the CUDA twins apply: `xp` is CuPy and `dtype` (when given) one they support.
-
-    A layer asks this once (in reshape) and calls either the twin or the generic function.
-    """
-    if xp is np or getattr(xp, "__name__", "") != "cupy":
-        return False
-    return dtype is None or np.dtype(dtype) in _REAL_TYPES
-
-
-def add_sources(sources: dict[str, str]) -> None:
-    """Register more kernels (name -> CUDA C source with REAL, and INDEX where it has
-    winner tags) with `kernel_source` and the launch helpers of this module."""
-    clash = set(sources) & set(_SOURCES)
-    if clash:
-        raise ValueError(f"kernels already registered: {sorted(clash)}")
-    _SOURCES.update(sources)
-
-
-def kernel_source(name: str, dtype, index_dtype=None) -> str:
-    """The CUDA C source of kernel `name` for element type `dtype` (and, for pooling, the
-    winner-index type). Plain C apart from the launch indices, so tests can also compile it
-    for the host (tests/gpu/test_cuda_kernels_cpu.py)."""
-    if name not in _SOURCES:
-        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(sorted(_SOURCES))}")
-    real = _REAL_TYPES.get(np.dtype(dtype))
-    if real is None:
-        raise ValueError(f"{name}: no CUDA kernel for dtype {np.dtype(dtype)} (supported: "
-                         f"{', '.join(str(d) for d in _REAL_TYPES)})")
-    source = _SOURCES[name].replace("REAL", real, 1)
-    if "INDEX" in source:
-        index = _INDEX_TYPES.get(np.dtype(index_dtype)) if index_dtype is not None else None
-        if index is None:
-            raise ValueError(f"{name}: winner tags must be int8, int16 or int32, got "
-                             f"{None if index_dtype is None else np.dtype(index_dtype)}")
-        source = source.replace("INDEX", index, 1)
-    return source
-
-
-def _kernel(xp, name: str, dtype, index_dtype=None):
-    """The kernel `name` for these element types (cached; compiled on its first launch)."""
-    # A RawKernel compiles for each device it is launched on, so one object serves all
-    # devices of one CuPy module (tests install a fresh CuPy double now and then).
-    key = (xp.RawKernel, name, np.dtype(dtype),
-           None if index_dtype is None else np.dtype(index_dtype))
-    kernel = _cache.get(key)
-    if kernel is None:
-        kernel = _cache[key] = xp.RawKernel(kernel_source(name, dtype, index_dtype), name)
-    return kernel
-
-
-def _launch(kernel, total: int, args) -> None:
-    if total == 0:
-        return
-    blocks = min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
-    kernel((blocks,), (_THREADS,), args)
-
-
-def _cupy_of(array, what: str):
-    xp = get_array_module(array)
-    if not use_cuda_kernels(xp):
-        raise TypeError(f"{what}: the CUDA kernels take CuPy arrays, got "
-                        f"{type(array).__module__}.{type(array).__name__}; use the generic "
-                        f"function for numpy arrays")
-    return xp
+})
 
 
 def _i32(*values):
@@ -365,7 +285,7 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
     padding as zeros without materialising it.
     """
     del padded  # the kernel needs no padded scratch image
-    xp = _cupy_of(x, "im2col")
+    xp = cupy_of(x, "im2col")
     kernel, pad, stride, dilation = _pairs(kernel, pad, stride, dilation)
     n, c, height, width = (int(d) for d in x.shape)
     out_h = conv_output_size(height, kernel[0], pad[0], stride[0], dilation[0])
@@ -380,8 +300,8 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
     target = out if out.flags.c_contiguous else xp.empty(shape, dtype=x.dtype)
     x = xp.ascontiguousarray(x)
     total = c * n * out_h * out_w
-    _launch(_kernel(xp, "mgcaffe_im2col", x.dtype), total,
-            (x, target, np.int64(total))
+    launch(xp, "mgcaffe_im2col", x.dtype, total,
+           (x, target, np.int64(total))
             + _i32(n, c, height, width, *kernel, *pad, *stride, *dilation, out_h, out_w))
     if target is not out:
         out[...] = target
@@ -390,7 +310,7 @@ def im2col(x, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None, padd
 
 def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=None):
     """CUDA twin of `mgcaffe.kernels.im2col.col2im`: `out` (N, C, H, W) is overwritten."""
-    xp = _cupy_of(col, "col2im")
+    xp = cupy_of(col, "col2im")
     (kernel, pad, stride, dilation), (n, c, height, width), (out_h, out_w) = col_geometry(
         "col2im", col, shape, kernel, pad, stride, dilation)
     image_shape = (n, c, height, width)
@@ -402,8 +322,8 @@ def col2im(col, shape, kernel, pad=(0, 0), stride=(1, 1), dilation=(1, 1), out=N
     target = out if out.flags.c_contiguous else xp.empty(image_shape, dtype=col.dtype)
     col = xp.ascontiguousarray(col)
     total = n * c * height * width
-    _launch(_kernel(xp, "mgcaffe_col2im", col.dtype), total,
-            (col, target, np.int64(total))
+    launch(xp, "mgcaffe_col2im", col.dtype, total,
+           (col, target, np.int64(total))
             + _i32(n, c, height, width, *kernel, *pad, *stride, *dilation, out_h, out_w))
     if target is not out:
         out[...] = target
@@ -429,7 +349,7 @@ def max_pool_forward(x, kernel, pad, stride, out_hw, out, winner, mask=None):
     h*W + w within its channel plane (-1 for none). `out_hw` is the layer's pooled size (Caffe's
     rounding and clipping are the layer's business). All outputs must be C-contiguous.
     """
-    xp = _cupy_of(x, "max_pool_forward")
+    xp = cupy_of(x, "max_pool_forward")
     kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
     _check_pool("max_pool_forward", x.shape, out_hw,
                 {"out": out, "winner": winner, "mask": mask})
@@ -440,10 +360,10 @@ def max_pool_forward(x, kernel, pad, stride, out_hw, out, winner, mask=None):
     height, width = int(x.shape[2]), int(x.shape[3])
     total = int(out.size)
     lowest = x.dtype.type(np.finfo(np.float32).min)  # Caffe's -FLT_MAX, for double too
-    _launch(_kernel(xp, "mgcaffe_max_pool_forward", x.dtype, winner.dtype), total,
-            (x, out, winner, out if mask is None else mask, np.int32(mask is not None),
-             np.int64(total))
-            + _i32(height, width, *out_hw, *kernel, *pad, *stride) + (lowest,))
+    launch(xp, "mgcaffe_max_pool_forward", x.dtype, total,
+           (x, out, winner, out if mask is None else mask, np.int32(mask is not None),
+            np.int64(total))
+           + _i32(height, width, *out_hw, *kernel, *pad, *stride) + (lowest,), winner.dtype)
     return out
 
 
@@ -451,7 +371,7 @@ def max_pool_backward(top_diff, winner, kernel, pad, stride, bottom_diff):
     """CUDA twin of Pooling's MAX backward: `bottom_diff` (N, C, H, W) is overwritten with
     the sum, over the windows each input cell won (per `winner` from the forward), of their
     top gradient."""
-    xp = _cupy_of(top_diff, "max_pool_backward")
+    xp = cupy_of(top_diff, "max_pool_backward")
     kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
     out_hw = tuple(int(d) for d in top_diff.shape[2:])
     _check_pool("max_pool_backward", bottom_diff.shape, out_hw,
@@ -461,9 +381,9 @@ def max_pool_backward(top_diff, winner, kernel, pad, stride, bottom_diff):
     top_diff = xp.ascontiguousarray(top_diff)
     height, width = int(bottom_diff.shape[2]), int(bottom_diff.shape[3])
     total = int(bottom_diff.size)
-    _launch(_kernel(xp, "mgcaffe_max_pool_backward", top_diff.dtype, winner.dtype), total,
-            (top_diff, winner, bottom_diff, np.int64(total))
-            + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    launch(xp, "mgcaffe_max_pool_backward", top_diff.dtype, total,
+           (top_diff, winner, bottom_diff, np.int64(total))
+           + _i32(height, width, *out_hw, *kernel, *pad, *stride), winner.dtype)
     return bottom_diff
 
 
@@ -471,7 +391,7 @@ def ave_pool_forward(x, kernel, pad, stride, out_hw, out):
     """CUDA twin of Pooling's AVE forward over x (N, C, H, W): `out` (N, C, out_h, out_w),
     C-contiguous, gets each window's sum over input cells times 1 / its area clipped to the
     padded input (Caffe's divisor). `out_hw` is the layer's pooled size."""
-    xp = _cupy_of(x, "ave_pool_forward")
+    xp = cupy_of(x, "ave_pool_forward")
     kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
     _check_pool("ave_pool_forward", x.shape, out_hw, {"out": out})
     if not out.flags.c_contiguous:
@@ -479,15 +399,15 @@ def ave_pool_forward(x, kernel, pad, stride, out_hw, out):
     x = xp.ascontiguousarray(x)
     height, width = int(x.shape[2]), int(x.shape[3])
     total = int(out.size)
-    _launch(_kernel(xp, "mgcaffe_ave_pool_forward", x.dtype), total,
-            (x, out, np.int64(total)) + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    launch(xp, "mgcaffe_ave_pool_forward", x.dtype, total,
+           (x, out, np.int64(total)) + _i32(height, width, *out_hw, *kernel, *pad, *stride))
     return out
 
 
 def ave_pool_backward(top_diff, kernel, pad, stride, bottom_diff):
     """CUDA twin of Pooling's AVE backward: `bottom_diff` (N, C, H, W) is overwritten with
     the sum, over the windows that read each input cell, of their top gradient / area."""
-    xp = _cupy_of(top_diff, "ave_pool_backward")
+    xp = cupy_of(top_diff, "ave_pool_backward")
     kernel, pad, stride = (tuple(int(v) for v in p) for p in (kernel, pad, stride))
     out_hw = tuple(int(d) for d in top_diff.shape[2:])
     _check_pool("ave_pool_backward", bottom_diff.shape, out_hw, {"top_diff": top_diff})
@@ -496,7 +416,7 @@ def ave_pool_backward(top_diff, kernel, pad, stride, bottom_diff):
     top_diff = xp.ascontiguousarray(top_diff)
     height, width = int(bottom_diff.shape[2]), int(bottom_diff.shape[3])
     total = int(bottom_diff.size)
-    _launch(_kernel(xp, "mgcaffe_ave_pool_backward", top_diff.dtype), total,
-            (top_diff, bottom_diff, np.int64(total))
-            + _i32(height, width, *out_hw, *kernel, *pad, *stride))
+    launch(xp, "mgcaffe_ave_pool_backward", top_diff.dtype, total,
+           (top_diff, bottom_diff, np.int64(total))
+           + _i32(height, width, *out_hw, *kernel, *pad, *stride))
     return bottom_diff

@@ -9,14 +9,14 @@ device's, so scale^-beta and what follows equal it within rounding. The backward
 the window of dtop * top / scale the same way (each thread reads its neighbours' terms: no
 running sum, whose subtraction cancels badly in float32). Neither kernel may run in place
 (a thread reads channels that others write): the layer keeps its array code then.
-Nothing here imports CuPy (im2col_pool.py launches them).
+Nothing here imports CuPy (launch.py compiles and launches them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
+from .launch import cupy_of, launch, register
 
 __all__ = ["lrn_across_backward", "lrn_across_forward"]
 
@@ -73,8 +73,8 @@ extern "C" __global__ void mgcaffe_lrn_across_backward(
 }
 """
 
-add_sources({"mgcaffe_lrn_across_forward": _FORWARD_SOURCE,
-             "mgcaffe_lrn_across_backward": _BACKWARD_SOURCE})
+register({"mgcaffe_lrn_across_forward": _FORWARD_SOURCE,
+          "mgcaffe_lrn_across_backward": _BACKWARD_SOURCE})
 
 
 def _dims(what, first, arrays):
@@ -92,13 +92,13 @@ def lrn_across_forward(x, top, scale, scale_pow, half: int, a, k, beta: float):
     """scale = k + a * (sum of x^2 over the 2 * half + 1 channels around each), scale_pow =
     scale^-beta, top = x * scale_pow; (N, C, H, W) C-contiguous arrays of one float type,
     `top` not `x`."""
-    xp = _cupy_of(x, "lrn_across_forward")
+    xp = cupy_of(x, "lrn_across_forward")
     total, channels, inner = _dims("lrn_across_forward", x, [
         ("top", top), ("scale", scale), ("scale_pow", scale_pow)])
     t = x.dtype.type
-    _launch(_kernel(xp, "mgcaffe_lrn_across_forward", x.dtype), total,
-            (x, top, scale, scale_pow, np.int64(total), np.int32(channels), np.int32(inner),
-             np.int32(half), t(a), t(k), t(-beta)))
+    launch(xp, "mgcaffe_lrn_across_forward", x.dtype, total,
+           (x, top, scale, scale_pow, np.int64(total), np.int32(channels), np.int32(inner),
+            np.int32(half), t(a), t(k), t(-beta)))
     return top
 
 
@@ -106,11 +106,11 @@ def lrn_across_backward(x, top, top_diff, scale, scale_pow, diff, half: int, coe
     """diff = (window sum of top_diff * top / scale) * x * coef + top_diff * scale_pow, coef
     = -2 alpha beta / local_size; arrays as `lrn_across_forward`'s, `diff` none of the
     others."""
-    xp = _cupy_of(x, "lrn_across_backward")
+    xp = cupy_of(x, "lrn_across_backward")
     total, channels, inner = _dims("lrn_across_backward", x, [
         ("top", top), ("top_diff", top_diff), ("scale", scale), ("scale_pow", scale_pow),
         ("diff", diff)])
-    _launch(_kernel(xp, "mgcaffe_lrn_across_backward", x.dtype), total,
-            (x, top, top_diff, scale, scale_pow, diff, np.int64(total), np.int32(channels),
-             np.int32(inner), np.int32(half), x.dtype.type(coef)))
+    launch(xp, "mgcaffe_lrn_across_backward", x.dtype, total,
+           (x, top, top_diff, scale, scale_pow, diff, np.int64(total), np.int32(channels),
+            np.int32(inner), np.int32(half), x.dtype.type(coef)))
     return diff

@@ -14,14 +14,14 @@ updates, square roots, divisions, copies); ResNet-50 has 53 of each layer. Here:
 The values are those of the array code up to rounding (double sums instead of numpy's
 pairwise float sums; variance from deviations about the double mean). Each element-wise
 kernel reads an element before writing the same element only, so they run in place.
-Nothing here imports CuPy (im2col_pool.py launches them).
+Nothing here imports CuPy (launch.py compiles and launches them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
+from .launch import cupy_of, launch, launch_blocks, register
 
 __all__ = ["CHANNEL_THREADS", "bn_backward", "bn_forward", "bn_global_stats",
            "scale_backward", "scale_forward"]
@@ -29,9 +29,10 @@ __all__ = ["CHANNEL_THREADS", "bn_backward", "bn_forward", "bn_global_stats",
 #: Threads of a per-channel block (a power of two: the shared-memory tree halves it).
 CHANNEL_THREADS = 256
 
-_BLOCK_SUM = r"""
+_BLOCK_SUM = f"""
 typedef REAL real;
-#define MGCAFFE_BLOCK 256
+#define MGCAFFE_BLOCK {CHANNEL_THREADS}
+""" + r"""
 // The element k of value i of channel c in an (outer, dim, inner) array, i < outer * inner.
 #define MGCAFFE_AT(i, c, dim, inner) \
   (((i) / (inner)) * (long long)(dim) * (inner) + (long long)(c) * (inner) + (i) % (inner))
@@ -182,19 +183,14 @@ extern "C" __global__ void mgcaffe_scale_input_grad(
 }
 """
 
-add_sources({"mgcaffe_bn_stats": _BN_STATS_SOURCE,
-             "mgcaffe_bn_global": _BN_GLOBAL_SOURCE,
-             "mgcaffe_bn_normalize": _BN_NORMALIZE_SOURCE,
-             "mgcaffe_bn_backward": _BN_BACKWARD_SOURCE,
-             "mgcaffe_scale_forward": _SCALE_FORWARD_SOURCE,
-             "mgcaffe_channel_sums": _CHANNEL_SUMS_SOURCE,
-             "mgcaffe_scale_input_grad": _SCALE_INPUT_GRAD_SOURCE})
-
-
-def _per_channel(kernel, channels: int, args) -> None:
-    """One block of CHANNEL_THREADS per channel (a grid-stride loop past 65536)."""
-    if channels:
-        kernel((min(channels, 65536),), (CHANNEL_THREADS,), args)
+# one block of CHANNEL_THREADS per channel (MGCAFFE_BLOCK, the shared arrays' size, is the same)
+register({"mgcaffe_bn_stats": _BN_STATS_SOURCE, "mgcaffe_channel_sums": _CHANNEL_SUMS_SOURCE},
+         threads=CHANNEL_THREADS)
+register({"mgcaffe_bn_global": _BN_GLOBAL_SOURCE,
+          "mgcaffe_bn_normalize": _BN_NORMALIZE_SOURCE,
+          "mgcaffe_bn_backward": _BN_BACKWARD_SOURCE,
+          "mgcaffe_scale_forward": _SCALE_FORWARD_SOURCE,
+          "mgcaffe_scale_input_grad": _SCALE_INPUT_GRAD_SOURCE})
 
 
 def _dims(what, dims, *arrays):
@@ -213,57 +209,57 @@ def bn_forward(x, y, keep, mean, std, dims, eps, running=None):
     factor, moving_average_fraction, correction): the batch statistics into `mean` and `std`
     (sqrt(var + eps)) and the running sums updated; without it `mean` and `std` are read
     (`bn_global_stats`). Two launches with the statistics, one without."""
-    xp = _cupy_of(x, "bn_forward")
+    xp = cupy_of(x, "bn_forward")
     outer, channels, inner, total = _dims("bn_forward", dims, ("x", x), ("y", y),
                                           ("keep", keep))
     t = x.dtype.type
     if running is not None:
         mean_sum, var_sum, factor, maf, correction = running
-        _per_channel(_kernel(xp, "mgcaffe_bn_stats", x.dtype), channels,
-                     (x, mean, std, mean_sum, var_sum, factor, np.int32(outer),
-                      np.int32(channels), np.int32(inner), t(eps), t(maf), t(correction)))
-    _launch(_kernel(xp, "mgcaffe_bn_normalize", x.dtype), total,
-            (x, y, y if keep is None else keep, mean, std, np.int64(total),
-             np.int32(channels), np.int32(inner), np.int32(keep is not None)))
+        launch_blocks(xp, "mgcaffe_bn_stats", x.dtype, channels,
+                      (x, mean, std, mean_sum, var_sum, factor, np.int32(outer),
+                       np.int32(channels), np.int32(inner), t(eps), t(maf), t(correction)))
+    launch(xp, "mgcaffe_bn_normalize", x.dtype, total,
+           (x, y, y if keep is None else keep, mean, std, np.int64(total),
+            np.int32(channels), np.int32(inner), np.int32(keep is not None)))
     return y
 
 
 def bn_global_stats(mean_sum, var_sum, factor, mean, std, eps):
     """mean = mean_sum / factor, std = sqrt(var_sum / factor + eps) per channel (both 0 /
     sqrt(eps) where the factor is 0, as Caffe): one launch."""
-    xp = _cupy_of(mean_sum, "bn_global_stats")
+    xp = cupy_of(mean_sum, "bn_global_stats")
     channels = int(mean_sum.size)
-    _launch(_kernel(xp, "mgcaffe_bn_global", mean_sum.dtype), channels,
-            (mean_sum, var_sum, factor, mean, std, np.int32(channels),
-             mean_sum.dtype.type(eps)))
+    launch(xp, "mgcaffe_bn_global", mean_sum.dtype, channels,
+           (mean_sum, var_sum, factor, mean, std, np.int32(channels),
+            mean_sum.dtype.type(eps)))
 
 
 def bn_backward(dy, y, std, dx, dims, sums):
     """BatchNorm's input gradient with batch statistics: dx = (dy - mean(dy) - mean(dy * y)
     * y) / std per channel (means over outer and inner); `sums` two (channels,) work arrays;
     `dx` may be `dy`. Two launches."""
-    xp = _cupy_of(dy, "bn_backward")
+    xp = cupy_of(dy, "bn_backward")
     outer, channels, inner, total = _dims("bn_backward", dims, ("dy", dy), ("y", y),
                                           ("dx", dx))
     sum_dy, sum_dy_y = sums
-    _per_channel(_kernel(xp, "mgcaffe_channel_sums", dy.dtype), channels,
-                 (dy, y, sum_dy, sum_dy_y, np.int32(outer), np.int32(channels),
-                  np.int32(inner), np.int32(1), np.int32(1), np.int32(0), np.int32(0)))
-    _launch(_kernel(xp, "mgcaffe_bn_backward", dy.dtype), total,
-            (dy, y, sum_dy, sum_dy_y, std, dx, np.int64(total), np.int32(channels),
-             np.int32(inner), dy.dtype.type(-1.0 / (outer * inner))))
+    launch_blocks(xp, "mgcaffe_channel_sums", dy.dtype, channels,
+                  (dy, y, sum_dy, sum_dy_y, np.int32(outer), np.int32(channels),
+                   np.int32(inner), np.int32(1), np.int32(1), np.int32(0), np.int32(0)))
+    launch(xp, "mgcaffe_bn_backward", dy.dtype, total,
+           (dy, y, sum_dy, sum_dy_y, std, dx, np.int64(total), np.int32(channels),
+            np.int32(inner), dy.dtype.type(-1.0 / (outer * inner))))
     return dx
 
 
 def scale_forward(x, y, s, b, dims, copy=None):
     """y = x * s (+ b) over (outer, dim, inner) arrays, s and b of `dim` values (b None: no
     bias); x first copied into `copy` (None: not). `y` may be `x`. One launch."""
-    xp = _cupy_of(x, "scale_forward")
+    xp = cupy_of(x, "scale_forward")
     _, dim, inner, total = _dims("scale_forward", dims, ("x", x), ("y", y), ("copy", copy))
-    _launch(_kernel(xp, "mgcaffe_scale_forward", x.dtype), total,
-            (x, y, y if copy is None else copy, s, s if b is None else b, np.int64(total),
-             np.int32(dim), np.int32(inner), np.int32(copy is not None),
-             np.int32(b is not None)))
+    launch(xp, "mgcaffe_scale_forward", x.dtype, total,
+           (x, y, y if copy is None else copy, s, s if b is None else b, np.int64(total),
+            np.int32(dim), np.int32(inner), np.int32(copy is not None),
+            np.int32(b is not None)))
     return y
 
 
@@ -273,17 +269,17 @@ def scale_backward(dy, x, s, dims, *, bias_diff=None, scale_diff=None, accumulat
     dy * x (None: that one not wanted; `accumulate` per diff: add to it, else overwrite it),
     then dx = dy * s (None: not wanted; may be `dy`: the sums read dy first). One launch for
     the sums, one for dx."""
-    xp = _cupy_of(dy, "scale_backward")
+    xp = cupy_of(dy, "scale_backward")
     outer, dim, inner, total = _dims("scale_backward", dims, ("dy", dy), ("x", x), ("dx", dx))
     if bias_diff is not None or scale_diff is not None:
-        _per_channel(_kernel(xp, "mgcaffe_channel_sums", dy.dtype), dim,
-                     (dy, dy if x is None else x,
-                      bias_diff if bias_diff is not None else scale_diff,
-                      scale_diff if scale_diff is not None else bias_diff,
-                      np.int32(outer), np.int32(dim), np.int32(inner),
-                      np.int32(bias_diff is not None), np.int32(scale_diff is not None),
-                      np.int32(bool(accumulate[0])), np.int32(bool(accumulate[1]))))
+        launch_blocks(xp, "mgcaffe_channel_sums", dy.dtype, dim,
+                      (dy, dy if x is None else x,
+                       bias_diff if bias_diff is not None else scale_diff,
+                       scale_diff if scale_diff is not None else bias_diff,
+                       np.int32(outer), np.int32(dim), np.int32(inner),
+                       np.int32(bias_diff is not None), np.int32(scale_diff is not None),
+                       np.int32(bool(accumulate[0])), np.int32(bool(accumulate[1]))))
     if dx is not None:
-        _launch(_kernel(xp, "mgcaffe_scale_input_grad", dy.dtype), total,
-                (dy, s, dx, np.int64(total), np.int32(dim), np.int32(inner)))
+        launch(xp, "mgcaffe_scale_input_grad", dy.dtype, total,
+               (dy, s, dx, np.int64(total), np.int32(dim), np.int32(inner)))
     return dx

@@ -13,14 +13,14 @@ exp, probabilities clipped at FLT_MIN before the log, a label read as an integer
 towards zero, an out-of-range label counted (the layer raises its error when the loss is read
 back) and meanwhile treated as class 0, an ignored label giving no loss and no gradient.
 exp and log are the device's, so the results equal the array code within rounding, not bit
-for bit. Nothing here imports CuPy (kernels/cuda_kernels.py launches them).
+for bit. Nothing here imports CuPy (launch.py compiles and launches them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .im2col_pool import _cupy_of, _kernel, _launch, add_sources
+from .launch import cupy_of, launch, register
 
 __all__ = ["STAT_BAD", "STAT_LOSS", "STAT_VALID", "softmax_loss_backward",
            "softmax_loss_forward"]
@@ -99,8 +99,8 @@ extern "C" __global__ void mgcaffe_softmax_loss_backward(
 }
 """
 
-add_sources({"mgcaffe_softmax_loss_forward": _FORWARD_SOURCE,
-             "mgcaffe_softmax_loss_backward": _BACKWARD_SOURCE})
+register({"mgcaffe_softmax_loss_forward": _FORWARD_SOURCE,
+          "mgcaffe_softmax_loss_backward": _BACKWARD_SOURCE})
 
 
 def _check(what, arrays, dims):
@@ -121,28 +121,28 @@ def softmax_loss_forward(x, labels, prob, stats, dims, ignore_label=None):
     elements), and into `stats` (3, outer*inner) per prediction: the loss
     -log(max(p[label], FLT_MIN)) (0 where ignored), 1 where the label is out of range, 1
     where it counts (not `ignore_label`). All C-contiguous, of one float type."""
-    xp = _cupy_of(x, "softmax_loss_forward")
+    xp = cupy_of(x, "softmax_loss_forward")
     outer, channels, inner = (int(d) for d in dims)
     total = outer * inner
     _check("softmax_loss_forward", [("x", x, dims), ("prob", prob, dims),
                                     ("labels", labels, (total,)),
                                     ("stats", stats, (3, total))], dims)
-    _launch(_kernel(xp, "mgcaffe_softmax_loss_forward", x.dtype), total,
-            (x, labels, prob, stats, np.int64(total), np.int32(channels), np.int32(inner),
-             *_ignore(ignore_label), x.dtype.type(_FLT_MIN)))
+    launch(xp, "mgcaffe_softmax_loss_forward", x.dtype, total,
+           (x, labels, prob, stats, np.int64(total), np.int32(channels), np.int32(inner),
+            *_ignore(ignore_label), x.dtype.type(_FLT_MIN)))
     return stats
 
 
 def softmax_loss_backward(prob, labels, scale, dx, dims, ignore_label=None):
     """dx = (prob - one-hot of the label) * valid * scale[0] over (outer, channels, inner);
     `scale` a one-element device array (the top diff over the normaliser)."""
-    xp = _cupy_of(prob, "softmax_loss_backward")
+    xp = cupy_of(prob, "softmax_loss_backward")
     outer, channels, inner = (int(d) for d in dims)
     _check("softmax_loss_backward", [("prob", prob, dims), ("dx", dx, dims),
                                      ("labels", labels, (outer * inner,)),
                                      ("scale", scale, (1,))], dims)
     total = outer * channels * inner
-    _launch(_kernel(xp, "mgcaffe_softmax_loss_backward", prob.dtype), total,
-            (prob, labels, scale, dx, np.int64(total), np.int32(channels), np.int32(inner),
-             *_ignore(ignore_label)))
+    launch(xp, "mgcaffe_softmax_loss_backward", prob.dtype, total,
+           (prob, labels, scale, dx, np.int64(total), np.int32(channels), np.int32(inner),
+            *_ignore(ignore_label)))
     return dx

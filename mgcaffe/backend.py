@@ -27,11 +27,17 @@ def _import_cupy():
 
 def gpu_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
+    return gpu_count() > 0
+
+
+def gpu_count() -> int:
+    """How many CUDA devices CuPy sees (CUDA_VISIBLE_DEVICES applied; no context is made);
+    0 when CuPy is missing or sees none."""
     try:
         cupy = _import_cupy()
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # noqa: BLE001 - any failure means "no usable GPU"
-        return False
+        return 0
 
 
 @dataclass(frozen=True)

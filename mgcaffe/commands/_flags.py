@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..backend import Device, gpu_available
+from ..backend import Device, gpu_count
 from ..comm.backends.launcher import launcher_size
 from ..errors import SolverError
 
@@ -51,7 +51,8 @@ def split_list(value: str) -> list[str]:
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """--gpu ID[,ID...]|all (shared with `mgcaffe test`)."""
     parser.add_argument("--gpu", metavar="ID|all",
-                        help="run on this GPU (or the first of a list; `all`: every GPU); "
+                        help="run on this GPU (`train`: on each of a list, ID,ID,..., or on "
+                             "`all`, one process per GPU; other commands use the first); "
                              "overrides the solver's solver_mode")
 
 
@@ -78,12 +79,13 @@ def device_from_flag(flag: str | None) -> Device | None:
                               f"`all`, found {flag!r}") from None
         if not ids or min(ids) < 0:
             raise SolverError(f"--gpu: expected device ids >= 0, found {flag!r}")
-    if not gpu_available():
+    count = gpu_count()
+    if count == 0:
         raise SolverError(f"--gpu {flag}: {NO_GPU}")
     ids = [0] if flag == "all" else ids
-    if len(ids) > 1 or flag == "all":
-        log.warning("--gpu %s: one process uses one GPU (%d); for several, train under "
-                    "mpiexec (one rank per GPU)", flag, ids[0])
+    if len(ids) > 1 or (flag == "all" and count > 1):
+        log.warning("--gpu %s: this command runs on one GPU (%d); `mgcaffe train --gpu %s` "
+                    "trains on each", flag, ids[0], flag)
     return Device("gpu", ids[0])
 
 

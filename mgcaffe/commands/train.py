@@ -1,7 +1,7 @@
-"""`mgcaffe train`: Caffe's `caffe train` on one process.
+"""`mgcaffe train`: Caffe's `caffe train`.
 
     mgcaffe train --solver solver.prototxt [--weights W.caffemodel[,W2]]
-                  [--snapshot S.solverstate] [--iterations N] [--gpu ID|all]
+                  [--snapshot S.solverstate] [--iterations N] [--gpu ID[,ID...]|all]
                   [--sigint_effect stop|snapshot|none] [--sighup_effect stop|snapshot|none]
                   [--sigterm_effect stop|snapshot|none] [--signal_exit_status 128+N|S]
                   [--level L] [--stage S ...]
@@ -11,7 +11,12 @@ SIGINT and SIGHUP only set a flag; the solver acts on it at the end of the itera
 unlike Caffe, writes one snapshot and stops, so a job a scheduler ends can resume). A
 training a signal stopped exits with 128 + the signal's number (130, 129, 143: what a shell
 reports for a process the signal ended), unlike Caffe's 0, so that a cancelled job is not
-counted as finished; `--signal_exit_status 0` gives Caffe's. The reusable parts are
+counted as finished; `--signal_exit_status 0` gives Caffe's.
+
+`--gpu 0,1,2,3` (or `all`, with several GPUs visible) outside a launcher trains on every
+listed GPU, as Caffe's command does: this process starts one rank per GPU under mpiexec and
+waits for them (`_gpu_ranks.py`); under a launcher each rank takes its GPU of the list. The
+reusable parts are
 `build_solver(args, **solver_options)` and `run_training(solver, args, ...)`, which the
 distributed trainer wraps.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from ..comm.backends.nccl import node_local_rank
 from ..comm.training import trainer as distributed
@@ -32,6 +38,14 @@ from ..solvers import SOLVER_CLASSES, SignalHandler, Solver, SolverAction, load_
 from ..solvers.actions import SHELL_STATUS, exit_status, parse_exit_status, signal_name
 from ._engine import cpu_engine, layer_rules
 from ._flags import add_device_argument, add_state_arguments, device_from_flag, stages
+from ._gpu_ranks import (
+    RankReport,
+    exit_status_of,
+    gpus_to_start,
+    is_mgcaffe,
+    restart_command,
+    run_ranks,
+)
 
 NAME = "train"
 HELP = "train or finetune a model with a solver (Caffe's `caffe train`)"
@@ -215,6 +229,9 @@ def run(args) -> int:
         handler = SignalHandler(args.sigint_effect, args.sighup_effect, _sigterm_effect(args))
     except ValueError as exc:
         raise MgcaffeError(str(exc)) from None
+    gpus = gpus_to_start(args.gpu)
+    if gpus is not None:  # --gpu 0,1,2,3 outside a launcher: one rank per GPU, started here
+        return _start_ranks(args, gpus)
     # Under mpiexec: rank and size before the solver (data sharding), every rank ended on
     # any rank's failure, gradients averaged by the communication thread (docs/distributed.md).
     # A Ctrl-C from here to the handler's install is recorded, and the handler takes it: a
@@ -222,6 +239,32 @@ def run(args) -> int:
     comm, rank, size = distributed.world(getattr(args, "log_level", "INFO"),
                                          startup_timeout=getattr(args, "comm_timeout", None),
                                          keep_deferred=True)
+    report = RankReport(rank)  # for the process that started this job, if one did
+    try:
+        return report.ended(_train(args, handler, comm, rank, size))
+    except BaseException as exc:
+        report.ended(exit_status_of(exc))
+        raise
+
+
+def _start_ranks(args, gpus: list[int]) -> int:
+    """Run this command again as one rank per GPU of `gpus` (under mpiexec); the job's
+    exit status."""
+    flag = f"--gpu {args.gpu}"
+    if not args.solver:
+        raise SolverError("need a solver definition to train: --solver SOLVER.prototxt")
+    load_solver_param(args.solver)  # a wrong file is one line here, not one per rank
+    command = restart_command(sys.argv[1:], is_mgcaffe)
+    if command is None:
+        raise SolverError(f"{flag}: one rank per GPU is started by running the `mgcaffe` "
+                          f"program again, and this process was not started as that "
+                          f"program; run `mgcaffe train ... {flag}`, or start the ranks "
+                          f"with mpiexec -n {len(gpus)}")
+    return run_ranks(gpus, command)
+
+
+def _train(args, handler, comm, rank: int, size: int) -> int:
+    """Training itself, in this process (alone, or as one rank of a launched job)."""
     # before any net is built; the ranks on this node, where no launcher variable says, by
     # a shared-memory split of the world (a collective: every rank passes it)
     cpu = cpu_engine(getattr(args, "threads", None),

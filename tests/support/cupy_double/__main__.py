@@ -1,7 +1,8 @@
 """`python -m cupy_double [--devices N] [--counts FILE] (-m MODULE | SCRIPT)
 ARGS...`: run a program with the CuPy double installed (tests start `mgcaffe` commands and
 MPI ranks this way); with --counts, the counters are written to FILE as JSON at exit
-(FILE may contain {rank}: the MPI rank from the launcher's environment)."""
+(FILE may contain {rank}: the MPI rank from the launcher's environment, `main` in a process
+no launcher started, such as `mgcaffe train --gpu 0,1`, which starts its ranks itself)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _rank() -> str:
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if name in os.environ:
             return os.environ[name]
-    return "0"
+    return "main"
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-fast lint proto bench gpu-check gpu-wheels clean
+.PHONY: all venv demo test test-fast lint proto bench gpu-check gpu-check-double gpu-wheels clean
 
 all: test
 
@@ -49,6 +49,14 @@ gpu-check:
 	PYTHONPATH=$(if $(wildcard $(GPU_WHEELS)/*.whl),$(CURDIR)/$(GPU_SITE):)$(CURDIR) \
 	  $(GPU_PYTHON) tools/gpu_check.py --out gpu-check-results.json
 
+## gpu-check-double: the same script on the CuPy test double (tests/support/cupy_double), with
+## tiny sizes (--small): every section must end `ok`, or `skipped` for a reason a GPU
+## machine shares; timings mean nothing here. A test runs it (tests/gpu/test_gpu_check_double.py).
+GPU_CHECK_DOUBLE_OUT ?= gpu-check-double.json
+gpu-check-double: $(STAMP)
+	PYTHONPATH=$(CURDIR)/tests/support$(if $(PYTHONPATH),:$(PYTHONPATH)) \
+	  $(BIN)/python -m cupy_double tools/gpu_check.py --small --out $(GPU_CHECK_DOUBLE_OUT)
+
 ## gpu-wheels: on a machine with network, download what `make gpu-check` needs beyond
 ## Python, numpy and CuPy (protobuf for caffe_pb2.py; pure-Python wheel, any platform)
 gpu-wheels:
@@ -59,4 +67,4 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output $(GPU_SITE)
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output $(GPU_SITE) gpu-check-double.json

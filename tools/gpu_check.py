@@ -71,6 +71,9 @@ MODELS = {  # name: (train_val prototxt, batch on the GPU, torchvision construct
     "resnet50": ("models/resnet50/train_val.prototxt", 32, "resnet50"),
 }
 DRY_RUN_BATCH = 2
+#: Training iterations of the digits demo with --small (the solver's max_iter otherwise):
+#: enough to pass the accuracy bar, few enough for the CPU.
+SMALL_DIGITS_ITERATIONS = 100
 #: The protobuf runtime mgcaffe/proto/caffe_pb2.py was generated for (it checks on import).
 PROTOBUF_NEEDED = "7.35.1"
 
@@ -78,12 +81,15 @@ PROTOBUF_NEEDED = "7.35.1"
 # ============================================================================ the run context
 @dataclass
 class Check:
-    """Where a section runs: the array module (cupy, or numpy in a dry run) and its device."""
+    """Where a section runs: the array module (cupy, or numpy in a dry run) and its device;
+    `small`: tiny sizes (a dry run, or the CuPy double's run), which exercise every line but
+    time nothing worth reading."""
 
     xp: object
     device: object  # mgcaffe.backend.Device
     dry_run: bool
     deadline: float  # time.monotonic() value by which the section must have finished
+    small: bool = False
 
     @property
     def on_gpu(self) -> bool:
@@ -126,11 +132,11 @@ class Clock:
         return self.xp.cuda.get_elapsed_time(a, b) / 1e3
 
 
-def make_check(gpu: int, dry_run: bool, limit: float) -> Check:
+def make_check(gpu: int, dry_run: bool, limit: float, small: bool = False) -> Check:
     from mgcaffe.backend import CPU, Device
 
     device = CPU if dry_run else Device("gpu", gpu)
-    return Check(device.xp, device, dry_run, time.monotonic() + limit)
+    return Check(device.xp, device, dry_run, time.monotonic() + limit, small or dry_run)
 
 
 # ============================================================================ layer cases
@@ -554,6 +560,11 @@ def _time_call(check: Check, fn, repeats: int = 5) -> float:
     return float(np.median(times))
 
 
+def _small_shape(shape: tuple) -> tuple:
+    """A geometry's input with one image of at most 4 channels (--small)."""
+    return (1, min(shape[1], 4), *shape[2:])
+
+
 def section_kernels(check: Check) -> dict:
     if not check.on_gpu:
         return {"status": "skipped", "summary": "CUDA kernels need a GPU"}
@@ -561,10 +572,11 @@ def section_kernels(check: Check) -> dict:
 
     rng = np.random.default_rng(0)
     rows = []
+    size = _small_shape if check.small else tuple
     for name, shape, *geometry in KERNEL_GEOMETRIES:
-        rows.extend(_im2col_rows(check, ck, name, shape, tuple(geometry), rng))
+        rows.extend(_im2col_rows(check, ck, name, size(shape), tuple(geometry), rng))
     for name, shape, text in POOL_GEOMETRIES:
-        rows.extend(_pool_rows(check, ck, name, shape, text, rng))
+        rows.extend(_pool_rows(check, ck, name, size(shape), text, rng))
     for row in rows:
         row["speedup"] = row["generic_ms"] / row["cuda_ms"] if row["cuda_ms"] > 0 else None
     bad = [f"{r['kernel']} {r['case']}" for r in rows if not r["equal"]]
@@ -724,7 +736,7 @@ def section_nccl(check: Check) -> dict:
 # ============================================================================ GEMM
 def section_gemm(check: Check) -> dict:
     xp = check.xp
-    n = 256 if check.dry_run else 8192
+    n = 256 if check.small else 8192
     rng = np.random.default_rng(0)
     a = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
     b = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
@@ -744,7 +756,7 @@ def build_model_net(check: Check, model: str):
     from mgcaffe.net.synthetic_data import fill_labels, synthesize_data_layers
 
     path, batch, _ = MODELS[model]
-    batch = DRY_RUN_BATCH if check.dry_run else batch
+    batch = DRY_RUN_BATCH if check.small else batch
     param, labels = synthesize_data_layers(read_net_param(REPO / path), {}, batch,
                                            replace_data=True)
     net = Net(param, TRAIN, device=check.device, seed=1)
@@ -811,7 +823,7 @@ def time_model(check: Check, model: str) -> dict:
         net.forward_backward()
 
     t0 = time.monotonic()
-    for _ in range(1 if check.dry_run else 2):  # warm-up: kernel compilation, memory pool
+    for _ in range(1 if check.small else 2):  # warm-up: kernel compilation, memory pool
         iteration()
     check.sync()
     warmup_s = time.monotonic() - t0
@@ -819,13 +831,13 @@ def time_model(check: Check, model: str) -> dict:
     iteration()
     check.sync()
     estimate = max(time.perf_counter() - t0, 1e-3)
-    iterations = 1 if check.dry_run else max(3, min(20, int(check.left() * 0.4 / estimate)))
+    iterations = 1 if check.small else max(3, min(20, int(check.left() * 0.4 / estimate)))
     t0 = time.perf_counter()
     for _ in range(iterations):
         iteration()
     check.sync()
     seconds = (time.perf_counter() - t0) / iterations
-    forward, backward = layer_times(check, net, passes=1 if check.dry_run else 3)
+    forward, backward = layer_times(check, net, passes=1 if check.small else 3)
     flops = conv_ip_flops(net)
     total_flops = sum(f + b for _, f, b in flops)
     conv_ip_s = sum(forward[i] + backward[i] for i, _, _ in flops)
@@ -865,6 +877,9 @@ def section_torch(check: Check) -> dict:
         import torchvision
     except ImportError as exc:
         return {"status": "skipped", "summary": f"PyTorch not importable ({exc})"}
+    if not check.dry_run and not torch.cuda.is_available():
+        return {"status": "skipped", "summary": f"PyTorch {torch.__version__} sees no CUDA "
+                                                f"device (a CPU-only build?)"}
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
@@ -873,7 +888,7 @@ def section_torch(check: Check) -> dict:
                "cudnn_version": torch.backends.cudnn.version() if not check.dry_run else None,
                "allow_tf32": False, "cudnn_benchmark": True}
     for model, (_, batch, constructor) in MODELS.items():
-        batch = DRY_RUN_BATCH if check.dry_run else batch
+        batch = DRY_RUN_BATCH if check.small else batch
         results[model] = _time_torch_model(torch, torchvision, constructor, batch, device,
                                            check)
     summary = "; ".join(f"{m} {results[m]['ms_per_iteration']:.1f} ms/iteration"
@@ -905,10 +920,10 @@ def _time_torch_model(torch, torchvision, constructor, batch, device, check: Che
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(1 if check.dry_run else 5):
+    for _ in range(1 if check.small else 5):
         iteration()
     sync()
-    iterations = 1 if check.dry_run else 20
+    iterations = 1 if check.small else 20
     t0 = time.perf_counter()
     for _ in range(iterations):
         iteration()
@@ -947,7 +962,7 @@ def section_digits(check: Check) -> dict:
         solver_param.snapshot_prefix = str(Path(tmp) / "snap")
         solver_param.test_interval = 10**9  # tested once, below
         solver_param.display = 0
-        iterations = 300 if check.dry_run else int(solver_param.max_iter)
+        iterations = SMALL_DIGITS_ITERATIONS if check.small else int(solver_param.max_iter)
         solver = get_solver(solver_param, device=check.device)
         t0 = time.perf_counter()
         solver.step(iterations)
@@ -984,11 +999,12 @@ SECTION_FUNCTIONS: dict[str, Callable[[Check], dict]] = {
 
 
 # ============================================================================ orchestration
-def run_section_here(name: str, gpu: int, dry_run: bool, limit: float) -> dict:
+def run_section_here(name: str, gpu: int, dry_run: bool, limit: float,
+                     small: bool = False) -> dict:
     """Run one section in this process; any exception becomes a failed result."""
     t0 = time.monotonic()
     try:
-        check = make_check(gpu, dry_run, limit)
+        check = make_check(gpu, dry_run, limit, small)
         result = SECTION_FUNCTIONS[name](check)
     except Exception as exc:  # noqa: BLE001 - a section's failure is a result, not a crash
         result = {"status": "failed", "summary": f"{type(exc).__name__}: {exc}",
@@ -1001,14 +1017,13 @@ def run_section_child(name: str, args, limit: float) -> dict:
     """Run one section in a child process killed after `limit` seconds."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         out = Path(tmp) / "section.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--run-section", name,
-                   "--section-out", str(out), "--gpu", str(args.gpu), "--limit", str(limit)]
-        if args.dry_run:
-            command.append("--dry-run")
+        command = child_command(["--run-section", name, "--section-out", str(out),
+                                 "--gpu", str(args.gpu), "--limit", str(limit)]
+                                + ["--dry-run"] * args.dry_run + ["--small"] * args.small)
         t0 = time.monotonic()
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=limit + 15,
-                                  cwd=REPO, env={**os.environ, **tf32_environment(args)})
+                                  env={**os.environ, **tf32_environment(args)})
         except subprocess.TimeoutExpired as exc:
             return {"status": "timeout", "seconds": time.monotonic() - t0,
                     "summary": f"killed after {limit:g} s",
@@ -1023,6 +1038,16 @@ def run_section_child(name: str, args, limit: float) -> dict:
                 "stderr_tail": _tail(proc.stderr)}
 
 
+def child_command(arguments: list[str]) -> list[str]:
+    """This script again with `arguments`, started as this process was (`python -m
+    cupy_double tools/gpu_check.py ...` gives children on the double too)."""
+    from mgcaffe.commands._gpu_ranks import restart_command
+
+    script = Path(__file__).resolve()
+    return (restart_command(arguments, lambda path: Path(path).resolve() == script)
+            or [sys.executable, str(script), *arguments])
+
+
 def _tail(text, size: int = 3000) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
@@ -1035,7 +1060,7 @@ def tf32_environment(args) -> dict:
 
 def environment_facts(args) -> dict:
     facts = {"python": platform.python_version(), "numpy": np.__version__,
-             "host": platform.node(), "dry_run": args.dry_run,
+             "host": platform.node(), "dry_run": args.dry_run, "small": args.small,
              "tf32_environment": tf32_environment(args)}
     if args.dry_run:
         return facts
@@ -1106,6 +1131,9 @@ def parse_args(argv=None):
                         help="comma-separated subset of: " + ", ".join(SECTIONS))
     parser.add_argument("--dry-run", action="store_true",
                         help="run on the CPU with tiny sizes (tests the script itself)")
+    parser.add_argument("--small", action="store_true",
+                        help="tiny sizes on the device (exercises every line, times nothing "
+                             "worth reading: `make gpu-check-double`)")
     parser.add_argument("--in-process", action="store_true",
                         help="run the sections in this process instead of one child each")
     parser.add_argument("--strict-targets", action="store_true",
@@ -1142,7 +1170,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.run_section:  # a child: one section, result to --section-out
         os.environ.update(tf32_environment(args))
-        result = run_section_here(args.run_section, args.gpu, args.dry_run, args.limit)
+        result = run_section_here(args.run_section, args.gpu, args.dry_run, args.limit,
+                                  args.small)
         Path(args.section_out).write_text(json.dumps(result, default=str))
         return 0
     os.environ.update(tf32_environment(args))  # before anything imports CuPy
@@ -1175,7 +1204,8 @@ def main(argv=None) -> int:
             continue
         print(f"gpu-check: {name} (up to {limit:.0f} s) ...", file=sys.stderr, flush=True)
         if args.in_process:
-            results["sections"][name] = run_section_here(name, args.gpu, args.dry_run, limit)
+            results["sections"][name] = run_section_here(name, args.gpu, args.dry_run, limit,
+                                                         args.small)
         else:
             results["sections"][name] = run_section_child(name, args, limit)
         done = results["sections"][name]

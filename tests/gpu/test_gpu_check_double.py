@@ -1,10 +1,15 @@
-"""tools/gpu_check.py's GPU-only sections on the CuPy double: the kernels comparison has no
-false failure (the twin against the generic offset-order path, not the CPU's scatter), the
-NCCL section runs, and a layer case whose optional module is missing is skipped, not failed."""
+"""tools/gpu_check.py on the CuPy double: `make gpu-check-double` runs the whole script, every
+section in its own child process on the double, to the JSON a GPU run writes; the kernels
+comparison has no false failure (the twin against the generic offset-order path, not the
+CPU's scatter), the NCCL section runs, and a layer case whose optional module is missing is
+skipped, not failed."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,3 +89,40 @@ def test_mgcaffe_imports_without_lmdb_and_pillow():
                           timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) > 50
+
+
+#: Sections that may be skipped on the double, and the reason (true on a GPU machine too).
+MAY_SKIP = {"torch": ("PyTorch not importable", "sees no CUDA device")}
+
+
+@pytest.mark.slow
+def test_make_gpu_check_double_runs_every_section(tmp_path):
+    """The acceptance run, line for line, before a GPU ever sees it: every section ends ok,
+    or skipped for a reason a GPU machine shares (PyTorch missing)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed (CI runs `make test`, which has it)")
+    out = tmp_path / "double.json"
+    proc = subprocess.run(
+        # -o: never rebuild the virtual environment from here; BIN: this test's Python
+        [make, "-s", "-C", str(REPO), "-o", ".venv/.installed-stamp", "gpu-check-double",
+         f"BIN={Path(sys.executable).parent}", f"GPU_CHECK_DOUBLE_OUT={out}"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["environment"]["cupy"].endswith("(double)")
+    assert results["environment"]["small"] is True
+    sections = results["sections"]
+    assert list(sections) == gc.SECTIONS
+    for name, result in sections.items():
+        if result["status"] == "skipped":
+            assert any(r in result["summary"] for r in MAY_SKIP.get(name, ())), (name, result)
+        else:
+            assert result["status"] == "ok", (name, result)
+    assert all(r["equal"] for r in sections["kernels"]["rows"])
+    assert len(sections["kernels"]["rows"]) == 2 * (len(gc.KERNEL_GEOMETRIES)
+                                                    + len(gc.POOL_GEOMETRIES))
+    assert sections["layers"]["missing_types"] == []
+    assert not [c for c in sections["layers"]["cases"] if c["status"] != "ok"]
+    assert sections["digits"]["accuracy"] >= 0.9
+    assert sections["nccl"]["gradient_path_ok"] and sections["nccl"]["broadcast_ok"]

@@ -251,6 +251,8 @@ def test_a_signal_stops_every_rank_with_one_snapshot_the_same_command_resumes(
     assert f"resume with --snapshot {states[0]}" in stop and f"exit status {status}" in stop
     stopped_at = int(states[0].name.split("_")[-1].split(".")[0])
     assert stopped_at >= 4
+    if signum != signal.SIGTERM:
+        return  # the resume is the same after either stop
     # the same command, --snapshot added, trains on from there to the end
     path.write_text(path.read_text().replace("max_iter: 100000", f"max_iter: {stopped_at + 4}"))
     proc = subprocess.run(_command(tmp_path, path, "--snapshot", states[0]),
@@ -266,14 +268,14 @@ def test_a_signal_stops_every_rank_with_one_snapshot_the_same_command_resumes(
 @pytest.mark.mpi
 def test_sighup_snapshots_and_training_goes_on(digits, tmp_path):
     root, solver = digits
-    proc, log = _start(_command(tmp_path, solver(tmp_path, 400)), tmp_path, _env(root))
+    proc, log = _start(_command(tmp_path, solver(tmp_path, 200)), tmp_path, _env(root))
     _wait_for(log, "Iteration 4 ", proc)
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
     assert "Optimization Done." in log.read_text()
     taken = sorted(int(p.name.split("_")[-1].split(".")[0])
                    for p in tmp_path.glob("snap_iter_*.solverstate"))
-    assert len(taken) == 2 and 4 <= taken[0] < 400 and taken[1] == 400  # mid-training, end
+    assert len(taken) == 2 and 4 <= taken[0] < 200 and taken[1] == 200  # mid-training, end
 
 
 @pytest.mark.slow

@@ -17,8 +17,15 @@ skipped; this repository holds no Caffe), mgcaffe (`python -m mgcaffe time`), Py
 mgcaffe report the mean over `--iterations` of forward + backward; diff clearing is not
 timed (`caffe time` never clears; `mgcaffe time` clears untimed).
 
-    python benchmarks/bench_vs_caffe.py [--caffe PATH] [--rounds 2] [--nets lenet,alexnet]
+    python benchmarks/bench_vs_caffe.py [--caffe PATH] [--rounds 3] [--nets lenet,alexnet]
         [--conditions idle,loaded] [--scale 1.0] [--out DIR] [--json RESULTS.json]
+        [--data-gradient]
+    python benchmarks/bench_vs_caffe.py --torch-profile cifar10_quick   # PyTorch per op
+
+The closing table sets mgcaffe beside PyTorch per net and condition: min and median of the
+rounds, the median of the per-round ratios, and both engines' peak RSS. The nets with a loss
+run the backward of training (no gradient of the data input, in every engine) unless
+`--data-gradient` asks every engine for it (force_backward, as the deploy nets need anyway).
 
 Debian's OpenBLAS 0.3.21 does not know newer Xeons and falls back to kernels without AVX:
 the script sets OPENBLAS_CORETYPE for Caffe's runs (default: what numpy's OpenBLAS detects;
@@ -62,8 +69,13 @@ ENGINES = ("caffe", "mgcaffe", "torch")
 
 
 # -- the nets
-def generate(name: str, out_dir: Path) -> Path:
-    """The TRAIN-phase net with Input layers of the given shapes, written for every engine."""
+def generate(name: str, out_dir: Path, data_gradient: bool = True) -> Path:
+    """The TRAIN-phase net with Input layers of the given shapes, written for every engine.
+
+    `data_gradient` False: `force_backward` only on nets without a loss (the deploy nets,
+    whose backward would otherwise not run; mgcaffe's and Caffe's `time` leave their data
+    input out then), so a net with a loss runs the backward training runs, with no gradient
+    of its data input, which PyTorch's training never computes either."""
     from mgcaffe.formats.protoio import filter_net, read_net_param, write_prototxt  # noqa: PLC0415
     from mgcaffe.layer_types.base import TRAIN  # noqa: PLC0415
     from mgcaffe.proto import caffe_pb2  # noqa: PLC0415
@@ -72,7 +84,8 @@ def generate(name: str, out_dir: Path) -> Path:
     param = filter_net(read_net_param(ROOT / path), TRAIN)
     net = caffe_pb2.NetParameter()
     net.name = param.name or name
-    net.force_backward = True
+    net.force_backward = data_gradient or not any(
+        layer.type.endswith("Loss") for layer in param.layer)
     data = caffe_pb2.LayerParameter(name="input", type="Input")
     for top, shape in shapes.items():
         data.top.append(top)
@@ -87,7 +100,7 @@ def generate(name: str, out_dir: Path) -> Path:
         copy.CopyFrom(layer)
         del copy.include[:]
         del copy.exclude[:]
-    target = out_dir / f"{name}.prototxt"
+    target = out_dir / f"{name}{'' if data_gradient else '-train'}.prototxt"
     write_prototxt(net, target)
     return target
 
@@ -228,22 +241,29 @@ def matmul_rate() -> float:
 
 
 # -- PyTorch: the prototxt interpreter of torch_net.py
-def torch_worker(prototxt: str, iterations: int) -> None:
+def torch_worker(prototxt: str, iterations: int, profile: bool = False) -> None:
+    """Time (or with `profile`, print torch.profiler's per-op table of) `iterations` passes of
+    the net in PyTorch; prints one JSON line."""
     import torch  # noqa: PLC0415
     from torch_net import build  # noqa: PLC0415 - same folder
 
     from mgcaffe.formats.protoio import read_net_param  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
-    tn = build(read_net_param(prototxt), g)
+    net = read_net_param(prototxt)
+    tn = build(net, g)
     params, steps, shapes, blobs = tn.params, tn.steps, tn.shapes, {}
     inputs = tn.inputs
+    # The data input's gradient where mgcaffe computes one too (a net with a loss and
+    # force_backward: Caffe's rule); never on a deploy net (`mgcaffe time` leaves it out).
+    data_grad = net.force_backward and bool(tn.losses)
 
     def one_pass():
         """(seconds forward, seconds backward); inputs drawn and grads dropped untimed."""
         for top in inputs:
             s = shapes[top]
-            blobs[top] = (torch.zeros(s) if len(s) == 1 else torch.randn(*s, generator=g))
+            blobs[top] = (torch.zeros(s) if len(s) == 1 else
+                          torch.randn(*s, generator=g).requires_grad_(data_grad))
         for p in params:
             p.grad = None
         t0 = time.perf_counter()
@@ -255,6 +275,19 @@ def torch_worker(prototxt: str, iterations: int) -> None:
         return t1 - t0, time.perf_counter() - t1
 
     one_pass()
+    if profile:
+        from torch.profiler import ProfilerActivity  # noqa: PLC0415
+        from torch.profiler import profile as torch_profile  # noqa: PLC0415
+
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(iterations):
+                one_pass()
+        print(f"PyTorch per op and input shapes, {iterations} passes (self CPU time per call "
+              f"is the column to read):")
+        print(prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=40,
+            max_shapes_column_width=80))
+        return
     forward = backward = 0.0
     for _ in range(iterations):
         f, b = one_pass()
@@ -272,6 +305,46 @@ def torch_worker(prototxt: str, iterations: int) -> None:
 # -- the report
 def fmt(ms) -> str:
     return "-" if ms is None else (f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}")
+
+
+def median_ratio(runs: list, refs: list) -> tuple[list, float | None]:
+    """The per-round ratios of two engines' times (rounds where both ran) and their median."""
+    ratios = [a["ms"] / b["ms"] for a, b in zip(runs, refs) if a.get("ms") and b.get("ms")]
+    return ratios, (statistics.median(ratios) if ratios else None)
+
+
+def summary(results: dict, nets: list, engines: list, conditions: list) -> None:
+    """One row per net and condition: mgcaffe and PyTorch side by side (ms per
+    forward+backward, min / median of the rounds, forward / backward medians), the median of
+    the per-round ratios, and each engine's peak RSS."""
+    if "mgcaffe" not in engines or "torch" not in engines:
+        return
+    print("\n## mgcaffe / PyTorch (forward+backward per iteration; ratio: median of the "
+          "per-round ratios)")
+    print("| condition | net | batch | mgcaffe ms min / median (fwd / bwd) | PyTorch ms min / "
+          "median (fwd / bwd) | per-round ratios | mgcaffe/PyTorch | peak RSS MB mgcaffe / "
+          "PyTorch |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def times(runs):
+        ok = [r for r in runs if r.get("ms")]
+        if not ok:
+            return "-"
+        med = statistics.median
+        return (f"{fmt(min(r['ms'] for r in ok))} / {fmt(med(r['ms'] for r in ok))} "
+                f"({fmt(med(r['forward_ms'] for r in ok))} / "
+                f"{fmt(med(r['backward_ms'] for r in ok))})")
+
+    for cond in conditions:
+        for name in nets:
+            mg, tr = results[name][cond]["mgcaffe"], results[name][cond]["torch"]
+            ratios, ratio = median_ratio(mg, tr)
+            rss = [max((r.get("rss_mb", 0) for r in runs), default=0) for runs in (mg, tr)]
+            batch = next(iter(NETS[name][1].values()))[0]
+            print(f"| {cond} | {name} | {batch} | {times(mg)} | {times(tr)} | "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)} | "
+                  f"{'-' if ratio is None else f'**{ratio:.2f}**'} | "
+                  f"{rss[0]:.0f} / {rss[1]:.0f} |")
 
 
 def report(results: dict, nets: list, engines: list, conditions: list, rounds: int,
@@ -338,6 +411,7 @@ def report(results: dict, nets: list, engines: list, conditions: list, rounds: i
                   f"{own[0] / rate:.2f} of the matmul rate{caffe}")
         if "caffe" in engines and "mgcaffe" in engines:
             layer_table(results[name], conditions[0])
+    summary(results, nets, engines, conditions)
 
 
 def conv_ip_rate(runs: list, flops: float, names: list | None) -> float | None:
@@ -382,7 +456,14 @@ def main(argv=None) -> int:
     parser.add_argument("--nets", default=",".join(NETS))
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--conditions", default="idle,loaded")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data-gradient", action="store_true",
+                        help="every engine computes the data input's gradient on the nets "
+                             "with a loss (force_backward: true; default: the backward of "
+                             "training, without it)")
+    parser.add_argument("--torch-profile", default=None, metavar="NET",
+                        help="print PyTorch's per-op profile of one net (torch.profiler) "
+                             "and exit")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply each net's iterations (at least 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -396,6 +477,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.torch_worker:
         torch_worker(args.torch_worker, args.iterations)
+        return 0
+    if args.torch_profile:
+        if args.torch_profile not in NETS:
+            parser.error(f"unknown net {args.torch_profile}; choose from {', '.join(NETS)}")
+        out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench_vs_caffe_"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = generate(args.torch_profile, out_dir, args.data_gradient)
+        torch_worker(str(path), max(1, round(NETS[args.torch_profile][2] * args.scale)),
+                     profile=True)
         return 0
     if args.report_from:
         saved = json.loads(Path(args.report_from).read_text())
@@ -425,7 +515,7 @@ def main(argv=None) -> int:
     conditions = [c for c in args.conditions.split(",") if c]
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench_vs_caffe_"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {n: generate(n, out_dir) for n in nets}
+    files = {n: generate(n, out_dir, args.data_gradient) for n in nets}
     counted = {n: conv_ip_flops(files[n]) for n in nets}
     flops = {n: f for n, (f, _) in counted.items()}
     gemm_layers = {n: names for n, (_, names) in counted.items()}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import gemm_accumulate
+from .gemm import GemmStack
 from .loops import im2col as im2col_loops
 from .sample_gemm import for_each_gemm
 
@@ -122,6 +122,11 @@ def backward(image, top_diff, weight3, geometry: Geometry, columns, partials=Non
             weight_diff[...] = 0
         return
 
+    # partials[b, k] (+)= columns[b, k] @ top_diff[s, k]^T: one stack, checked once.
+    weight_gemm = GemmStack(columns.reshape(chunks, g, rg, p),
+                            top_diff.reshape(n, g, og, p).transpose(0, 1, 3, 2),
+                            partials) if want_weight else None
+
     def body(start, stop):
         for b in range(start, stop):
             cols = columns[b]
@@ -132,7 +137,7 @@ def backward(image, top_diff, weight3, geometry: Geometry, columns, partials=Non
                 if want_weight:
                     loops.im2col_sample(image[s], cols, *args)
                     for k in range(g):
-                        gemm_accumulate(cols3[k], dy[k].T, partials[b, k], None, s == lo)
+                        weight_gemm((b, k), (s, k), (b, k), s == lo)
                 if bottom_diff is not None:
                     np.matmul(weight_t, dy, out=cols3)
                     loops.col2im_sample(cols, bottom_diff[s], *args)

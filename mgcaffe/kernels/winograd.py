@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import gemm_accumulate
+from .gemm import GemmStack, gemm_accumulate
 from .im2col import col2im, im2col, padded_copy
 from .loops import winograd as winograd_loops
 from .loops import winograd4 as winograd4_loops
@@ -303,6 +303,17 @@ def _gather_output_grad(dy, geometry, tiles):
 
 
 # -- the passes ----------------------------------------------------------------------------
+def _groups(array, axis: int, group: int):
+    """A 3-D view with `axis` (0 or 1) cut into `group` equal parts as a new axis before it:
+    (A, B, X) -> (group, A/group, B, X) or (A, group, B/group, X); a view, no copy."""
+    shape = array.shape
+    cut = shape[:axis] + (group, shape[axis] // group) + shape[axis + 1:]
+    strides = array.strides
+    cut_strides = (strides[:axis] + (strides[axis] * (shape[axis] // group), strides[axis])
+                   + strides[axis + 1:])
+    return np.lib.stride_tricks.as_strided(array, cut, cut_strides)
+
+
 def _gemm_tasks(geometry):
     """(k, group) for each of the positions * group GEMMs of a pass."""
     return [divmod(task, geometry.group) for task in range(geometry.positions * geometry.group)]
@@ -346,15 +357,18 @@ def forward(image, u, geometry, v, buffers, top, bias=None, runner=None):
     fill_input(image, geometry, v, buffers, runner)
     v = geometry.input_view(v)
     m = geometry.product_view(buffers("product", (geometry.product_elements(),)))
-    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     k16 = geometry.positions
     vk = v.reshape(v.shape[0], k16, -1)                     # (C, 16, N*P)
     mk = m.reshape(k16, geometry.num_output, -1)           # (16, O, N*P)
 
+    g = geometry.group
+    # mk[k, group j] = u[k, group j] @ vk[group j, k]: one stack of slices, checked once.
+    stack = GemmStack(_groups(u, 1, g), _groups(vk, 0, g).transpose(2, 0, 1, 3),
+                      _groups(mk, 1, g))
+
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
-            gemm_accumulate(u[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k],
-                            mk[k, j * og:(j + 1) * og], None, True)
+            stack((k, j), (k, j), (k, j), True)
 
     _sixteen_gemms(geometry, gemms, runner)
     loops = _loops(geometry.tile)
@@ -447,15 +461,18 @@ def transformed_weight_grad(dm, v, geometry, du, runner=None):
     """du (16, O, C/group) = dM[k] @ V[:, k]^T over all the tiles of the batch, per tile
     position k and group: one GEMM per (k, group), each on one BLAS thread. `v` is V's 1-D
     memory."""
-    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     v = geometry.input_view(v)
     vk = v.reshape(v.shape[0], geometry.positions, -1)
     mk = dm.reshape(geometry.positions, geometry.num_output, -1)
 
+    g = geometry.group
+    # du[k, group j] = mk[k, group j] @ vk[group j, k]^T
+    stack = GemmStack(_groups(mk, 1, g), _groups(vk, 0, g).transpose(2, 0, 3, 1),
+                      _groups(du, 1, g))
+
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
-            gemm_accumulate(mk[k, j * og:(j + 1) * og], vk[j * cg:(j + 1) * cg, k].T,
-                            du[k, j * og:(j + 1) * og], None, True)
+            stack((k, j), (k, j), (k, j), True)
 
     _sixteen_gemms(geometry, gemms, runner)
     return du
@@ -464,16 +481,19 @@ def transformed_weight_grad(dm, v, geometry, du, runner=None):
 def input_grad(dm, u, geometry, v, buffers, out, runner=None):
     """out (N, C, H, W) = the input gradient from dM and u (overwritten); V's 1-D memory `v`
     takes dV (16, C, N, P) on the way (its V is lost)."""
-    og, cg = geometry.num_output // geometry.group, geometry.image[1] // geometry.group
     c = geometry.image[1]
     mk = dm.reshape(geometry.positions, geometry.num_output, -1)
     dv4 = geometry.tile_grad_view(v)
     dv = dv4.reshape(geometry.positions, c, -1)
 
+    g = geometry.group
+    # dv[k, group j] = u[k, group j]^T @ mk[k, group j]
+    stack = GemmStack(_groups(u, 1, g).transpose(0, 1, 3, 2), _groups(mk, 1, g),
+                      _groups(dv, 1, g))
+
     def gemms(start, stop):
         for k, j in _gemm_tasks(geometry)[start:stop]:
-            gemm_accumulate(u[k, j * og:(j + 1) * og].T, mk[k, j * og:(j + 1) * og],
-                            dv[k, j * cg:(j + 1) * cg], None, True)
+            stack((k, j), (k, j), (k, j), True)
 
     _sixteen_gemms(geometry, gemms, runner)
     padded, columns = _fallback_buffers(geometry, buffers)

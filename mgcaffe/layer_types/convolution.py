@@ -25,7 +25,7 @@ from ..cpu.parallel import for_each_chunk, runner_or_default
 from ..errors import LayerError
 from ..fillers import fill_blob, filler_rng
 from ..kernels.cuda import im2col_pool as cuda_kernels
-from ..kernels.gemm import gemm_accumulate
+from ..kernels.gemm import GemmStack, gemm_accumulate
 from ..kernels.im2col import col2im, conv_output_size, im2col
 from ..kernels.sample_gemm import for_each_gemm
 from . import conv_fast_paths, conv_paths
@@ -361,10 +361,11 @@ class _ConvolutionBase(Layer):
         def blocks(start, stop):
             for first in range(start * block, min(width, stop * block), block):
                 cut = slice(first, min(width, first + block))
+                stack = GemmStack(diff4, columns[:, :, cut].transpose(0, 1, 3, 2),
+                                  grad[:, :, cut])
                 for s in range(n):
                     for k in range(g):
-                        gemm_accumulate(diff4[s, k], columns[s, k, cut].transpose(),
-                                        grad[k, :, cut], None, overwrite and s == 0)
+                        stack((s, k), (s, k), k, overwrite and s == 0)
             if n == 0 and overwrite:
                 grad[:, :, start * block:stop * block] = 0
 

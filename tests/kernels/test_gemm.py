@@ -76,3 +76,38 @@ def test_overwrite_ignores_the_old_values(strided):
                          np.empty(shape, np.float32), overwrite=True)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5)
     assert used == []  # no scratch: the product goes straight into c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_stack_gives_each_slice_the_bits_of_gemm_accumulate(dtype):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 2, 5, 6)).astype(dtype)
+    b = rng.standard_normal((3, 2, 7, 6)).astype(dtype).transpose(0, 1, 3, 2)  # column-major
+    c = rng.standard_normal((2, 3, 5, 7)).astype(dtype)
+    before = c.copy()
+    expected = c.copy()
+    stack = gemm.GemmStack(a, b, c.transpose(1, 0, 2, 3))  # c's slices indexed the other way
+    for i in range(3):
+        for j in range(2):
+            stack((i, j), (i, j), (i, j), overwrite=i == 1)
+            gemm.gemm_accumulate(a[i, j], b[i, j], expected[j, i], None, i == 1)
+    assert np.array_equal(c, expected)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for i, old in ((1, 0.0), (2, before[:, 2])):  # slice 1 overwritten, slice 2 accumulated
+        want = old + np.einsum("jmk,jkn->jmn", a[i].astype(np.float64), b[i].astype(np.float64))
+        np.testing.assert_allclose(c[:, i], want, rtol=tol, atol=tol)
+
+
+def test_a_stack_checks_its_slices_and_falls_back_where_the_blas_cannot_run():
+    a = np.ones((2, 3, 4), np.float32)
+    stack = gemm.GemmStack(a, np.ones((2, 4, 5), np.float32), np.zeros((2, 3, 5), np.float32))
+    with pytest.raises(IndexError, match=r"slice \(2,\)"):
+        stack(2, 0, 0)
+    with pytest.raises(IndexError, match="slice"):
+        stack((0, 0), 0, 0)
+    with pytest.raises(ValueError, match="slices"):
+        gemm.GemmStack(a, np.ones((2, 5, 5), np.float32), np.zeros((2, 3, 5), np.float32))
+    ci = np.zeros((2, 2, 2), np.int64)
+    ints = gemm.GemmStack(np.ones((2, 2, 3), np.int64), np.ones((1, 3, 2), np.int64), ci)
+    ints(1, 0, 1)
+    assert (ci[1] == 3).all() and (ci[0] == 0).all()

@@ -403,7 +403,8 @@ def report(results: dict, nets: list, engines: list, conditions: list, rounds: i
             gflops = flops[name] / (min(mg) / 1e3) / 1e9
             print(f"mgcaffe conv+ip (whole pass, best idle): {gflops:.1f} GFLOP/s = "
                   f"{gflops / rate:.2f} of the matmul rate")
-        own = [conv_ip_rate(results[name]["idle"].get(engine, []), flops[name],
+        idle_runs = results[name].get("idle", {})
+        own = [conv_ip_rate(idle_runs.get(engine, []), flops[name],
                             (gemm_layers or {}).get(name)) for engine in ("mgcaffe", "caffe")]
         if own[0]:
             caffe = f"; Caffe {own[1]:.1f} = {own[1] / rate:.2f}" if own[1] else ""

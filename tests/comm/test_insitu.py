@@ -158,7 +158,7 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
             executor = solver.gradient_sync.executor
             work, last = 0.0, time.perf_counter()
             while work < WORK:
-                busy = executor._reducing is not None
+                busy = executor.in_flight
                 time.sleep(0.0005)
                 now = time.perf_counter()
                 work += (now - last) / (1 + RHO) if busy else now - last

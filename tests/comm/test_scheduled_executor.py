@@ -14,7 +14,7 @@ from comm_fakes import FakeNet, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
-from mgcaffe.comm.runtime.scheduled import ScheduledExecutor
+from mgcaffe.comm.runtime.executor import GradientExecutor as ScheduledExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
 

@@ -14,13 +14,22 @@ the compute stream. The gradient path (the executor's communication thread) uses
                                 #   records event k on the compute (current) stream
     comm.wait_ready(k)          # communication thread: the NCCL stream waits on event k
     comm.pack(pairs)            #   copies diffs into the group's buffer, on the NCCL stream
-    comm.allreduce_sum_async(buf)   # the group's all-reduce, queued on the NCCL stream
+    comm.allreduce_sum_async(buf)   # a message's all-reduce, queued on the NCCL stream
+    comm.reduce_scatter_sum_async(buf), comm.allgather_blocks_async(buf)   # or its halves
     comm.unpack(pairs, divisor) #   buffer / divisor back into the diffs, on the NCCL stream
-    comm.synchronize(what)      # once per iteration: waits for the NCCL stream
+    comm.mark_done(k)           # a plan that updates per layer: event "k is final" on the
+    comm.wait_done(k)           #   NCCL stream; main thread: the compute stream waits on it
+    comm.synchronize(what)      # once per iteration, on the communication thread
 
 so no host synchronisation happens per layer: the host only queues work, and the GPU orders
 it through the events. `allreduce_sum(buf)` (the Communicator interface) is the same
-all-reduce followed by `synchronize`.
+all-reduce followed by `synchronize`, and so are `reduce_scatter_sum`, `allgather_blocks`.
+
+The halves: NCCL's reduce-scatter and all-gather work on equal blocks, so rank r's block of
+an n-element buffer is [r * n // size, (r + 1) * n // size) of its first size * (n // size)
+elements (`nccl_blocks`), each collective in place; the last n % size elements (fewer than
+the ranks) are all-reduced whole with the reduce-scatter. The pair leaves the sum everywhere,
+as the Communicator interface asks.
 
 Host buffers (numpy arrays: the per-iteration flags of `any_true`, start-up agreements) and
 every other collective (broadcast of objects, allgather, barrier) go through the host
@@ -51,8 +60,8 @@ from ...errors import CommError, MgcaffeError
 from .communicator import Communicator
 from .mpi import MpiCommunicator, _import_mpi
 
-__all__ = ["NcclCommunicator", "gpu_identities", "local_gpu", "local_views", "node_local_rank",
-           "poll_until_done", "select_gpu"]
+__all__ = ["NcclCommunicator", "gpu_identities", "local_gpu", "local_views", "nccl_blocks",
+           "node_local_rank", "poll_until_done", "select_gpu"]
 
 log = logging.getLogger("mgcaffe.comm")
 
@@ -161,6 +170,13 @@ def local_gpu(host: Communicator, devices: Sequence[int] | None = None
     return gpu, local_rank, local_size
 
 
+def nccl_blocks(elements: int, size: int) -> tuple[int, int]:
+    """(elements per rank's block, the tail all-reduced whole) of a reduce-scatter or
+    all-gather of `elements` over `size` ranks (module docstring)."""
+    block = elements // size
+    return block, elements - block * size
+
+
 def gpu_identities(cupy, count: int) -> list[str]:
     """The PCI bus id of each visible GPU (no context needed): what tells whether two ranks
     see the same physical GPU under different ordinals."""
@@ -245,6 +261,7 @@ class NcclCommunicator(Communicator):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._done = cupy.cuda.Event(block=False, disable_timing=True)
         self._ready: dict[int, Any] = {}
+        self._final: dict[int, Any] = {}
         self._dtypes = {np.dtype(np.float32): self._nccl.NCCL_FLOAT32,
                         np.dtype(np.float64): self._nccl.NCCL_FLOAT64}
         if self.rank == 0:
@@ -366,6 +383,24 @@ class NcclCommunicator(Communicator):
                             f"(mark_ready({k}) must come first)")
         self.stream.wait_event(event)
 
+    def mark_done(self, k: int) -> None:
+        """Communication thread: layer k's final gradient is queued on the NCCL stream;
+        record event k there (reused every iteration, as `mark_ready`'s)."""
+        event = self._final.get(k)
+        if event is None:
+            self._use_device()
+            event = self._final[k] = self._cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
+
+    def wait_done(self, k: int) -> None:
+        """Main thread: work queued on the current (compute) stream from now on waits for
+        layer k's final gradient, on the device."""
+        event = self._final.get(k)
+        if event is None:
+            raise CommError(f"{self._where()}: layer {k} was never marked done "
+                            f"(mark_done({k}) must come first)")
+        self._cupy.cuda.get_current_stream().wait_event(event)
+
     def pack(self, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Copy each (destination, source) pair on the NCCL stream: diffs into the buffer."""
         cupy = self._cupy
@@ -393,6 +428,31 @@ class NcclCommunicator(Communicator):
         ptr, count, stream = buf.data.ptr, int(buf.size), self.stream.ptr
         self._nccl_call(f"all-reduce of {buf.nbytes} bytes", lambda comm: comm.allReduce(
             ptr, ptr, count, dtype, self._nccl.NCCL_SUM, stream))
+
+    def reduce_scatter_sum_async(self, buf) -> None:
+        """Queue the first half of the in-place all-reduce of `buf` on the NCCL stream: this
+        rank's block summed (and the tail whole; module docstring); returns at once."""
+        dtype = self._check_device_buffer(buf, "reduce-scatter buffer")
+        block, tail = nccl_blocks(int(buf.size), self.size)
+        ptr, item, stream = buf.data.ptr, buf.itemsize, self.stream.ptr
+        what = f"reduce-scatter of {buf.nbytes} bytes"
+        if block:  # in place: the receive buffer is this rank's block of the send buffer
+            self._nccl_call(what, lambda comm: comm.reduceScatter(
+                ptr, ptr + self.rank * block * item, block, dtype, self._nccl.NCCL_SUM, stream))
+        if tail:
+            start = ptr + block * self.size * item
+            self._nccl_call(what, lambda comm: comm.allReduce(
+                start, start, tail, dtype, self._nccl.NCCL_SUM, stream))
+
+    def allgather_blocks_async(self, buf) -> None:
+        """Queue the second half on the NCCL stream: every rank's block to every rank."""
+        dtype = self._check_device_buffer(buf, "all-gather buffer")
+        block, _ = nccl_blocks(int(buf.size), self.size)
+        if not block:
+            return
+        ptr, item, stream = buf.data.ptr, buf.itemsize, self.stream.ptr
+        self._nccl_call(f"all-gather of {buf.nbytes} bytes", lambda comm: comm.allGather(
+            ptr + self.rank * block * item, ptr, block, dtype, stream))
 
     def synchronize(self, what: str = "NCCL stream work", timeout: float | None = None) -> None:
         """Wait until everything queued on the NCCL stream is done, polling NCCL's
@@ -426,6 +486,23 @@ class NcclCommunicator(Communicator):
             return
         self.allreduce_sum_async(buf)
         self.synchronize(f"all-reduce of {buf.nbytes} bytes")
+
+    def reduce_scatter_sum(self, buf) -> None:
+        """The first half of an all-reduce (module docstring): a CuPy array with NCCL
+        (returns when done), a numpy array through the host communicator."""
+        if isinstance(buf, np.ndarray):
+            self.host.reduce_scatter_sum(buf)
+            return
+        self.reduce_scatter_sum_async(buf)
+        self.synchronize(f"reduce-scatter of {buf.nbytes} bytes")
+
+    def allgather_blocks(self, buf) -> None:
+        """The second half, as `reduce_scatter_sum`."""
+        if isinstance(buf, np.ndarray):
+            self.host.allgather_blocks(buf)
+            return
+        self.allgather_blocks_async(buf)
+        self.synchronize(f"all-gather of {buf.nbytes} bytes")
 
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         """Root's `obj` everywhere: a CuPy array in place with NCCL, anything else through

@@ -1,5 +1,6 @@
 """Which communicator carries the gradients: NCCL on GPUs, MPI, or MPI under an emulated
-network. A collective where it must agree (NCCL is used only when every rank can load it)."""
+network. A collective where it must agree (NCCL is used only when every rank can load it);
+`executor_comm`: the communication thread's own ordering of it."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ def gradient_channel(base: Communicator, device: Any, options: Options,
     if rank == 0:  # asked for: information, not a warning
         log.info("%s [from %s]", emulated.describe(), options.emulate_network)
     return GradientChannel(emulated, cost)
+
+
+def executor_comm(comm: Communicator, overlaps_forward: bool) -> Communicator:
+    """The communicator the communication thread issues its collectives on (a collective
+    where it duplicates). A plan that updates per layer (`overlaps_forward`) has the thread's
+    work run on beside the main thread's agreements, so they must not share an ordering: a
+    duplicate of a host communicator (MPI_Comm_dup). A barrier plan's thread is idle while
+    the main thread agrees, and NCCL's device collectives are that thread's alone (the
+    agreements go through the host communicator): `comm` as it is."""
+    if not overlaps_forward or getattr(comm, "device_streams", False):
+        return comm
+    return comm.duplicate()
 
 
 def _use_nccl(base: Communicator, device: Any, options: Options, guard: Guard) -> bool:

@@ -1,11 +1,8 @@
 """Training with a schedule that overlaps the next forward pass (`overlap`, `bytescheduler`,
-`dear`, or a saved plan with a schedule): what the trainer needs beyond the merge planner's.
+`dear`, or a saved plan with a schedule): what its profile needs beyond the merge planner's.
+The communication thread is the same for every plan (comm/runtime/executor.py).
 
-- `scheduled_executor`: the communication thread that runs the plan's sequence of parts
-  (comm/runtime/scheduled.py), on a duplicate of the gradients' communicator: its messages of
-  one iteration run on beside the next forward, while the main thread agrees with the other
-  ranks on stop and snapshot requests, so the two must not share an ordering. Host gradients
-  only (a GPU rank gets a one-line error naming the schemes that do run there).
+- `plans_a_schedule`: whether the run plans (or was given) a schedule.
 - `ForwardShape`: the per-layer forward and update times the schedule's plan needs
   (`LayerProfile.forward_time`, `update_time`), measured on the same profiled iterations as
   the backward times: each learnable layer's forward from its step's start to the next
@@ -22,33 +19,21 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from ...errors import CommError
-from ..backends.communicator import Communicator
 from ..model.profile import Profile
 from ..model.schemes import scheme_named
-from ..runtime.scheduled import ScheduledExecutor
 
-__all__ = ["ForwardShape", "runs_a_schedule", "scheduled_executor"]
+__all__ = ["ForwardShape", "plans_a_schedule"]
 
 
-def runs_a_schedule(scheme: str | None, plan: Any) -> bool:
-    """Whether training runs a schedule: the scheme makes one, or a given plan holds one."""
+def plans_a_schedule(scheme: str | None, plan: Any) -> bool:
+    """Whether training runs a schedule: the scheme makes one, or a given plan holds one
+    (its profile then measures each layer's forward and update: `ForwardShape`)."""
     if getattr(plan, "schedule", None) is not None:
         return True
     try:
         return scheme is not None and scheme_named(scheme).schedule is not None
     except Exception:  # noqa: BLE001 - a hand-made plan's label: the plan decides
         return False
-
-
-def scheduled_executor(net: Any, plan: Any, comm: Communicator, device: Any, scheme: str,
-                       **options: Any) -> ScheduledExecutor:
-    """The executor of a scheduled plan over a duplicate of `comm` (a collective)."""
-    if getattr(device, "kind", "cpu") == "gpu":
-        raise CommError(f"rank {comm.rank}: --comm={scheme} sends parts of the gradients from "
-                        f"host memory and updates layer by layer; on GPUs train with "
-                        f"mgwfbp, wfbp, synceasgd, mgwfbp-paper or threshold")
-    return ScheduledExecutor.from_net(net, plan, comm.duplicate(), **options)
 
 
 class ForwardShape:

@@ -11,7 +11,7 @@ import numpy as np
 from ...backend import to_host
 from ...errors import CommError
 from ..backends.communicator import Communicator
-from ..runtime.executor import check_plan_layers
+from ..runtime.layout import check_plan_layers
 
 __all__ = ["agree_on_layers_and_plan", "benchmark_sizes", "broadcast_parameters",
            "describe_groups", "describe_plan", "describe_profile", "learnable_summary",

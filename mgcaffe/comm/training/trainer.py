@@ -16,9 +16,10 @@ How `mgcaffe train` uses it (see docs/distributed.md):
 2. gets T_ar(M) (cost_source.py: a network file, the emulation, or measured at start-up);
 3. gets the plan and keeps it up to date (replanner.py: given, or profiled at start-up and
    re-planned once after warm-up, every rank switching between the same two iterations);
-4. starts the communication thread (`GradientExecutor`; for a plan with a schedule, which
-   also overlaps the next forward, `ScheduledExecutor` on a duplicate communicator: see
-   overlap.py) and hooks into the solver.
+4. starts the communication thread (`GradientExecutor`, one for every plan; a schedule's
+   overlaps the next forward, on a communicator of its own: `executor_comm`) and hooks into
+   the solver; a scheme that plans a schedule also has the profile measure each layer's
+   forward and update (overlap.py).
 
 Each iteration every rank then OR-s its stop/snapshot requests with the others' (one tiny
 all-reduce), so all stop or snapshot at the same iteration, and every `--check-sync K`
@@ -47,11 +48,11 @@ from ..runtime.trace import COMPUTE, Tracer, merge_traces, save_trace
 from .agreement import agree_on_settings, settings_of
 from .cost_source import run_cost
 from .faults import LeaveGuard, Watchdog, check_in_sync
-from .gradient_comm import gradient_channel
+from .gradient_comm import executor_comm, gradient_channel
 from .liveness import start_liveness
 from .notices import likely_causes, overrun_warning
 from .options import COMM_MODES, MERGES, Options, add_arguments, options_from, wanted
-from .overlap import ForwardShape, runs_a_schedule, scheduled_executor
+from .overlap import ForwardShape, plans_a_schedule
 from .replanner import Learnables, Replanner
 from .requests import NONE as _SOLVER_ACTION_NONE
 from .requests import STOPS, agree_on_requests
@@ -165,14 +166,13 @@ class DistributedTraining:
                         self._guard, channel.emulated_cost, net.xp if on_device else np)
         self.replanner = Replanner(comm, o, Learnables(net.name, self.names, self.counts,
                                                        net.dtype.itemsize), cost, self._guard)
-        if runs_a_schedule(o.scheme, None) and not o.plan and solver.per_layer_blockers():
+        if plans_a_schedule(o.scheme, None) and not o.plan and solver.per_layer_blockers():
             self.replanner.scheme = "mgwfbp"
             if self.rank == 0:
                 log.info("--comm=%s updates each layer before its next forward, but this "
                          "solver updates after every gradient (%s): training mgwfbp's plan "
                          "instead", o.scheme, "; ".join(solver.per_layer_blockers()))
         provisional = self.replanner.initial_plan()
-        self.scheduled = runs_a_schedule(self.replanner.scheme, self.replanner.plan)
         with self._guard("agreement on the plan and the learnable layers"):
             agree_on_layers_and_plan(comm, self.names, self.counts, provisional)
         # On a GPU, layer times need the device to finish first (kernels are asynchronous).
@@ -184,14 +184,13 @@ class DistributedTraining:
             flatten_gradients(net)
         run = dict(timeout=o.timeout, tracer=self.tracer, watchdog=self.watchdog,
                    in_place=not o.pack_gradients, thread_nice=o.thread_nice)
-        if self.scheduled:
-            with self._guard("duplicating the gradients' communicator"):
-                self.executor = scheduled_executor(net, provisional, self.comm, solver.device,
-                                                   self.replanner.scheme, **run)
+        schedule = plans_a_schedule(self.replanner.scheme, self.replanner.plan)
+        with self._guard("a communicator of the communication thread's own"):
+            self.executor = GradientExecutor.from_net(
+                net, provisional, executor_comm(self.comm, overlaps_forward=schedule), **run)
+        if schedule:
             self.replanner.shape = ForwardShape(net)
             solver.update_times = [0.0] * len(self.names)
-        else:
-            self.executor = GradientExecutor.from_net(net, provisional, self.comm, **run)
         self.replanner.start(self.executor, self.timer, keep_timer=self.tracer is not None)
         if self.rank == 0:
             log.debug("%s", describe_gradient_buffer(self.executor))
@@ -335,8 +334,7 @@ class DistributedTraining:
         if self.replanner.may_switch(it) or (k and it % k == 0 and self.size > 1):
             solver.finish_updates()  # the thread's work of this iteration done, weights final
         updates = solver.update_times
-        gates = ({k: w + (updates[k - 1] if updates else 0.0) for k, w in self._gates.items()}
-                 if self.scheduled else {})
+        gates = {k: w + (updates[k - 1] if updates else 0.0) for k, w in self._gates.items()}
         if self.replanner.after_iteration(it, self._ready, gates, updates, self.periods,
                                           self._closing_times()):
             self.grad_times.clear()  # measured against the new plan's prediction from here on
@@ -463,7 +461,7 @@ class DistributedTraining:
         if self.rank == 0:
             self.report()
         # the gradients' communicator: a scheduled plan's executor has a duplicate of its own
-        emulated = getattr(self.executor, "comm", self.comm)
+        emulated = self.executor.comm
         if getattr(emulated, "padded_s", None) is not None and self.rank == 0:
             log.info("EMULATION: slept %.3f s in %d all-reduces to match the modelled network",
                      emulated.padded_s, emulated.calls)

@@ -1,24 +1,14 @@
 """The Solver: builds the train and test nets and runs Caffe's training loop.
 
 One iteration (docs/design.md, "Solver contract"): clear parameter diffs, iter_size x
-`net.forward_backward` (the last one passes `gradient_sync.on_learnable_done`),
-`gradient_sync.wait()`, check the loss and gradients are finite, then `apply_update()`
-(the subclass's rule: clip, normalise by iter_size, regularise, compute the update value,
-`net.update()`). Testing, display, snapshots and stop requests happen where Caffe's
-Solver::Step does them, with Caffe's log lines.
-
-Non-finite values: the loss (a host float already) is checked every iteration; the
-gradients are checked every iteration through one fused reduction, the global sum of
-squared diffs, which gradient clipping needs anyway (one dot product per parameter blob and
-one device-to-host copy per iteration; cheap next to forward/backward). Only when it is not
-finite are the blobs scanned one by one to name the layer.
-
-A gradient sync that reduces layer by layer (`per_layer` true, `wait_layer(k)`) lets the
-update of each layer wait until the next forward needs it (solvers/per_layer.py): the
-solver then skips `wait()`, takes the rate where Caffe's update runs, and the net's gate
-updates layer k right before the first forward that reads its parameters. A setting that
-needs every gradient first (clip_gradients, debug_info, an on_gradients_ready callback)
-keeps the update after `wait()`, said once in the log.
+`net.forward_backward` (the last one passes `gradient_sync.on_learnable_done`), then the
+iteration's update mode (update_mode.py): Caffe's barrier (`gradient_sync.wait()`, check the
+gradients are finite, `apply_update()`: the subclass's rule: clip, normalise by iter_size,
+regularise, compute the update value, `net.update()`), or, with a gradient sync that reduces
+layer by layer, each layer's update right before the next forward reads it. Testing,
+display, snapshots and stop requests happen where Caffe's Solver::Step does them, with
+Caffe's log lines. The loss and the gradients are checked for non-finite values every
+iteration (finite.py).
 
 Outside control (the distributed trainer, signals) plugs in without the solver knowing it:
 `action_function()` returns a SolverAction after each iteration (Caffe's
@@ -34,7 +24,6 @@ the iteration's clear may then stay lazy (Net.clear_param_diffs_for_pass).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from typing import Any, ClassVar
@@ -51,12 +40,12 @@ from ..layer_types.choice.rules import LayerRules
 from ..net import Net
 from ..net.weights import report_initialised, weights_bytes
 from ..proto import caffe_pb2
-from . import data_position, progress
+from . import data_position, finite, progress
 from . import snapshot as snap
 from .actions import SolverAction
 from .lr_policy import learning_rate
 from .params import check_solver_param, load_solver_param, resolve_net_path
-from .per_layer import PerLayerUpdate, blockers
+from .update_mode import UpdateMode, blockers
 
 log = logging.getLogger("mgcaffe.solvers")
 
@@ -143,9 +132,8 @@ class Solver:
         self._update_iter: int | None = None  # the iteration whose update is being applied
         # seconds of the latest update per learnable layer, when a list (the profile's)
         self.update_times: list[float] | None = None
-        self._per_layer: PerLayerUpdate | None = None  # a pending per-layer update
-        self._waits_per_layer = False  # this iteration updates layer by layer
-        self._barrier_said = False  # the log has said why updates wait for every gradient
+        #: barrier or per layer, chosen each iteration (update_mode.py)
+        self.update_mode = UpdateMode(self)
         # Every rank gets the same seed, so that initial weights agree without a broadcast
         # (Caffe adds the rank and broadcasts rank 0's weights instead). Without a
         # random_seed the ranks' fillers differ and the trainer must broadcast.
@@ -344,11 +332,7 @@ class Solver:
             for hook in self.iteration_hooks:
                 if hasattr(hook, "gradients_ready"):
                     hook.gradients_ready(self)
-            if self._waits_per_layer:
-                self._per_layer_update().begin(self.gradient_sync)
-            else:
-                self._check_gradients()
-                self.apply_update()
+            self.update_mode.current.update(self.gradient_sync)
             # iter counts the updates made, as in Caffe.
             self.iter += 1
             for hook in self.iteration_hooks:
@@ -382,59 +366,36 @@ class Solver:
         """Make `net` use this solver's train-net weights (pycaffe's solver.share_weights)."""
         net.share_weights(self.net)
 
-    # -- per-layer updates (solvers/per_layer.py) -----------------------------------------
+    # -- the update mode (update_mode.py) ----------------------------------------------
     @property
     def updates_pending(self) -> bool:
         """Whether some layer's update of the last iteration still waits for its forward."""
-        return self._per_layer is not None and self._per_layer.active
+        return self.update_mode.pending
 
     @property
     def updates_per_layer(self) -> bool:
         """Whether the latest iteration's update waits, layer by layer, for the next forward."""
-        return self._waits_per_layer
+        return self.update_mode.current.per_layer
 
     def finish_updates(self) -> None:
         """Apply every pending per-layer update now (before a test, a snapshot, the end)."""
-        if self._per_layer is not None:
-            self._per_layer.finish()
+        self.update_mode.finish()
 
     def per_layer_blockers(self) -> list[str]:
         """Why this solver cannot update layer by layer ([]: it can)."""
         return blockers(self)
 
-    def _per_layer_update(self) -> PerLayerUpdate:
-        if self._per_layer is None:
-            self._per_layer = PerLayerUpdate(self)
-        return self._per_layer
-
-    def _decide_per_layer(self) -> bool:
-        """This iteration's choice: per layer when the sync offers it and nothing needs every
-        gradient first (said once in the log otherwise)."""
-        sync = self.gradient_sync
-        if sync is None or not getattr(sync, "per_layer", False):
-            return False
-        reasons = self.per_layer_blockers()
-        if reasons and not self._barrier_said:
-            self._barrier_said = True
-            log.info("Updating after every gradient is reduced, not layer by layer: %s",
-                     "; ".join(reasons))
-        return not reasons
-
     def _forward_backward(self) -> float:
         n = self.param.iter_size
         sync = self.gradient_sync
         loss = 0.0
-        self._waits_per_layer = self._decide_per_layer()
+        mode = self.update_mode.choose()
         for i in range(n):
             hook = sync.on_learnable_done if sync is not None and i == n - 1 else None
             loss += self.net.forward_backward(on_learnable_done=hook)
-        if sync is not None and not self._waits_per_layer:
-            sync.wait()
+        mode.after_backward(sync)
         loss /= n
-        if not math.isfinite(loss):
-            raise SolverError(f"iteration {self.iter}: the loss is {loss} "
-                              f"({self._first_bad_output()}); training stopped, earlier "
-                              "snapshots are untouched")
+        finite.check_loss(loss, self.net, self.iter)
         return loss
 
     def _requested_action(self) -> str:
@@ -457,57 +418,10 @@ class Solver:
             self._smoothed_loss += (loss - self._losses[idx]) / n
             self._losses[idx] = loss
 
-    # -- non-finite values ----------------------------------------------------------------
-    def _first_bad_output(self) -> str:
-        """Where the first non-finite activation is, scanning layers in forward order."""
-        xp = self.net.xp
-        for name, tops in self.net.top_names.items():
-            for top in tops:
-                if not bool(xp.isfinite(self.net.blobs[top].data).all()):
-                    return f"first non-finite output: layer {name!r}, top {top!r}"
-        return "no layer output is non-finite"
-
     def gradient_sumsq(self, ids=None) -> float:
         """Sum of squares of every learnable parameter diff, or of those `ids` index (one
         host transfer)."""
-        xp = self.net.xp
-        total = None
-        blobs = self.net.learnable_params
-        # Overflow to inf is handled by the caller; numpy need not warn about it.
-        with np.errstate(over="ignore", invalid="ignore"):
-            for blob in blobs if ids is None else [blobs[i] for i in ids]:
-                d = blob.diff.ravel()
-                s = xp.dot(d, d)
-                total = s if total is None else total + s
-            return 0.0 if total is None else float(total)
-
-    def _check_gradients(self) -> None:
-        self._sumsq = self.gradient_sumsq()
-        if math.isfinite(self._sumsq):
-            return
-        xp = self.net.xp
-        bad = [i for i, b in enumerate(self.net.learnable_params)
-               if not bool(xp.isfinite(b.diff).all())]
-        if not bad:
-            # Finite values whose float32 squares overflowed: recompute in float64.
-            self._sumsq = sum(float((to_host(b.diff).astype(np.float64) ** 2).sum())
-                              for b in self.net.learnable_params)
-            return
-        raise SolverError(f"iteration {self.iter}: non-finite gradient in layer "
-                          f"{self._layer_of_param(bad)!r} (the first in backward order; "
-                          f"{len(bad)} parameter blob(s) affected); training stopped, "
-                          "earlier snapshots are untouched")
-
-    def _layer_of_param(self, bad: list[int]) -> str:
-        bad_set = set(bad)
-        for layer in reversed(self.net.learnable_layers):
-            if bad_set & set(layer.param_ids):
-                return layer.name
-        wanted = {id(self.net.learnable_params[i]) for i in bad}
-        for name in reversed(list(self.net.params)):
-            if any(id(b) in wanted for b in self.net.params[name]):
-                return name
-        return f"learnable parameter #{bad[0]}"
+        return finite.gradient_sumsq(self.net, ids)
 
     # -- the update (subclasses) ----------------------------------------------------------
     def apply_update(self) -> None:

@@ -126,7 +126,8 @@ def test_the_update_of_the_last_iteration_is_pending_until_the_next_forward(tmp_
     sync = LayerSync()
     s = solver(tmp_path, "SGD", name="pending", gradient_sync=sync)
     s._forward_backward()
-    s._per_layer_update().begin(sync)
+    assert s.updates_per_layer  # this iteration's mode: per layer
+    s.update_mode.current.update(sync)
     assert s.updates_pending
     owned = [i for layer in s.net.learnable_layers for i in layer.param_ids]
     before = weights(s)

@@ -353,17 +353,21 @@ _NCCL_TYPES = {0: None, 7: np.float32, 8: np.float64}  # NCCL's codes for float3
 
 def make_nccl_namespace(state: State) -> dict:
     """The NCCL double: ranks of one world are threads of this process (joined by the
-    unique id) or, under MPI, the processes of MPI_COMM_WORLD (the sum through MPI)."""
+    unique id) or, under MPI, the processes of MPI_COMM_WORLD (the sums through a duplicate
+    of it: NCCL's collectives are ordered apart from the host communicator's, as a real
+    NCCL communicator's are)."""
 
     class NcclCommunicator:
-        """ncclComm: `allReduce`, `bcast` on device pointers, `check_async_error`,
-        `abort`, `destroy`."""
+        """ncclComm: `allReduce`, `reduceScatter`, `allGather`, `bcast` on device pointers
+        (in place where NCCL allows it: the receive buffer this rank's block of the send
+        buffer, or the other way round), `check_async_error`, `abort`, `destroy`."""
 
         def __init__(self, ndev: int, commId, rank: int):
             self._size, self._rank = int(ndev), int(rank)
             self.device_id = state.current_device()
             state.counters.context(self.device_id)
-            self._mpi = _mpi_world(self._size)
+            world = _mpi_world(self._size)
+            self._mpi = world.Dup() if world is not None else None
             if self._mpi is None:
                 with state.lock:
                     world = state.nccl_worlds.setdefault(bytes(commId), {
@@ -403,6 +407,27 @@ def make_nccl_namespace(state: State) -> dict:
                 self._mpi.Allreduce(data, recv, op=MPI.SUM)
                 return
             self._exchange(send.copy(), lambda parts: np.sum(parts, axis=0), recv)
+
+        def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
+            self._launch("reduceScatter", stream)
+            send = self._view(sendbuf, recvcount * self._size, datatype).copy()
+            recv = self._view(recvbuf, recvcount, datatype)
+            if self._mpi is not None:
+                from mpi4py import MPI  # noqa: PLC0415 - only under mpiexec
+
+                self._mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+                return
+            block = slice(self._rank * recvcount, (self._rank + 1) * recvcount)
+            self._exchange(send, lambda parts: np.sum(parts, axis=0)[block], recv)
+
+        def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+            self._launch("allGather", stream)
+            send = self._view(sendbuf, count, datatype).copy()
+            recv = self._view(recvbuf, count * self._size, datatype)
+            if self._mpi is not None:
+                self._mpi.Allgather(send, recv)
+                return
+            self._exchange(send, np.concatenate, recv)
 
         def bcast(self, buff, count, datatype, root, stream):
             self._launch("bcast", stream)

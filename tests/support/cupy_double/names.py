@@ -46,7 +46,8 @@ INSTANCE_NAMES = {
     "cupy.cuda.Event": ["ptr"],
     "cupy.cuda.nccl": ["NcclCommunicator", "NcclError", "get_unique_id", "get_version",
                        "NCCL_FLOAT32", "NCCL_FLOAT64", "NCCL_SUM", "available"],
-    "cupy.cuda.nccl.NcclCommunicator": ["allReduce", "bcast", "abort", "destroy",
+    "cupy.cuda.nccl.NcclCommunicator": ["allReduce", "reduceScatter", "allGather", "bcast",
+                                        "abort", "destroy",
                                         "check_async_error", "rank_id", "size", "device_id"],
 }
 

@@ -1,6 +1,8 @@
 """The GPU engine on the CuPy double, in CI: every layer type forward and backward against the
 CPU, every solver, snapshots both ways, `train --gpu 0` on the digits net, and two ranks with
-the GPU communication path (NCCL replaced by the double's all-reduce)."""
+the GPU communication path (NCCL replaced by the double's collectives): `mpiexec -n 2 mgcaffe
+train --gpu all --comm S` ends with the weights of one process with the combined batch
+(every scheme and solver type in-process: test_double_training.py)."""
 
 from __future__ import annotations
 
@@ -152,6 +154,30 @@ def digits(tmp_path_factory):
     return root, solver
 
 
+def digits_solver(digits, folder: Path, batch: int, max_iter: int) -> Path:
+    """The digits net at `batch` per process, snapshotting its weights into `folder`."""
+    root, _ = digits
+    net = folder / f"net_b{batch}.prototxt"
+    text = (REPO / "models" / "digits" / "train_test.prototxt").read_text()
+    net.write_text(text.replace("data/digits/", f"{root}/data/")
+                   .replace("batch_size: 64", f"batch_size: {batch}"))
+    path = folder / f"solver_b{batch}.prototxt"
+    path.write_text(f'net: "{net}"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n'
+                    f'lr_policy: "inv"\ngamma: 0.0001\npower: 0.75\ndisplay: 0\n'
+                    f'max_iter: {max_iter}\nrandom_seed: 1701\ntype: "SGD"\n'
+                    f'snapshot_after_train: true\n'
+                    f'snapshot_prefix: "{folder}/snap"\n')
+    return path
+
+
+def caffemodel_weights(path: Path) -> list[np.ndarray]:
+    from mgcaffe.proto import caffe_pb2
+
+    model = caffe_pb2.NetParameter()
+    model.ParseFromString(path.read_bytes())
+    return [np.asarray(b.data, np.float32) for layer in model.layer for b in layer.blobs]
+
+
 def double_command(counts: Path, *args, devices: int = 1) -> list[str]:
     return [sys.executable, "-m", "cupy_double", "--devices", str(devices),
             "--counts", str(counts), "-m", "mgcaffe", *map(str, args)]
@@ -190,6 +216,42 @@ def test_two_ranks_on_the_gpu_path_with_the_nccl_double(digits, tmp_path):
         nccl = [s for s in c["launches_by_stream"] if s.startswith("stream")]
         assert nccl, c["launches_by_stream"]  # the all-reduces ran on a stream of their own
         assert c["contexts"] == [rank], c  # each rank touches its own GPU only
+
+
+@pytest.fixture(scope="module")
+def combined_batch(digits, tmp_path_factory):
+    """One GPU process on the double, the two ranks' combined batch of 16: its weights."""
+    folder = tmp_path_factory.mktemp("combined")
+    proc = subprocess.run(double_command(folder / "counts.json", "train", "--solver",
+                                         digits_solver(digits, folder, 16, 6), "--gpu", 0),
+                          capture_output=True, text=True, timeout=240, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return caffemodel_weights(folder / "snap_iter_6.caffemodel")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme", ["overlap", "dear", "mgwfbp"])
+def test_mpiexec_train_gpu_all_matches_one_process_with_the_combined_batch(
+        digits, combined_batch, tmp_path, scheme):
+    """A scheduled scheme on GPUs: parts of the gradients reduced on NCCL's stream, each
+    layer updated on the device right before its next forward."""
+    from comm_fakes import given_network, mpiexec
+
+    counts = tmp_path / "counts{rank}.json"
+    proc = subprocess.run([mpiexec(), "-n", "2", *double_command(
+        counts, "train", "--solver", digits_solver(digits, tmp_path, 8, 6), "--gpu", "all",
+        "--comm", scheme, "--network", given_network(tmp_path), "--profile-iters", 2,
+        devices=2)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"by plan {scheme}" in proc.stderr  # the closing line: the scheme's plan trained
+    got = caffemodel_weights(tmp_path / "snap_iter_6.caffemodel")
+    for a, b in zip(got, combined_batch, strict=True):
+        assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
+    for rank in (0, 1):
+        c = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        assert c["contexts"] == [rank]  # each rank touches its own GPU only
+        assert any(s.startswith("stream") for s in c["launches_by_stream"])
 
 
 def test_pycaffe_assignment_of_numpy_arrays_into_device_blobs(double, tmp_path):

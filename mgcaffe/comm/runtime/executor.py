@@ -109,7 +109,10 @@ class GradientExecutor:
 
     # ------------------------------------------------------------------ the plan
     def _compile(self, plan: Any) -> Program:
-        return compile_plan(plan, self.layout, self.path.packing, self._in_place)
+        program = compile_plan(plan, self.layout, self.path.packing, self._in_place)
+        # buffers are made here, on the main thread: its device is the rank's
+        self.path.scratch(program.scratch)
+        return program
 
     def set_plan(self, plan: Any) -> None:
         """Use `plan` from the next iteration on (between iterations only: after wait(), or

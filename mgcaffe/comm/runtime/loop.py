@@ -116,6 +116,7 @@ class CommThread:
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
         try:
+            self.path.enter_thread()
             while True:
                 k = self._next_id()
                 if k == STOP:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ...backend import get_array_module
+from ...backend import get_array_module, is_device_array
 from ...errors import CommError
 from ..backends.communicator import Communicator
 from .layout import GradientLayout, Run, Segment
@@ -75,12 +75,17 @@ class DataPath:
         return self._buffer
 
     def scratch(self, elements: int) -> Any:
-        """A buffer for runs whose parts do not lie side by side; grown, never shrunk."""
+        """A buffer for runs whose parts do not lie side by side; grown, never shrunk (the
+        executor grows it for each plan on the main thread, whose device is the rank's)."""
         if self._scratch is None or self._scratch.size < elements:
             self._scratch = self._zeros(elements)
         return self._scratch[:elements]
 
     # -- the gradient path
+    def enter_thread(self) -> None:
+        """The communication thread's first call: a device path makes the rank's device the
+        thread's current one, once (a thread starts on device 0)."""
+
     def mark_ready(self, k: int) -> None:
         """Main thread: layer k's gradient is computed (nothing to record on the host)."""
 
@@ -139,16 +144,28 @@ class DataPath:
 HostPath = DataPath
 
 
-class StagedPath(DataPath):
-    """Device diffs reduced on the host through pinned memory (staging.py)."""
+class _DevicePath(DataPath):
+    """What both device paths share: the diffs' device, current on the thread."""
 
-    name = "staged"
     defers = False
 
     def __init__(self, comm: Communicator, layout: GradientLayout):
         super().__init__(comm, layout)
-        diff = next(iter(layout.diffs.values()), [None])[0] if layout.L else None
-        self.device_id = diff.device.id if diff is not None else 0
+        self.first = next((d for ds in layout.diffs.values() for d in ds), None)
+        self.device_id = getattr(getattr(self.first, "device", None), "id", 0)
+
+    def enter_thread(self) -> None:
+        if self.first is not None:
+            get_array_module(self.first).cuda.Device(self.device_id).use()
+
+
+class StagedPath(_DevicePath):
+    """Device diffs reduced on the host through pinned memory (staging.py)."""
+
+    name = "staged"
+
+    def __init__(self, comm: Communicator, layout: GradientLayout):
+        super().__init__(comm, layout)
         self.staging: DeviceStaging | None = None
 
     def packing(self) -> Any:
@@ -185,15 +202,17 @@ class StagedPath(DataPath):
             self.staging.wait()  # the update (main thread) must see the diffs
 
 
-class StreamPath(DataPath):
+class StreamPath(_DevicePath):
     """Device diffs reduced on the communicator's own stream (nccl.py's protocol)."""
 
     name = "stream"
-    defers = False
+
+    def enter_thread(self) -> None:
+        if is_device_array(self.first):  # (tests drive this path with host arrays)
+            super().enter_thread()
 
     def _zeros(self, elements: int) -> Any:
-        first = next(iter(self.layout.diffs.values()), [None])[0] if self.layout.L else None
-        xp = get_array_module(first) if first is not None else np
+        xp = get_array_module(self.first) if self.first is not None else np
         return xp.zeros(elements, dtype=np.float32)
 
     def mark_ready(self, k: int) -> None:

@@ -202,3 +202,57 @@ def test_launches_per_iteration_of_the_communication_within_budget(double, tmp_p
         # and exactly: one call per run (+ the reduce-scatter tails), one division per
         # all-reduce or all-gather run
         assert per_iteration >= runs + min(summed, runs)
+
+
+class LayerSync:
+    """A one-rank gradient sync that offers per-layer waits (nothing to reduce); `poison`:
+    the learnable layer whose gradient turns NaN when the gate waits for it."""
+
+    per_layer = True
+
+    def __init__(self, net=None, poison=None):
+        self.net, self.poison = net, poison
+
+    def on_learnable_done(self, k):
+        pass
+
+    def wait_layer(self, k):
+        if k == self.poison:
+            blob = self.net.learnable_params[self.net.learnable_layers[k - 1].param_ids[0]]
+            blob.diff[...] = np.nan
+
+    def wait(self):
+        pass
+
+
+def test_per_layer_updates_on_the_device_check_the_gradients_with_one_read(double):
+    """Each layer's update on the GPU checks its gradient without a host read per layer:
+    the sums are read once per iteration; the weights are the barrier update's."""
+    double.cupy.cuda.Device(0).use()
+    solvers = {}
+    for name, sync in (("barrier", None), ("layered", LayerSync())):
+        s = solvers[name] = make_solver("Adam", BATCH, 0, 1, Device("gpu", 0))
+        s.gradient_sync = sync
+        s.net.layers[0].set_input_arrays(*data(0))
+        s.step(1)
+        double.counters.reset()
+        s.step(3)
+        solvers[name] = (s, double.counters.syncs)
+    (layered, syncs), (barrier, barrier_syncs) = solvers["layered"], solvers["barrier"]
+    # per iteration: the loss, and the gradients' check (LayerChecks.verify reads the
+    # layers' sums at once; the barrier reads their global sum), not one read per layer
+    assert syncs == barrier_syncs == 2 * 3
+    for a, b in zip(weights(layered), weights(barrier)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_non_finite_gradient_on_the_device_names_its_layer(double):
+    from mgcaffe.errors import SolverError
+
+    double.cupy.cuda.Device(0).use()
+    s = make_solver("SGD", BATCH, 0, 1, Device("gpu", 0))
+    s.net.layers[0].set_input_arrays(*data(0))
+    s.gradient_sync = LayerSync(s.net, poison=2)
+    with pytest.raises(SolverError, match=r"iteration 0: non-finite gradient in layer 'fc2'"):
+        s.step(2)
+    assert not s.updates_pending

@@ -77,9 +77,9 @@ class DataPath:
     def scratch(self, elements: int) -> Any:
         """A buffer for runs whose parts do not lie side by side; grown, never shrunk (the
         executor grows it for each plan on the main thread, whose device is the rank's)."""
-        if self._scratch is None or self._scratch.size < elements:
+        if elements and (self._scratch is None or self._scratch.size < elements):
             self._scratch = self._zeros(elements)
-        return self._scratch[:elements]
+        return self._scratch[:elements] if elements else None
 
     # -- the gradient path
     def enter_thread(self) -> None:

@@ -1,6 +1,6 @@
-"""The communication thread that runs a schedule (comm/runtime/scheduled.py), on a local world
-of fake ranks: parts, batches, reduce-scatter/all-gather, per-layer completion, and what goes
-wrong."""
+"""The communication thread running a schedule (comm/runtime/executor.py), on a local world of
+fake ranks: parts, batches, reduce-scatter/all-gather, per-layer completion, and what goes
+wrong. A merge plan is the barrier schedule of its groups: the same thread runs both."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from comm_fakes import FakeNet, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
-from mgcaffe.comm.runtime.executor import GradientExecutor as ScheduledExecutor
+from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
 
@@ -71,7 +71,7 @@ def test_every_rank_ends_with_the_average(name, in_place):
     plan = SimpleNamespace(groups=GROUPS, schedule=SCHEDULES[name])
 
     def rank(r):
-        ex = ScheduledExecutor.from_net(nets[r], plan, comms[r], timeout=10)
+        ex = GradientExecutor.from_net(nets[r], plan, comms[r], timeout=10)
         assert ex.in_place_groups == (2 if in_place else 0)
         got = []
         for _ in range(iterations):
@@ -106,7 +106,7 @@ def test_wait_layer_waits_for_this_iterations_gradient_not_the_last_ones():
     plan = SimpleNamespace(groups=GROUPS, schedule=SCHEDULES["parts, input side first"])
 
     def rank(r):
-        ex = ScheduledExecutor.from_net(nets[r], plan, comms[r], timeout=10)
+        ex = GradientExecutor.from_net(nets[r], plan, comms[r], timeout=10)
         got = []
         for _ in range(3):
             nets[r].backward(ex.on_learnable_done)
@@ -130,14 +130,14 @@ def test_a_priority_plan_is_refused_every_rank_must_send_one_sequence():
                  "per-layer")
     comm = LocalWorld(1).communicators()[0]
     with pytest.raises(CommError, match="fixed sequence .* policy 'priority'"):
-        ScheduledExecutor.from_net(net, SimpleNamespace(groups=GROUPS, schedule=s), comm)
+        GradientExecutor.from_net(net, SimpleNamespace(groups=GROUPS, schedule=s), comm)
 
 
 def test_a_stalled_peer_is_named_after_the_timeout():
     comms = LocalWorld(2, timeout=30).communicators()
     net = FakeNet(0)
     plan = SimpleNamespace(groups=GROUPS, schedule=SCHEDULES["parts, input side first"])
-    ex = ScheduledExecutor.from_net(net, plan, comms[0], timeout=0.5)
+    ex = GradientExecutor.from_net(net, plan, comms[0], timeout=0.5)
     net.backward(ex.on_learnable_done)  # rank 1 never joins
     t0 = time.monotonic()
     with pytest.raises(CommError, match="rank 0: all-reduce of group 1 part 1 .* not done "
@@ -154,7 +154,7 @@ def test_a_failed_collective_surfaces_at_the_wait_with_the_rank():
     plan = SimpleNamespace(groups=GROUPS, schedule=SCHEDULES["parts, input side first"])
 
     def rank(r):
-        ex = ScheduledExecutor.from_net(nets[r], plan, comms[r], timeout=2)
+        ex = GradientExecutor.from_net(nets[r], plan, comms[r], timeout=2)
         nets[r].backward(ex.on_learnable_done)
         try:
             for k in (1, 2, 3, 4):
@@ -198,7 +198,7 @@ def test_messages_of_an_iteration_are_traced_as_that_iteration():
     tracer = Tracer(0)
     tracer.set_origin()
     plan = SimpleNamespace(groups=GROUPS, schedule=SCHEDULES["batches"])
-    ex = ScheduledExecutor.from_net(net, plan, comm, timeout=5, tracer=tracer)
+    ex = GradientExecutor.from_net(net, plan, comm, timeout=5, tracer=tracer)
     tracer.iteration = 7
     net.backward(ex.on_learnable_done)
     ex.wait_layer(1)
@@ -209,3 +209,31 @@ def test_messages_of_an_iteration_are_traced_as_that_iteration():
     spans = [e for e in tracer.events if e.get("cat") == "allreduce"]
     assert len(spans) == 5 and {e["args"]["iter"] for e in spans} == {7}
     assert [e["args"]["part"] for e in spans] == [1, 0, 2, 1, 0]
+
+
+def test_a_merge_plan_runs_as_the_barrier_schedule_of_its_groups():
+    """The same groups given plainly or with their barrier schedule: the same collectives,
+    the same averages, bit for bit."""
+    n = 2
+    plans = {"groups": SimpleNamespace(groups=GROUPS),
+             "barrier schedule": SimpleNamespace(groups=GROUPS, schedule=barrier_schedule(2))}
+    out = {}
+    for name, plan in plans.items():
+        world = LocalWorld(n)
+        comms = world.communicators()
+        nets = [FakeNet(r, seed=5) for r in range(n)]
+
+        def rank(r, plan=plan, nets=nets, comms=comms):
+            with GradientExecutor.from_net(nets[r], plan, comms[r], timeout=10) as ex:
+                assert not ex.per_layer and len(ex.messages) == 2
+                nets[r].backward(ex.on_learnable_done)
+                ex.wait()
+            return nets[r].diffs()
+
+        results, errors = run_ranks(n, rank)
+        assert not any(errors), errors
+        out[name] = (results, sorted((rank, op) for rank, _, op in world.calls))
+    (a, calls_a), (b, calls_b) = out.values()
+    assert calls_a == calls_b == [(r, "allreduce") for r in range(n) for _ in range(2)]
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_array_equal(x, y)

@@ -10,28 +10,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from comm_fakes import FakeNet, run_ranks
+from comm_fakes import GROUPS, SCHEDULES, FakeNet, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
-from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
+from mgcaffe.comm.model.schedule import Schedule, barrier_schedule
 from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
-
-GROUPS = [["fc2", "fc1"], ["conv2", "conv1"]]  # the fake net: conv1 conv2 fc1 fc2
-LAYERS = [[4, 3], [2, 1]]
-SCHEDULES = {
-    "barrier": barrier_schedule(2),
-    "parts, input side first": Schedule((3, 2), ("allreduce",) * 2,
-                                        edf_order(LAYERS, [3, 2], ["allreduce"] * 2),
-                                        "sequence", 0, "per-layer"),
-    "batches": Schedule((3, 2), ("allreduce",) * 2,
-                        edf_order(LAYERS, [3, 2], ["allreduce"] * 2), "sequence", 0,
-                        "per-layer", batches=(2, 1, 2)),
-    "reduce-scatter, all-gather": Schedule(
-        (1, 2), ("rs-ag", "rs-ag"), ((0, 0, "rs"), (1, 0, "rs"), (1, 1, "rs"), (1, 0, "ag"),
-                                     (1, 1, "ag"), (0, 0, "ag")), "sequence", 0, "per-layer"),
-}
 
 
 def flatten(net):

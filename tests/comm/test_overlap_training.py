@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from comm_fakes import run_ranks
+from comm_fakes import SOLVER_TYPES, run_ranks, tiny_net
 from google.protobuf import text_format
 
 from mgcaffe.comm.backends.local import LocalWorld
@@ -22,35 +22,12 @@ from mgcaffe.solvers import get_solver
 
 pytestmark = pytest.mark.timeout(180)
 
-# different data per rank (a gaussian filler seeded per rank), a learning-rate and a decay
-# multiplier that differ per blob, and a layer with two parameter blobs and one with one
-NET = """
-name: "tiny"
+# different data per rank (a gaussian filler seeded per rank)
+NET = 'name: "tiny"\n' + tiny_net("""
 layer { name: "data" type: "DummyData" top: "data" top: "label"
   dummy_data_param { shape { dim: 4 dim: 6 } shape { dim: 4 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
-layer { name: "fc1" type: "InnerProduct" bottom: "data" top: "fc1"
-  param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
-  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 }
-                        bias_filler { type: "constant" value: 0.1 } } }
-layer { name: "relu" type: "ReLU" bottom: "fc1" top: "fc1" }
-layer { name: "fc2" type: "InnerProduct" bottom: "fc1" top: "fc2"
-  param { lr_mult: 0.5 decay_mult: 3 }
-  inner_product_param { num_output: 4 bias_term: false
-                        weight_filler { type: "gaussian" std: 0.3 } } }
-layer { name: "fc3" type: "InnerProduct" bottom: "fc2" top: "fc3"
-  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc3" bottom: "label" top: "loss" }
-"""
-
-TYPES = {
-    "SGD": "momentum: 0.9",
-    "Nesterov": "momentum: 0.9",
-    "AdaGrad": "delta: 1e-6",
-    "RMSProp": "rms_decay: 0.95 delta: 1e-6",
-    "AdaDelta": "momentum: 0.9 delta: 1e-6",
-    "Adam": "momentum: 0.9 momentum2: 0.999 delta: 1e-8",
-}
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }""")
+TYPES = SOLVER_TYPES
 
 FLAGS = ("comm", "merge", "bucket_mb", "profile", "network", "plan", "save_plan",
          "profile_iters", "timeline", "emulate_network", "emulate_nodes", "check_sync",

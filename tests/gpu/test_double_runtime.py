@@ -11,57 +11,19 @@ from types import SimpleNamespace
 import cupy_double
 import numpy as np
 import pytest
-from comm_fakes import LAYERS, FakeBlob, FakeLayer, run_ranks
+from comm_fakes import GROUPS, LAYERS, SCHEDULES, device_blobs, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.backends.nccl import NcclCommunicator
-from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
 from mgcaffe.comm.runtime.executor import GradientExecutor
 
 pytestmark = pytest.mark.timeout(120)
-
-GROUPS = [["fc2", "fc1"], ["conv2", "conv1"]]  # the fake net: conv1 conv2 fc1 fc2
-LAYER_IDS = [[4, 3], [2, 1]]
-SCHEDULES = {
-    "barrier": barrier_schedule(2),
-    "parts, per layer": Schedule((3, 2), ("allreduce",) * 2,
-                                 edf_order(LAYER_IDS, [3, 2], ["allreduce"] * 2),
-                                 "sequence", 0, "per-layer"),
-    "batches": Schedule((3, 2), ("allreduce",) * 2,
-                        edf_order(LAYER_IDS, [3, 2], ["allreduce"] * 2), "sequence", 0,
-                        "per-layer", batches=(2, 1, 2)),
-    "reduce-scatter, all-gather": Schedule(
-        (1, 2), ("rs-ag", "rs-ag"), ((0, 0, "rs"), (1, 0, "rs"), (1, 1, "rs"), (1, 0, "ag"),
-                                     (1, 1, "ag"), (0, 0, "ag")), "sequence", 0, "per-layer"),
-}
-
 
 def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
     """Rank `rank`'s local gradients, per iteration, per parameter blob (input side first)."""
     rng = np.random.default_rng(17 + rank)
     return [[rng.standard_normal(s).astype(np.float32) for shapes in LAYERS.values()
              for s in shapes] for _ in range(iterations)]
-
-
-def device_net(cupy, flat: bool):
-    """The fake net's blobs on the current device; `flat`: the diffs as consecutive views of
-    one buffer in backward order (Net.flatten_param_diffs), else separate arrays."""
-    params, layers = [], []
-    for i, (name, shapes) in enumerate(LAYERS.items(), start=1):
-        ids = []
-        for shape in shapes:
-            ids.append(len(params))
-            params.append(FakeBlob(cupy.zeros(shape, np.float32), cupy.zeros(shape, np.float32)))
-        layers.append(FakeLayer(i, name, ids))
-    if flat:
-        order = [p for layer in reversed(layers) for p in layer.param_ids]
-        buffer = cupy.zeros(sum(params[p].diff.size for p in order), np.float32)
-        offset = 0
-        for p in order:
-            n = params[p].diff.size
-            params[p].diff = buffer[offset:offset + n].reshape(params[p].diff.shape)
-            offset += n
-    return params, layers
 
 
 def run_executors(double, host_comms, schedule, flat, iterations=3, backend="nccl"):
@@ -74,7 +36,7 @@ def run_executors(double, host_comms, schedule, flat, iterations=3, backend="ncc
         cupy.cuda.Device(r).use()
         comm = NcclCommunicator(host_comms[r], timeout=20) if backend == "nccl" \
             else host_comms[r]
-        params, layers = device_net(cupy, flat)
+        params, layers = device_blobs(cupy, flat)
         ex = GradientExecutor(layers, params, plan, comm, timeout=20)
         compute = cupy.cuda.get_current_stream()
         got, gated = [], []

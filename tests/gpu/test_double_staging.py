@@ -6,21 +6,10 @@ from __future__ import annotations
 
 import cupy_double
 import numpy as np
-from comm_fakes import LAYERS, FakeBlob, FakeLayer, plan, run_ranks
+from comm_fakes import LAYERS, device_blobs, plan, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.runtime.executor import GradientExecutor
-
-
-def device_net(cupy, rank):
-    params, layers = [], []
-    for i, (name, shapes) in enumerate(LAYERS.items(), start=1):
-        ids = []
-        for shape in shapes:
-            ids.append(len(params))
-            params.append(FakeBlob(cupy.zeros(shape, np.float32), cupy.zeros(shape, np.float32)))
-        layers.append(FakeLayer(i, name, ids))
-    return params, layers
 
 
 def test_staged_gradients_are_averaged_through_pinned_memory_on_a_copy_stream():
@@ -33,7 +22,7 @@ def test_staged_gradients_are_averaged_through_pinned_memory_on_a_copy_stream():
 
         def rank(r):
             cupy.cuda.Device(r).use()
-            params, layers = device_net(cupy, r)
+            params, layers = device_blobs(cupy, flat=False)
             executor = GradientExecutor(layers, params, plan(["fc2", "fc1"], ["conv2", "conv1"]),
                                         comms[r], timeout=20)
             assert executor.mode == "staged"

@@ -1,8 +1,10 @@
 """Stand-ins for tests of the communication runtime (as chainer.testing is for Chainer).
 
-A fake net of a few float32 parameter blobs whose backward calls the learnable-layer hook, a
-plan made of plain name lists, and a helper that runs one function per fake rank in threads.
-The MPI test scripts import them too (tests/support is on their PYTHONPATH).
+A fake net of a few float32 parameter blobs whose backward calls the learnable-layer hook (on
+the host, or its blobs on a device of the CuPy double), a plan made of plain name lists, the
+kinds of schedule over it, and a helper that runs one function per fake rank in threads; for
+training tests, a tiny real net and the solver types with their settings. The MPI test
+scripts import them too (tests/support is on their PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mgcaffe.comm.backends.launcher import local_mpiexec
+from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
 
 # name -> parameter blob shapes, input side first
 LAYERS = {"conv1": [(4, 1, 3, 3), (4,)], "conv2": [(6, 4, 3, 3), (6,)],
@@ -72,6 +75,75 @@ class FakeNet:
 
     def diffs(self):
         return [b.diff.copy() for b in self.learnable_params]
+
+
+def device_blobs(cupy, flat: bool, layers=LAYERS):
+    """The fake net's blobs on the double's current device (params, learnable layers);
+    `flat`: the diffs as consecutive views of one buffer in backward order (what
+    Net.flatten_param_diffs lays out), else separate arrays."""
+    params, learnable = [], []
+    for i, (name, shapes) in enumerate(layers.items(), start=1):
+        ids = []
+        for shape in shapes:
+            ids.append(len(params))
+            params.append(FakeBlob(cupy.zeros(shape, np.float32), cupy.zeros(shape, np.float32)))
+        learnable.append(FakeLayer(i, name, ids))
+    if flat:
+        order = [p for layer in reversed(learnable) for p in layer.param_ids]
+        buffer = cupy.zeros(sum(params[p].diff.size for p in order), np.float32)
+        offset = 0
+        for p in order:
+            n = params[p].diff.size
+            params[p].diff = buffer[offset:offset + n].reshape(params[p].diff.shape)
+            offset += n
+    return params, learnable
+
+
+#: Two groups of the fake net (conv1 conv2 fc1 fc2), and every kind of schedule over them.
+GROUPS = [["fc2", "fc1"], ["conv2", "conv1"]]
+_IDS = [[4, 3], [2, 1]]
+SCHEDULES = {
+    "barrier": barrier_schedule(2),
+    "parts, input side first": Schedule((3, 2), ("allreduce",) * 2,
+                                        edf_order(_IDS, [3, 2], ["allreduce"] * 2),
+                                        "sequence", 0, "per-layer"),
+    "batches": Schedule((3, 2), ("allreduce",) * 2,
+                        edf_order(_IDS, [3, 2], ["allreduce"] * 2), "sequence", 0,
+                        "per-layer", batches=(2, 1, 2)),
+    "reduce-scatter, all-gather": Schedule(
+        (1, 2), ("rs-ag", "rs-ag"), ((0, 0, "rs"), (1, 0, "rs"), (1, 1, "rs"), (1, 0, "ag"),
+                                     (1, 1, "ag"), (0, 0, "ag")), "sequence", 0, "per-layer"),
+}
+
+#: Every solver type, with settings that exercise its history.
+SOLVER_TYPES = {
+    "SGD": "momentum: 0.9",
+    "Nesterov": "momentum: 0.9",
+    "AdaGrad": "delta: 1e-6",
+    "RMSProp": "rms_decay: 0.95 delta: 1e-6",
+    "AdaDelta": "momentum: 0.9 delta: 1e-6",
+    "Adam": "momentum: 0.9 momentum2: 0.999 delta: 1e-8",
+}
+
+
+def tiny_net(data_layer: str) -> str:
+    """A small net behind `data_layer` (tops "data" of 6 values and "label" of 3 classes):
+    a learning-rate and a decay multiplier that differ per blob, a layer with two parameter
+    blobs and one with one."""
+    return data_layer + """
+layer { name: "fc1" type: "InnerProduct" bottom: "data" top: "fc1"
+  param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 }
+                        bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "fc1" top: "fc1" }
+layer { name: "fc2" type: "InnerProduct" bottom: "fc1" top: "fc2"
+  param { lr_mult: 0.5 decay_mult: 3 }
+  inner_product_param { num_output: 4 bias_term: false
+                        weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "fc3" type: "InnerProduct" bottom: "fc2" top: "fc3"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc3" bottom: "label" top: "loss" }
+"""
 
 
 def plan(*groups):

@@ -126,6 +126,8 @@ class GradientLayout:
             self.offsets[k] = offset
             offset += self.sizes[k]
         self.total = offset
+        self._segments: dict[int, list[Segment]] = {}  # per layer, in `_packing`
+        self._packing: Any = None
 
     def _check_diffs(self) -> bool:
         """Float32 numpy or CuPy diffs, each blob owned by one layer; whether on a device."""
@@ -151,7 +153,16 @@ class GradientLayout:
         return self.layers[k].name if k in self.layers else f"#{k}"
 
     def segments(self, k: int, buffer: Any) -> list[Segment]:
-        """Layer k's blobs and their places in `buffer` (the packing layout)."""
+        """Layer k's blobs and their places in `buffer` (the packing layout); made once per
+        buffer."""
+        if buffer is not self._packing:
+            self._packing, self._segments = buffer, {}
+        found = self._segments.get(k)
+        if found is None:
+            found = self._segments[k] = self._segments_in(k, buffer)
+        return found
+
+    def _segments_in(self, k: int, buffer: Any) -> list[Segment]:
         out, offset = [], self.offsets[k]
         for p in self.layers[k].param_ids:
             blob = self.params[p]

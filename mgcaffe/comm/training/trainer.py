@@ -102,6 +102,17 @@ def describe_gradient_buffer(executor: GradientExecutor) -> str:
             f"({executor.mode} path)")
 
 
+def log_executor(executor: GradientExecutor, thread_nice: int | None) -> None:
+    """Rank 0's lines about the communication thread: its buffer, its priority."""
+    log.debug("%s", describe_gradient_buffer(executor))
+    if thread_nice is not None and executor.favoured:
+        log.debug("Communication thread at nice %d", thread_nice)
+    elif thread_nice is not None:
+        log.info("Communication thread left at its priority (nice %d needs root or "
+                 "CAP_SYS_NICE): its wake-ups may wait for backward on busy cores",
+                 thread_nice)
+
+
 # ----------------------------------------------------------------------------- training
 class DistributedTraining:
     """The solver's gradient_sync and iteration hook for one rank (build it with `attach`).
@@ -193,13 +204,7 @@ class DistributedTraining:
             solver.update_times = [0.0] * len(self.names)
         self.replanner.start(self.executor, self.timer, keep_timer=self.tracer is not None)
         if self.rank == 0:
-            log.debug("%s", describe_gradient_buffer(self.executor))
-            if o.thread_nice is not None and self.executor.favoured:
-                log.debug("Communication thread at nice %d", o.thread_nice)
-            elif o.thread_nice is not None:
-                log.info("Communication thread left at its priority (nice %d needs root or "
-                         "CAP_SYS_NICE): its wake-ups may wait for backward on busy cores",
-                         o.thread_nice)
+            log_executor(self.executor, o.thread_nice)
         self._ready: dict[int, float] = {}
         self._t_start = 0.0
         self._t_grads = 0.0
@@ -279,13 +284,15 @@ class DistributedTraining:
     @property
     def per_layer(self) -> bool:
         """Whether the running plan lets each layer's update wait for its next forward."""
-        return getattr(self.executor, "per_layer", False)
+        return self.executor.per_layer
 
     def wait_layer(self, k: int) -> None:
         """Block until layer k's gradient of the last iteration is reduced (the next forward
-        is about to read its parameters)."""
+        is about to read its parameters; on a GPU the compute stream waits for it)."""
         t0 = self.clock()
         self.executor.wait_layer(k)
+        if self._sync is not None and self.replanner.profiling:
+            self._sync()  # profiling on a GPU: the wait itself, not the next layer's forward
         t1 = self.clock()
         self._gates[k] = t1 - t0
         if self.tracer is not None and t1 - t0 > 1e-5:

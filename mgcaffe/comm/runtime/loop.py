@@ -195,8 +195,10 @@ class CommThread:
             return False
         return all(now.ready[m.index] for m in now.program.runs[now.next_run].messages)
 
-    def _guard(self, what: str):
-        return self.watchdog.guard(what) if self.watchdog is not None else nullcontext()
+    def _guard(self, run: Run):
+        """The watchdog's deadline on one collective (none without a watchdog)."""
+        return self.watchdog.guard(run.describe()) if self.watchdog is not None else \
+            nullcontext()
 
     def _send(self, now: _Iteration) -> None:
         """The sequence's next run, then its finishing work (here or handed over)."""

@@ -8,7 +8,7 @@ interface the communication thread calls without knowing which it has:
   layers are copied into the packing buffer (`segments`).
 - `send(run, guard)`: one collective ("ar", "rs" or "ag") over a run of messages: their
   bytes gathered into scratch when they do not lie side by side, the collective (under
-  `guard`, the watchdog's deadline), the result scattered back. This is the seam a wire
+  `guard(run)`, the watchdog's deadline), the result scattered back. This is the seam a wire
   format (fp16 and such) goes into: what travels is decided here, per path.
 - `divide(piece)`, `unpack(segments)`: the reduced sum becomes the mean: in place, or while
   copying back from the packing buffer into the diffs.
@@ -114,7 +114,7 @@ class DataPath:
             self._copy([(place, own) for own, place in places])
         collective = getattr(self.comm, self.methods[run.kind])
         t0 = time.perf_counter()
-        with guard(run.describe()):
+        with guard(run):
             collective(piece)
         t1 = time.perf_counter()
         if places:

@@ -113,11 +113,11 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
             continue
         lines.append(f"{s}: {p.num_messages} message{'s' if p.num_messages > 1 else ''}"
                      f"{extra} (output side first)")
-        for g, group in enumerate(p.groups):
+        for g, (group, (start, end)) in enumerate(zip(p.groups, p.group_spans())):
             span = group[0] if len(group) == 1 else f"{group[0]} .. {group[-1]}"
             lines.append(f"  {g + 1:>3}  {span:<50} {len(group):>4} layer"
                          f"{'s' if len(group) > 1 else ' '} {fmt_bytes(p.group_sizes[g]):>10}"
-                         f"  {p.comm_start[g] * 1e3:9.3f} -> {p.comm_end[g] * 1e3:9.3f} ms")
+                         f"  {start * 1e3:9.3f} -> {end * 1e3:9.3f} ms")
     return "\n".join(lines)
 
 

@@ -21,8 +21,8 @@ import json
 import sys
 
 from ..comm.model import plots
-from ..comm.model.schedule import cycle
 from ..comm.model.simulate import Scaling, ratio_pairs, weak_scaling
+from ..comm.model.timeline import cycle
 from ..errors import PlanError
 from ._plan_inputs import (
     add_input_arguments,

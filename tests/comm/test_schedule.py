@@ -14,14 +14,12 @@ from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
 from mgcaffe.comm.model.schedule import (
     Schedule,
     barrier_schedule,
-    cycle,
     edf_order,
-    freeze,
     part_bounds,
     part_layers,
 )
 from mgcaffe.comm.model.schemes import make_plan
-from mgcaffe.comm.model.timeline import scheduled_timeline
+from mgcaffe.comm.model.timeline import cycle, freeze, timeline
 from mgcaffe.errors import PlanError
 
 # two layers, backward 1 s each; layer 2's 40-byte gradient costs T = 0.2 + 0.07 * 40 = 3 s,
@@ -233,7 +231,7 @@ def test_schedule_json_round_trip():
 
 def test_a_scheduled_plan_is_frozen_saved_and_loaded(tmp_path):
     groups = [["l2"], ["l1"]]
-    plan = scheduled_timeline(TWO, COST, groups, edf(WFBP, [2, 1]), scheme="custom")
+    plan = timeline(TWO, COST, groups, edf(WFBP, [2, 1]), scheme="custom")
     assert plan.schedule.policy == "sequence"  # what ranks run: one sequence
     assert plan.iteration_time == pytest.approx(5.68)
     assert plan.num_messages == 3 and len(plan.comm_start) == 3
@@ -243,7 +241,7 @@ def test_a_scheduled_plan_is_frozen_saved_and_loaded(tmp_path):
     again = load_plan(path)
     assert again.to_dict()["format"] == SCHEDULED_FORMAT
     assert again.schedule == plan.schedule and again.digest() == plan.digest()
-    other = scheduled_timeline(TWO, COST, groups, edf(WFBP, [1, 1]))
+    other = timeline(TWO, COST, groups, edf(WFBP, [1, 1]))
     assert other.digest() != plan.digest()  # ranks with different parts must not train
     bad = plan.to_dict()
     bad["schedule"]["parts"] = [0, 1]

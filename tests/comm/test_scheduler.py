@@ -11,7 +11,7 @@ import pytest
 
 from mgcaffe.comm.model.cost import CostModel
 from mgcaffe.comm.model.profile import LayerProfile, Profile, load_profile
-from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, cycle, edf_order
+from mgcaffe.comm.model.schedule import Schedule, barrier_schedule, edf_order
 from mgcaffe.comm.model.schedule_search import (
     DEAR_GROUP_BYTES,
     bucket_runs,
@@ -22,6 +22,7 @@ from mgcaffe.comm.model.schedule_search import (
     runs_layers,
 )
 from mgcaffe.comm.model.schemes import make_plan
+from mgcaffe.comm.model.timeline import cycle
 
 REPO = Path(__file__).resolve().parents[2]
 TWO = Profile("two", 1, 4, 2.0, (LayerProfile("l1", 1, 1.0, 1.0),

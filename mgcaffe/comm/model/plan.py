@@ -1,9 +1,11 @@
 """A `Plan`: which layers share each message, its predicted timeline, and its file format.
 
 A `Plan` is data: groups (in the order they are communicated, output side first; each group
-a list of layer names in backward order), their sizes, the predicted timeline, the iteration
-time and its non-overlapped communication, and for a scheme that decides more than groups its
-`Schedule` (parts, order, update; comm/model/schedule.py). It serialises to JSON (`save`,
+a list of layer names in backward order), their sizes, how they are sent (`schedule`: parts,
+order, update; comm/model/schedule.py; None: each group whole, in order, one update after the
+last), and the predicted iteration of timeline.py, whatever the scheme: the times of every
+message in the order sent (`messages`), the iteration time and its non-overlapped
+communication. It serialises to JSON (`save`,
 `load_plan`) and has a `digest()` that ranks compare before training together. Plans written
 before the schemes were renamed (format `mgcaffe-plan/1`, where `mgwfbp` meant Algorithm 1
 and `optimal` the optimum) load under the new names.
@@ -35,12 +37,16 @@ _FORMAT_1_NAMES = {"mgwfbp": "mgwfbp-paper", "optimal": "mgwfbp"}
 
 @dataclass(frozen=True)
 class Plan:
-    """A grouping of the learnable layers into messages, with its predicted timeline.
+    """A grouping of the learnable layers into messages, with its predicted timeline
+    (timeline.py).
 
     layers / layer_bytes / backward_start / backward_end: per layer, input side first (layer
-    1 .. L), as in the profile. groups / group_sizes / comm_start / comm_end: per message, in
-    the order messages are sent (output side first); each group lists layer names in backward
-    order. Times are seconds from the start of the forward pass."""
+    1 .. L), as in the profile. groups / group_sizes: per group, in the order they are sent
+    (output side first); each group lists layer names in backward order. comm_start /
+    comm_end: per message of `messages`, in the order sent (with no schedule, one message per
+    group). iteration_time: from a forward start to the next, the updates the profile gives
+    included (none in a profile without update times: then from the forward start to the end
+    of the last message). Times are seconds from the start of the forward pass."""
 
     scheme: str
     model: str
@@ -66,8 +72,7 @@ class Plan:
     # plan above its lower bound: not proven optimal
     exact: bool = True
     # what the schedule decides beyond the groups (parts, order, update); None: each group
-    # whole, in order, one update after the last (comm_start/comm_end are then per group,
-    # else per message of schedule.order)
+    # whole, in order, one update after the last
     schedule: Schedule | None = None
 
     # -- derived
@@ -77,8 +82,25 @@ class Plan:
         return max(0.0, self.iteration_time - self.ideal)
 
     @property
+    def messages(self) -> tuple[tuple[int, int, str], ...]:
+        """Every message in the order sent, as (group, part, kind) (schedule.py): the
+        schedule's order, or each group whole, all-reduced in order."""
+        if self.schedule is None:
+            return tuple((g, 0, "ar") for g in range(len(self.groups)))
+        return self.schedule.order
+
+    @property
     def num_messages(self) -> int:
         return len(self.groups) if self.schedule is None else self.schedule.num_messages
+
+    def group_spans(self) -> list[tuple[float, float]]:
+        """Per group: (the start of its first message, the end of its last), seconds from
+        the forward start."""
+        spans: dict[int, tuple[float, float]] = {}
+        for (g, _, _), s, e in zip(self.messages, self.comm_start, self.comm_end):
+            lo, hi = spans.get(g, (s, e))
+            spans[g] = (min(lo, s), max(hi, e))
+        return [spans[g] for g in range(len(self.groups))]
 
     @property
     def num_layers(self) -> int:
@@ -208,8 +230,8 @@ class Plan:
         def floats(key):
             v = require(d, key, source)
             if not isinstance(v, list) or len(v) != messages:
-                raise PlanError(f"{source}: {key}: must list one time per "
-                                f"{'group' if schedule is None else 'message'}")
+                raise PlanError(f"{source}: {key}: must list one time per message "
+                                f"({messages})")
             return tuple(as_float(x, source, f"{key}[{i}]") for i, x in enumerate(v))
 
         nodes = d.get("nodes")

@@ -4,7 +4,7 @@
   paper's Figure 9.
 - `gantt_chart`: one iteration's per-layer compute and per-message communication of each
   scheme on a shared time axis, like the paper's Figures 2-4; for a scheme that updates layer
-  by layer (given its `schedule.Cycle`), the forward with its waits and updates, and the next
+  by layer (given its `timeline.Cycle`), the forward with its waits and updates, and the next
   iteration's forward beside the messages still under way.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ...errors import PlanError
 from .plan import Plan
-from .schedule import Cycle
 from .schemes import SCHEMES, scheme_named
 from .simulate import Scaling
+from .timeline import Cycle
 
 __all__ = ["gantt_chart", "label", "scaling_plot"]
 
@@ -117,7 +117,7 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
                 cycles: Mapping[str, Cycle] | None = None) -> Path:
     """For each plan, a compute lane (forward, then each layer's backward, output side first)
     and a communication lane (each message, labelled with its layer count when merged).
-    `cycles`: per scheme that updates layer by layer, its steady-state `schedule.Cycle`, to
+    `cycles`: per scheme that updates layer by layer, its steady-state `timeline.Cycle`, to
     draw its forward's waits and updates and the next forward beside the messages."""
     if not plans:
         raise PlanError("gantt: no plan to draw")
@@ -145,7 +145,8 @@ def gantt_chart(plans: Mapping[str, Plan], path: str | Path, title: str | None =
             tail = [(max(0.0, s - period), s + w - period - max(0.0, s - period))
                     for s, w in comm if s + w > period]
             ax.broken_barh(tail, (0, 8), facecolors=color, alpha=0.4, edgecolor="none")
-        for (s, w), group in zip(comm, plan.groups):
+        for (s, w), (g, _, _) in zip(comm, plan.messages):
+            group = plan.groups[g]
             if len(group) > 1 and w > 0.04 * t_max:
                 ax.text(s + w / 2, 4, str(len(group)), ha="center", va="center", fontsize=7,
                         color="white")

@@ -2,7 +2,7 @@
 together, a lower bound on the steady-state iteration, and other systems' schedules.
 
 Pure functions of a `Profile` and a `CostModel` (only `time(M)`, `slowdown(M)`, `sigma(M)` and
-`interferes`); schedules as `schedule.Schedule`, predicted by `schedule.cycle`.
+`interferes`); schedules as `schedule.Schedule`, predicted by `timeline.cycle`.
 
 **The lower bound** (`lower_bound`). The compute thread does backward, the update and the
 forward one after another: t_iter >= t_b + U + t_f. And for each layer l: the gradients of
@@ -51,7 +51,8 @@ from dataclasses import dataclass, replace
 
 from .cost import CostModel
 from .profile import Profile
-from .schedule import Schedule, _part_of, barrier_schedule, cycle, edf_order
+from .schedule import Schedule, _part_of, barrier_schedule, edf_order
+from .timeline import cycle
 
 __all__ = ["BYTESCHEDULER_CREDIT_PARAMS", "BYTESCHEDULER_PART_PARAMS", "DEAR_GROUP_BYTES",
            "Bound", "Choice", "bucket_runs", "bytescheduler_schedule", "dear_schedule",
@@ -194,7 +195,7 @@ def dear_schedule(profile: Profile, group_bytes: int = DEAR_GROUP_BYTES
 class _Fast:
     """The iteration of an all-reduce schedule with earliest-due-first priority, one message
     at a time and per-layer updates, without interference: the same arithmetic as
-    `schedule.cycle`, without building its objects (the search calls it thousands of times)."""
+    `timeline.cycle`, without building its objects (the search calls it thousands of times)."""
 
     def __init__(self, profile: Profile, cost: CostModel):
         L = self.L = profile.num_layers

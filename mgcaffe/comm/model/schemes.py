@@ -40,7 +40,7 @@ from .schedule_search import (
     dear_schedule,
     overlap_schedule,
 )
-from .timeline import scheduled_timeline, timeline
+from .timeline import timeline
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_SCHEME", "REGISTRY", "SCHEMES", "Scheme",
            "canonical_scheme", "make_plan", "make_plans", "scheme_named"]
@@ -173,8 +173,8 @@ def make_plan(profile: Profile, cost: CostModel, scheme: str, bucket_bytes: int 
             bucket_bytes, chosen.name, "bucket_bytes")
     if chosen.schedule is not None:
         runs, schedule, exact = chosen.schedule(profile, cost, bucket)
-        plan = scheduled_timeline(profile, cost, groups_from_runs(profile, runs), schedule,
-                                  scheme=chosen.name, nodes=nodes, exact=exact)
+        plan = timeline(profile, cost, groups_from_runs(profile, runs), schedule,
+                        scheme=chosen.name, nodes=nodes, exact=exact)
         return plan if bucket is None else replace(plan, bucket_bytes=bucket)
     runs, exact = chosen.runs(profile, cost, bucket)
     return timeline(profile, cost, groups_from_runs(profile, runs), scheme=chosen.name,

@@ -53,7 +53,7 @@ from ..model.interference_search import grouping_lower_bound
 from ..model.plan import Plan, load_plan
 from ..model.profile import load_profile
 from ..model.schemes import make_plan, scheme_named
-from ..model.timeline import scheduled_timeline, timeline
+from ..model.timeline import cycle, timeline
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
 from .gradient_comm import Guard
 from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
@@ -123,14 +123,15 @@ def median_prediction(plan: Any, steps: list, cost: CostModel, net: Learnables,
     times: what the measured median is compared with. Not the timeline of the median
     profile: where communication and backward end close together (where merging pays),
     each iteration ends with whichever is later that time, and the median of those maxima
-    exceeds the maximum of the medians. A plan with a schedule: its steady-state cycle, with
-    the measured per-layer forward and update times (`shape`)."""
+    exceeds the maximum of the medians. With the measured per-layer forward and update times
+    (`shape`) where the plan's schedule needs them."""
+    index = {name: i + 1 for i, name in enumerate(net.names)}
+    layers = [[index[n] for n in g] for g in plan.groups]
+    schedule = getattr(plan, "schedule", None)
+
     def predict(step):
         profile = as_profile(step, net.net_name, net.names, net.counts)
-        if getattr(plan, "schedule", None) is None:
-            return timeline(profile, cost, plan.groups).iteration_time
-        return scheduled_timeline(ForwardShape.apply(profile, shape), cost, plan.groups,
-                                  plan.schedule).iteration_time
+        return cycle(ForwardShape.apply(profile, shape), cost, layers, schedule).iteration_time
 
     return statistics.median(predict(s) for s in steps)
 

@@ -157,11 +157,13 @@ def _worker(a, comm, rank, size) -> int:
             out = {"ideal_profile": first.ideal, "schemes": {}, "a": h.cost.a, "b": h.cost.b,
                    "interference": [list(x) for x in h.cost.interference],
                    "interference_probe": [list(x) for x in r.probe_interference],
-                   "insitu": r.insitu.describe() if r.insitu is not None else None,
-                   "comm_ratio": r.comm_slowdown,
+                   "insitu": (r.in_situ.rho.describe() if r.in_situ and r.in_situ.rho
+                              else None),
+                   "comm_ratio": r.in_situ.comm_slowdown if r.in_situ else None,
                    "comm_slowdown": [list(x) for x in h.cost.comm_slowdown],
-                   "insitu_comm": (r.insitu_comm.describe() if r.insitu_comm is not None
+                   "insitu_comm": (r.in_situ.sigma.describe() if r.in_situ and r.in_situ.sigma
                                    else None),
+                   "interference_scale": r.scale,
                    "start_iter": start_iter,
                    "layers": list(first.layers), "layer_bytes": list(first.layer_bytes)}
             for label in a.schemes:

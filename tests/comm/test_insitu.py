@@ -12,7 +12,14 @@ from comm_fakes import run_ranks
 from google.protobuf import text_format
 
 from mgcaffe.comm.backends.local import LocalWorld
-from mgcaffe.comm.training.insitu import estimate, estimate_comm, last_arrivals, layer_overlaps
+from mgcaffe.comm.training.insitu import (
+    K_MAX,
+    calibrate,
+    estimate,
+    estimate_comm,
+    last_arrivals,
+    layer_overlaps,
+)
 from mgcaffe.comm.training.trainer import attach
 from mgcaffe.proto import caffe_pb2
 from mgcaffe.solvers import get_solver
@@ -214,19 +221,26 @@ def test_trainer_measures_a_known_slowdown_in_situ_on_every_rank(tmp_path, comm)
     assert window == [m for i in range(profile_iters * 2) for m in (1, kinds[i % len(kinds)])]
     assert messages[0] == messages[1]
     assert h0.replanner.probe_interference == ((64, 0.05),)
-    assert 0.6 * RHO <= h0.replanner.insitu.single <= 1.5 * RHO
-    # every rank adopted the same points, and the re-plan's prediction uses them
-    assert h0.cost.interference == h1.cost.interference
-    assert all(rho == pytest.approx(h0.replanner.insitu.single) for _, rho in h0.cost.interference)
-    assert h0.plan.interference == h0.cost.interference
+    in_situ = h0.replanner.in_situ
+    assert 0.6 * RHO <= in_situ.rho.single <= 1.5 * RHO
+    # every rank measured the same points
+    assert in_situ.cost.interference == h1.replanner.in_situ.cost.interference
+    assert all(rho == pytest.approx(in_situ.rho.single) for _, rho in in_situ.cost.interference)
     # the all-reduces last at least A: against the model's a + b*M (a = A), at least 1
-    assert 0.9 <= h0.replanner.comm_slowdown == h1.replanner.comm_slowdown
+    assert 0.9 <= in_situ.comm_slowdown == h1.replanner.in_situ.comm_slowdown
     # sigma measured (each message as the last rank to enter it saw it); every rank
-    # adopted the same points, and the plan carries them
-    assert h0.replanner.insitu_comm is not None
-    sigma = h0.replanner.insitu_comm
+    # measured the same points
+    assert in_situ.sigma is not None
+    sigma = in_situ.sigma
     assert 0.7 * SIGMA <= sigma.single <= 1.4 * SIGMA, sigma.describe()
-    assert h0.cost.comm_slowdown == h1.cost.comm_slowdown == h0.replanner.insitu_comm.points
+    assert in_situ.cost.comm_slowdown == h1.replanner.in_situ.cost.comm_slowdown == sigma.points
+    # the re-plan uses them as calibrated on the start-up plan's iterations, the same on
+    # every rank, and the plan carries them
+    assert h0.cost == h1.cost
+    scaled = in_situ.cost.scaled_interference(h0.replanner.scale)
+    assert (h0.cost.interference, h0.cost.comm_slowdown) == (scaled.interference,
+                                                             scaled.comm_slowdown)
+    assert h0.plan.interference == h0.cost.interference
     assert h0.plan.comm_slowdown == h0.cost.comm_slowdown
 
 
@@ -238,3 +252,13 @@ def test_each_message_as_the_last_rank_to_enter_it_saw_it():
     # a rank whose iterations do not line up is left out; no rows at all: nothing
     assert last_arrivals([r0, [], [[r1[0][0]]]]) == r0
     assert last_arrivals([[], []]) == []
+
+
+def test_calibrate_finds_the_scale_that_predicts_the_measured_iteration():
+    def predict(k):  # 10 s with no interference, 2 s more per unit of scale
+        return 10.0 + 2.0 * k
+
+    assert calibrate(predict, 11.0) == pytest.approx(0.5, rel=1e-3)
+    assert calibrate(predict, 9.0) == 0.0  # even none predicts more
+    assert calibrate(predict, 50.0) == K_MAX  # even the cap predicts less
+    assert calibrate(lambda k: 10.0, 12.0) == 1.0  # no information: as measured

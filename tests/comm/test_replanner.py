@@ -99,9 +99,10 @@ class Driver:
             self.executor.intervals.append((self.timer.forward_end, t, 64))
         if ready_layers is not None:
             ready = {k: v for k, v in ready.items() if k <= ready_layers}
-        self.clock = t + 0.5 + self.extra()
+        start, self.clock = self.timer.forward_start, t + 0.5 + self.extra()
         self.it += 1
-        if self.r.after_iteration(self.it, ready, periods=self.periods, measured=self.periods):
+        if self.r.after_iteration(self.it, ready, periods=self.periods, measured=self.periods,
+                                  closing=self.clock - start):
             self.switches.append(self.it)
             if self.periods is not None:
                 self.periods.clear()
@@ -143,7 +144,7 @@ def test_start_up_profile_warm_up_re_plan_window_then_switched_once(caplog):
     assert r.startup_prediction == pytest.approx(4.5)
     assert [layer["backward_time"] for layer in r.profile_dict["layers"]] == [1.0, 1.0, 1.0]
     assert "Re-planned at iteration 17: predicted iteration 4500.00 ms" in caplog.text
-    assert r.insitu is None and r.window is None
+    assert r.in_situ is None and r.window is None
 
 
 def test_no_re_plan_asked_runs_on_after_the_start_up_plan():
@@ -188,11 +189,11 @@ def test_in_situ_window_alternates_and_adopts_rho_and_sigma():
     assert window == [1] + [3, 1] * 6
     assert d.executor.intervals is None and r.window is None
     assert r.probe_interference == PROBE
-    assert r.insitu.single == pytest.approx(0.5)
-    assert r.cost.interference == ((64, pytest.approx(0.5)),)
-    assert r.insitu_comm.single == pytest.approx(1.5)
-    assert r.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
-    assert r.comm_slowdown == pytest.approx(1.5)
+    assert r.in_situ.rho.single == pytest.approx(0.5)
+    assert r.in_situ.cost.interference == ((64, pytest.approx(0.5)),)
+    assert r.in_situ.sigma.single == pytest.approx(1.5)
+    assert r.in_situ.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
+    assert r.in_situ.comm_slowdown == pytest.approx(1.5)
     assert r.plan.interference == r.cost.interference
 
 
@@ -203,7 +204,10 @@ def test_in_situ_window_without_messages_keeps_the_probe(caplog):
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
         d.run(12)
     assert d.switches == [3, 17] and r.phase is Phase.FIXED
-    assert r.insitu is None and r.insitu_comm is None and r.cost.interference == PROBE
+    assert r.in_situ.rho is None and r.in_situ.sigma is None
+    # the start-up plan's prediction (11 s: three messages of 3 s one after another) does
+    # not depend on the interference: its iterations say nothing about it
+    assert r.scale == 1.0 and r.cost.interference == r.in_situ.cost.interference == PROBE
     assert "no all-reduce was in flight during backward" in caplog.text
 
 
@@ -280,7 +284,7 @@ def test_re_plan_corrects_T_where_the_window_messages_differ(caplog):
         AfterBackward(r, 400, 0.8).run(30)
     # conv1's 400 B message took 0.8 s where the line said 0.5 s: T there is the measured
     # median now, and the larger sizes (start-up points) yield so that T never decreases
-    assert [s.nbytes for s in r.cost_corrections] == [400]
+    assert [s.nbytes for s in r.sent.corrections] == [400]
     assert r.cost.time(400) == pytest.approx(0.8) and r.cost.time(1200) == pytest.approx(0.8)
     assert r.cost.time(256) == pytest.approx(0.5)  # untouched below the measured size
     # wfbp: fc1 ready at 2 s ends 2.8, conv2 3 -> 3.8, conv1 4 -> 4.8 (was 4.5 by the line)
@@ -294,10 +298,10 @@ def test_re_plan_keeps_T_where_the_window_messages_agree(caplog):
     r = replanner()
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
         AfterBackward(r, 400, 0.5).run(30)
-    assert r.cost_corrections == [] and r.cost is WFBP_COST
+    assert r.sent.corrections == [] and r.cost is WFBP_COST
     assert r.median_prediction == pytest.approx(4.5)
     assert "checked against 11 message(s) of 1 size(s)" in caplog.text
-    assert "T holds within their spread" in caplog.text
+    assert "T holds within the middle half of them" in caplog.text
 
 
 def test_a_doubtful_T_starts_with_one_all_reduce_after_backward_until_the_re_plan(caplog):
@@ -410,25 +414,73 @@ def test_ranks_undo_the_re_plan_together_when_one_rank_measured_it_slower():
     assert [i for i, _ in r0.plan_switches] == [3, 23, 30]
 
 
-@pytest.mark.parametrize("extra, kept", [(0.0, False), (20.0, True)])
-def test_the_in_situ_model_is_kept_only_where_it_predicts_the_warm_up_closer(caplog, extra,
-                                                                             kept):
-    # wfbp's three messages of 3 s beside layers of 1 s: the probe (rho 0.05, sigma 1)
-    # predicts 11 s for them, the window's rho 0.5 and sigma 1.5 predict 12 s; the warm-up
-    # measured 4.5 s (nothing in the driver waits for messages) or 24.5 s
-    r = replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE), replan_after=8)
+class SlowWarmUp(Slower):
+    """`Slower`, but only while the start-up plan runs in warm-up: what a machine busy with
+    something else for a while does to those iterations."""
+
+    def extra(self) -> float:
+        return super().extra() if self.r.phase is Phase.WARM_UP else 0.0
+
+
+def interfered(**options) -> Replanner:
+    # wfbp's three messages of 3 s beside layers of 1 s, a start-up probe of rho 0.05
+    return replanner(cost=CostModel(3.0, 0.0).with_interference(PROBE), replan_after=8,
+                     **options)
+
+
+@pytest.mark.parametrize("extra, scale", [(0.0, 0.0), (30.0, 4.0)])
+def test_the_interference_is_calibrated_on_the_plans_own_iterations(caplog, extra, scale):
+    # the window measures rho 0.5 and sigma 1.5 (each layer 1.5 s beside a message, the
+    # message 4.5 s, all during backward); the model predicts 11 s for the start-up plan with
+    # no interference (fc1 ready at 2 s, three messages of 3 s: 2-5, 5-8, 8-11) and 12 s
+    # with the measured one. Its iterations in the window measured 1 + 4.5 + 0.5 + extra:
+    # 6 s, below even no interference (scale 0: the paper's model), or 36 s, above the
+    # cap (scale 4)
+    r = interfered()
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
         d = Slower(r, [extra], slow=1.5).run(30)
     assert d.switches == [3, 23]
-    assert r.insitu.single == pytest.approx(0.5)  # measured either way
-    if kept:
-        assert r.cost.interference == ((64, pytest.approx(0.5)),)
-        assert r.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
-        assert "the re-plan uses the in-situ ones" in caplog.text
-    else:
-        assert r.cost.interference == PROBE and r.cost.comm_slowdown == ()
-        assert "the re-plan uses the start-up probe's" in caplog.text
+    assert r.in_situ.rho.single == pytest.approx(0.5)  # measured either way
+    assert r.scale == scale
+    assert r.cost == r.in_situ.cost.scaled_interference(scale)
     assert r.plan.interference == r.cost.interference
-    assert (f"The start-up plan measured {4500 + extra * 1000:.2f} ms per iteration in warm-up "
-            "(median of its last 6, slowest rank); with the in-situ rho and sigma the model "
-            "predicts 12000.00 ms for it, with the start-up probe's 11000.00 ms") in caplog.text
+    assert (f"The start-up plan measured {6000 + extra * 1000:.2f} ms per iteration in the "
+            "re-plan window, between its profiled iterations (median of 6, slowest rank); the "
+            "model predicts 12000.00 ms for it with the measured rho and sigma, 11000.00 ms "
+            f"with none: the re-plan uses them x{scale:.2f}") in caplog.text
+    if scale == 0.0:
+        assert not r.cost.interferes and r.median_prediction == pytest.approx(11.0)
+
+
+def test_the_calibration_lands_between_the_bounds():
+    # 11.5 s measured: between no interference (11 s) and the measured one (12 s)
+    r = interfered()
+    Slower(r, [5.5], slow=1.5).run(30)
+    assert 0.0 < r.scale < 1.0
+    assert r.median_prediction == pytest.approx(11.5, rel=1e-3)
+
+
+def test_a_warm_up_slowed_by_something_else_does_not_calibrate_the_model(caplog):
+    # the start-up plan measured 26 s per iteration in warm-up (20 s more than anything the
+    # model sees), 6 s between the window's profiled iterations: the model follows the
+    # window (no interference predicts 11 s, more than 6: scale 0), not the warm-up
+    r = interfered()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        d = SlowWarmUp(r, [20.0], slow=1.5).run(30)
+    assert d.switches == [3, 23]
+    assert r.scale == 0.0 and r.median_prediction == pytest.approx(11.0)
+    assert "measured 6000.00 ms per iteration in the re-plan window" in caplog.text
+
+
+def test_without_the_plans_iterations_in_the_window_the_warm_up_calibrates():
+    # a GPU stream measures nothing in situ: its window runs only the profile, so the
+    # start-up plan's last iterations in warm-up (4.5 + 20 s) calibrate the probe's model:
+    # above even 4 x its rho (0.2). wfbp's messages of 0.5 s then slow each next layer's
+    # first 0.5 s to 1/1.2: fc1 ready at 2, conv2 at 2.5 + (1 - 0.5 / 1.2), conv1 at 3.0833
+    # + 0.5 + 0.5833 = 4.1667, its message ends at 4.6667 s
+    r = replanner(cost=WFBP_COST.with_interference(PROBE), replan_after=8)
+    d = Slower(r, [20.0], mode="stream").run(30)
+    assert d.switches == [3, 23] and r.in_situ is None
+    assert r.scale == 4.0
+    assert r.cost == WFBP_COST.with_interference(PROBE).scaled_interference(4.0)
+    assert r.median_prediction == pytest.approx(4.6667, rel=1e-4)

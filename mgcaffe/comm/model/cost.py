@@ -206,6 +206,12 @@ class CostModel:
         """The same model with these (bytes, sigma) points."""
         return self.with_interference(self.interference, points)
 
+    def scaled_interference(self, k: float) -> CostModel:
+        """The same model with its interference k times as strong: rho(M) -> k rho(M) and
+        sigma(M) -> 1 + k (sigma(M) - 1) (k = 0: none, the paper's model; 1: as given)."""
+        return self.with_interference([(m, k * rho) for m, rho in self.interference],
+                                      [(m, 1.0 + k * (s - 1.0)) for m, s in self.comm_slowdown])
+
     def describe(self) -> str:
         """T_ar in a few words: the line, or the measured curve's extent and its line."""
         line = f"a = {self.a * 1e6:.3f} us, b = {self.b * 1e9:.4f} ns/byte"

@@ -7,6 +7,9 @@ whole gradient, kept as the measured curve (piecewise linear through each size's
 with the line of least relative error beside it), plus the interference probe (how much computation
 slows while an all-reduce is in flight, and the all-reduce while computation runs). A
 collective when it measures.
+
+`SentMessages` checks T once more in training: the re-plan window's messages sent after
+backward, and T corrected at the sizes where it lies outside the middle half of them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import numpy as np
 
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel, cost_for, load_network
+from ..model.cost_fit import SizeTimes, correct, summarise
 from .benchmark import measure_allreduce
 from .gradient_comm import Guard
+from .insitu import last_arrivals
 from .interference import interference_sizes, measure_slowdowns
 from .notices import fit_notices
 from .options import Options
@@ -90,3 +95,61 @@ def with_interference(cost: CostModel, comm: Communicator, gradient_bytes: int, 
                  ", ".join(f"{m / 1e6:.3g} MB x{sigma:.2f}" for m, _, sigma in points))
     return cost.with_interference([(m, rho) for m, rho, _ in points],
                                   comm_slowdown=[(m, sigma) for m, _, sigma in points])
+
+
+class SentMessages:
+    """The re-plan window's messages sent after backward ended (undisturbed by it), per
+    iteration as (bytes, seconds), and T corrected where it lies outside the middle half of
+    them (`correct`)."""
+
+    def __init__(self):
+        self.sent: list[list[tuple[int, float]]] = []
+        self.seen = 0  # of the executor's intervals, those already read
+        self.corrections: list[SizeTimes] = []  # sizes the re-plan corrected T at
+
+    def record(self, intervals: list, ready: dict[int, float], layers: int, counted: bool,
+               keep: bool) -> None:
+        """Read this iteration's new `intervals` ((start, end, bytes) of every all-reduce);
+        keep those sent after layer 1's gradient was ready when `counted` and every one of
+        the `layers` gradients was. `keep`: another reader still needs the intervals
+        (else the list is emptied, to keep it short)."""
+        new = intervals[self.seen:]
+        if keep:
+            self.seen = len(intervals)
+        else:
+            intervals.clear()
+            self.seen = 0
+        end = ready.get(1)
+        if counted and end is not None and len(ready) == layers:
+            self.sent.append([(m, t1 - t0) for t0, t1, m in new if t0 >= end])
+
+    def correct(self, comm: Communicator, guard: Guard, cost: CostModel | None,
+                largest: int) -> CostModel | None:
+        """`cost` with T corrected where it lies outside the middle half of the messages of
+        a size (`cost_fit.correct`), each message as the last rank to enter it saw it (a
+        collective: every rank adopts the same model). `largest`: the whole gradient's
+        bytes."""
+        with guard("gathering the re-plan window's message times"):
+            gathered = comm.allgather(self.sent)
+        self.sent = []
+        if cost is None:
+            return None
+        rows = last_arrivals(gathered)
+        measured = summarise([(m, t) for messages in rows for m, t in messages])
+        corrected, self.corrections = correct(cost, measured, largest=largest)
+        if comm.rank == 0:
+            _log_correction(cost, corrected, measured, self.corrections)
+        return corrected
+
+
+def _log_correction(before: CostModel, after: CostModel, measured: list[SizeTimes],
+                    corrections: list[SizeTimes]) -> None:
+    if not corrections:
+        log.info("All-reduce cost checked against %d message(s) of %d size(s) sent after "
+                 "backward in the window: T holds within the middle half of them",
+                 sum(s.count for s in measured), len(measured))
+        return
+    log.info("All-reduce cost corrected from the window's messages at %s",
+             ", ".join(f"{s.nbytes / 1e6:.3g} MB ({before.time(s.nbytes) * 1e3:.3g} -> "
+                       f"{s.median * 1e3:.3g} ms, {s.count} messages)" for s in corrections))
+    log.debug("All-reduce cost after the correction: %s", after.describe())

@@ -24,24 +24,40 @@ flight for d seconds, o of them during backward, took
 
 longer than the cost model's T(M) = a + b*M. `estimate_comm` fits z like x above (one z and
 per size class, bootstrap, one sigma when it fits every class within noise).
-Pure functions: the trainer gathers the rows, every rank computes the same result.
+The estimates are pure functions: every rank computes the same result from the gathered rows.
+
+`InSituWindow` gathers those rows during the re-plan window, and with them the window's
+iterations that ran the start-up plan as training runs it (interleaved with the profile, so
+both see the same machine); `adopt_in_situ` turns the rows into the cost model's rho and
+sigma, and `calibrate` scales that interference so that the model predicts those iterations:
+what the model then predicts is calibrated on iterations run as the steady state runs.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CommInSitu", "InSitu", "estimate", "estimate_comm", "last_arrivals",
-           "layer_overlaps"]
+from ..backends.communicator import Communicator
+from ..model.cost import CostModel
+from .gradient_comm import Guard
+from .notices import in_situ_summary
+
+__all__ = ["CommInSitu", "InSitu", "InSituResult", "InSituWindow", "adopt_in_situ", "calibrate",
+           "estimate", "estimate_comm", "last_arrivals", "layer_overlaps"]
+
+log = logging.getLogger("mgcaffe.comm")
 
 MAX_X = 0.95  # x = rho / (1 + rho) < 1: rho at most 19 (a layer 20x slower)
 MIN_BUSY_SHARE = 0.10  # a size class needs this share of the in-flight time to be judged
 BOOTSTRAP = 200
+K_MAX = 4.0  # the calibration scales the measured interference by at most this much
 
 
 @dataclass(frozen=True)
@@ -271,3 +287,141 @@ def estimate_comm(overlapped: Sequence[Sequence[tuple[int, float, float, float]]
     after = after_measured / after_modelled if after_modelled > 0 else 0.0
     return CommInSitu(points, _sigma(single_z), tuple(per_size), one, len(rows),
                       float(R.sum()), after)
+
+
+# ----------------------------------------------------------------------------- the window
+@dataclass
+class InSituWindow:
+    """The re-plan window beside its profile (the undisturbed iterations, every gradient in
+    one all-reduce after backward): overlapped iterations, which measure rho and sigma, and
+    the closing-line time of every iteration that ran the start-up plan as training runs it
+    (`plan_times`; the undisturbed ones for a plan of one message)."""
+
+    #: the group lists the overlapped iterations take turns with (per layer; the plan's)
+    overlapped: list
+    #: the start-up plan's groups, where its iterations here run as training runs them
+    plan_groups: Any = None
+    #: per overlapped iteration: each layer's backward time and what was in flight meanwhile
+    rows: list = field(default_factory=list)
+    #: per overlapped iteration: (bytes, time in flight, of it during backward, a + b*M)
+    messages: list = field(default_factory=list)
+    seen: int = 0  # overlapped iterations so far (the first warms and is not counted)
+    comm_measured: float = 0.0  # time in flight of the messages sent during backward
+    comm_modelled: float = 0.0  # what a + b*M predicts for the same messages
+    plan_times: list = field(default_factory=list)
+    running: Any = None  # the groups of the iteration under way
+
+    def groups_for(self, n: int, whole: Any) -> Any:
+        """What window iteration n (from 0) runs: `whole` (a plan of one all-reduce after
+        backward) for even n, for odd n the overlapped group lists in turn."""
+        chosen = self.overlapped[(n // 2) % len(self.overlapped)] if n % 2 == 1 else whole
+        self.running = [list(g) for g in getattr(chosen, "groups", chosen)]
+        return chosen
+
+    def add_time(self, seconds: float | None) -> None:
+        """The closing-line time of the iteration just run (None: not counted, as the
+        window's first, which warms)."""
+        if seconds is not None and self.plan_groups is not None and \
+                self.running == [list(g) for g in self.plan_groups]:
+            self.plan_times.append(seconds)
+
+    def add_overlapped(self, forward_end: float, ready: dict[int, float], intervals: list,
+                       cost: CostModel, layers: int) -> None:
+        """One overlapped iteration: each layer's backward time and what was in flight
+        meanwhile, and each message's time in flight, how much of it during backward and
+        what a + b*M predicts for it (the first such iteration warms and is not counted)."""
+        self.seen += 1
+        if self.seen <= 1 or len(ready) != layers:
+            return
+        self.rows.append(layer_overlaps(forward_end, ready, intervals, layers))
+        start, end = forward_end, ready[1]
+        self.messages.append(
+            [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), cost.time(m))
+             for t0, t1, m in intervals])
+        for t0, t1, m in intervals:
+            if t0 < end:
+                self.comm_measured += t1 - t0
+                self.comm_modelled += cost.time(m)
+
+
+@dataclass(frozen=True)
+class InSituResult:
+    """What the window measured in situ: the cost model with it (`cost`), rho (`rho`, None
+    when nothing was in flight during backward), sigma (`sigma`), the all-reduces' measured
+    over modelled time during backward (`comm_slowdown`), the start-up probe's rho points."""
+
+    cost: CostModel
+    rho: InSitu | None = None
+    sigma: CommInSitu | None = None
+    comm_slowdown: float | None = None
+    probe: tuple = ()
+
+
+def adopt_in_situ(comm: Communicator, guard: Guard, cost: CostModel, window: InSituWindow,
+                  undisturbed: list) -> InSituResult:
+    """rho and sigma from the window on every rank (the slowest rank's rho; sigma from each
+    message as the rank that entered it last saw it), in `cost` for the re-plan and the
+    rest of the run: a collective, every rank adopting the same points. `undisturbed`: this
+    rank's profiled iterations' [t_b per layer]."""
+    probe = tuple(cost.interference)
+    classes = [m for m, _ in probe]
+    mine = estimate(undisturbed, window.rows, classes)
+    with guard("gathering the in-situ interference estimates"):
+        gathered = comm.allgather((mine, window.messages))
+    found = [e for e, _ in gathered if e is not None]
+    comm_est = estimate_comm(last_arrivals([m for _, m in gathered]), classes)
+    if comm_est is not None:
+        cost = cost.with_comm_slowdown(comm_est.points)
+        if comm.rank == 0:
+            log.debug("Communication slows beside backward, measured in situ (each message "
+                      "as the last of %d rank(s) to enter it saw it): %s; the model now uses "
+                      "%s", comm.size, comm_est.describe(),
+                      ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
+    probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
+    if not found:
+        if comm.rank == 0:
+            log.info("Interference in situ: no all-reduce was in flight during backward in the "
+                     "window; keeping the start-up probe's rho (%s)", probe_text)
+            if comm_est is not None:
+                log.info("%s", in_situ_summary(None, comm_est.single, comm.size))
+        return InSituResult(cost, None, comm_est, None, probe)
+    est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
+    with guard("gathering the in-situ all-reduce times"):
+        slowest = max(m / p if p > 0 else 1.0 for m, p in
+                      comm.allgather((window.comm_measured, window.comm_modelled)))
+    if comm.rank == 0:
+        log.info("%s", in_situ_summary(est.single, getattr(comm_est, "single", None),
+                                       comm.size))
+        log.debug("All-reduces sent while backward ran took %.2fx their a + b*M (slowest rank; "
+                  "whole messages, also their part after backward)", slowest)
+        log.debug("Computation slows beside the all-reduces, measured in situ on the slowest "
+                  "of %d rank(s): %s; the model now uses %s (start-up GEMM probe: %s)",
+                  comm.size, est.describe(),
+                  ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
+                  probe_text)
+    return InSituResult(cost.with_interference(est.points), est, comm_est, slowest, probe)
+
+
+def calibrate(predict: Callable[[float], float], measured: float, k_max: float = K_MAX,
+              rel: float = 1e-4) -> float:
+    """The scale k in [0, k_max] of the measured interference (`CostModel.
+    scaled_interference`) at which `predict(k)` (an iteration's predicted seconds, never
+    less for a larger k) equals `measured`: 0 where even no interference predicts more,
+    k_max where even k_max predicts less; by bisection to `rel` of `measured`. 1 (as
+    measured) where the prediction does not depend on k (nothing overlaps backward, as
+    one all-reduce after it): those iterations say nothing about interference."""
+    low, high = predict(0.0), predict(k_max)
+    if high - low <= rel * measured:
+        return 1.0
+    if low >= measured:
+        return 0.0
+    if high <= measured:
+        return k_max
+    lo, hi = 0.0, k_max
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        t = predict(mid)
+        if abs(t - measured) <= rel * measured:
+            return mid
+        lo, hi = (mid, hi) if t < measured else (lo, mid)
+    return (lo + hi) / 2

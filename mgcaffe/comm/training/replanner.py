@@ -14,15 +14,17 @@ A run's plan goes through named phases (`Phase`):
 - WARM_UP: the start-up plan runs until `replan_after` iterations later.
 - REPLAN_PROFILE: a second, longer profile. Every message sent after backward in its
   undisturbed iterations (the plan's last ones, or the whole gradient at once) is timed as
-  the rank that entered it last saw it; where the cost model's T misses a size beyond those
-  messages' spread, T is corrected there (`cost_fit.correct`) before the re-plan. With
-  measured interference in the cost model the window alternates undisturbed iterations (the
-  profile) with overlapped ones (all-reduces during backward), measuring in situ how much
-  backward slows beside its all-reduces (rho) and how much those slow beside backward
-  (sigma); then the re-plan, switched likewise. The in-situ rho and sigma are kept only
-  when they predict the start-up plan's measured warm-up (the closing line's measure, its
-  last iterations) at least as well as the start-up probe's: both are estimates from other
-  messages than a real schedule's, and the warm-up is one measured.
+  the rank that entered it last saw it; where the cost model's T lies outside the middle
+  half of those messages of a size, T there becomes their median (`cost_fit.correct`)
+  before the re-plan. With measured interference in the cost model the window alternates
+  undisturbed iterations (the profile) with overlapped ones (all-reduces during backward),
+  measuring in situ how much backward slows beside its all-reduces (rho) and how much those
+  slow beside backward (sigma) (`insitu.py`). Both are estimates from other messages than
+  the plan's own, so the model is then calibrated on the start-up plan's iterations as
+  training runs them: the window's (among the overlapped ones, or the undisturbed ones for a
+  plan of one message), which run between the profile's on the same machine, else its last
+  ones in warm-up. The measured interference is scaled (`insitu.calibrate`) until the model
+  predicts their median (the closing line's measure). Then the re-plan, switched likewise.
 - REPLAN_CHECK: the model the re-plan used can still be wrong where it was not measured (rho
   and sigma come from per-layer and start-up-plan messages, not the new plan's). When the
   re-plan changed the plan, its first `check_iters` iterations (forward start to the next
@@ -42,22 +44,21 @@ import enum
 import logging
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CommError, MgcaffeError
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel
-from ..model.cost_fit import SizeTimes, correct, summarise
 from ..model.interference_search import grouping_lower_bound
 from ..model.plan import Plan, load_plan
 from ..model.profile import load_profile
 from ..model.schemes import make_plan, scheme_named
 from ..model.timeline import cycle, timeline
 from ..runtime.timing import OnlineProfile, as_profile, median_profile, per_iteration_slowest
+from .cost_source import SentMessages
 from .gradient_comm import Guard
-from .insitu import InSitu, estimate, estimate_comm, last_arrivals, layer_overlaps
-from .notices import in_situ_summary
+from .insitu import InSituResult, InSituWindow, adopt_in_situ, calibrate
 from .options import Options
 from .overlap import ForwardShape
 from .startup import (
@@ -90,21 +91,6 @@ class Phase(enum.Enum):
     REPLAN_PROFILE = "re-plan profile"
     REPLAN_CHECK = "re-plan check"
     FIXED = "fixed"
-
-
-@dataclass
-class InSituWindow:
-    """The re-plan window's overlapped iterations, when it measures rho and sigma in situ."""
-
-    #: the group lists the overlapped iterations take turns with (per layer; the plan's)
-    overlapped: list
-    #: per overlapped iteration: each layer's backward time and what was in flight meanwhile
-    rows: list = field(default_factory=list)
-    #: per overlapped iteration: (bytes, time in flight, of it during backward, a + b*M)
-    messages: list = field(default_factory=list)
-    seen: int = 0  # overlapped iterations so far (the first warms and is not counted)
-    comm_measured: float = 0.0  # time in flight of the messages sent during backward
-    comm_modelled: float = 0.0  # what a + b*M predicts for the same messages
 
 
 @dataclass
@@ -158,29 +144,25 @@ class Replanner:
         self.plan_switches: list[tuple[int, str]] = []  # (iteration, digest), every rank
         self.startup_prediction: float | None = None  # the start-up plan's, once re-planned
         self.median_prediction: float | None = None  # median of the plan's per-iteration times
-        self.insitu: InSitu | None = None  # the in-situ rho once measured
-        self.comm_slowdown: float | None = None  # in situ: all-reduce time / (a + b*M)
-        self.insitu_comm: Any = None  # the in-situ sigma (insitu.CommInSitu) once measured
+        self.in_situ: InSituResult | None = None  # what the window measured in situ
+        self.scale: float | None = None  # the calibration's scale of the interference
         self.executor: Any = None
         self.timer: Any = None
         self.keep_timer = False  # the trace needs the timer after profiling too
-        # the re-plan window's messages sent after backward: per iteration, (bytes, seconds)
-        self.sent: list[list[tuple[int, float]]] = []
-        self._intervals_seen = 0  # of executor.intervals, those already read into `sent`
-        self.cost_corrections: list[SizeTimes] = []  # sizes the re-plan corrected T at
+        self.sent = SentMessages()  # the re-plan window's messages sent after backward
         self.scheme = options.scheme  # what is planned (the trainer may fall back)
         self.shape: ForwardShape | None = None  # per-layer forward/update times, scheduled
         self.forward_shape: Any = None  # the ranks' combined shape of the latest profile
         self.warmup_periods: list[float] = []  # the start-up plan's last periods in warm-up
         self.warmup_measured: list[float] = []  # ... and its closing-line measure there
-        self.probe_model: tuple | None = None  # the probe's (rho, sigma) points, once replaced
         self.check_at: int | None = None  # iteration at which the re-plan is judged
         self.fallback: tuple[Any, float] | None = None  # (start-up plan, its prediction now)
 
     @property
     def probe_interference(self) -> tuple:
         """The start-up probe's rho points where in-situ ones replaced them; else ()."""
-        return self.probe_model[0] if self.insitu is not None else ()
+        found = self.in_situ is not None and self.in_situ.rho is not None
+        return self.in_situ.probe if found else ()
 
     @property
     def check_iters(self) -> int:
@@ -299,15 +281,17 @@ class Replanner:
                         gates: dict[int, float] | None = None,
                         updates: list[float] | None = None,
                         periods: list[float] | None = None,
-                        measured: list[float] | None = None) -> bool:
+                        measured: list[float] | None = None,
+                        closing: float | None = None) -> bool:
         """Advance the phase after iteration `it - 1` (the solver's count already includes
         it), given each learnable layer's gradient-ready time (and, per layer, the seconds
         the forward waited for gradients and updated: `gates`, and the update times) and
         the iterations measured since the plan last switched (`periods`: forward start to
         the next forward start, the first one still under the plan before; `measured`: the
-        same iterations as the closing line measures them); True when the plan switched."""
+        same iterations as the closing line measures them), and this iteration's forward
+        start to reduced gradients (`closing`); True when the plan switched."""
         if self.profiling:
-            return self._profile_step(it, ready, gates or {}, updates)
+            return self._profile_step(it, ready, gates or {}, updates, closing)
         if self.phase is Phase.WARM_UP and it >= self.replan_at:
             self.warmup_periods = (periods or [])[1:][-self.check_iters:]
             self.warmup_measured = (measured or [])[1:][-self.check_iters:]
@@ -317,14 +301,19 @@ class Replanner:
         return False
 
     def _profile_step(self, it: int, ready: dict[int, float], gates: dict[int, float],
-                      updates: list[float] | None) -> bool:
+                      updates: list[float] | None, closing: float | None) -> bool:
         prof, window = self.profiler, self.window
         overlapped = window is not None and self.profiled_iters % 2 == 1
         if self.phase is Phase.REPLAN_PROFILE and not overlapped:
             self._record_sent(ready)
         self.profiled_iters += 1  # counted alike on every rank: the switch is a collective
+        if window is not None:
+            window.add_time(closing if self.profiled_iters > 1 else None)
         if overlapped:
-            self._add_overlapped(ready)
+            window.add_overlapped(self.timer.forward_end, ready, self.executor.intervals or [],
+                                  self.cost, len(self.net.names))
+            self.executor.intervals = []
+            self.sent.seen = 0
         elif len(ready) == len(self.net.names):
             # t_f without the waits of a layer-by-layer plan for the previous gradients
             prof.add(self.timer.forward_start + sum(gates.values()), self.timer.forward_end,
@@ -332,9 +321,8 @@ class Replanner:
             if self.shape is not None:
                 self.shape.sample(self.timer, gates, updates)
         if window is not None:  # the next iteration's kind: odd ones overlap
-            n = self.profiled_iters
-            self.executor.set_plan(window.overlapped[(n // 2) % len(window.overlapped)]
-                                   if n % 2 == 1 else synceasgd_groups(self.net.names))
+            self.executor.set_plan(window.groups_for(self.profiled_iters,
+                                                     synceasgd_groups(self.net.names)))
         replanning = self.phase is Phase.REPLAN_PROFILE
         wanted_iters = self.options.profile_iters
         if replanning:  # after warm-up: a fixed, longer window for a stable median
@@ -355,14 +343,18 @@ class Replanner:
         if self.rank == 0:
             log.debug("%s", prof.describe_spread(recent))
         if window is not None:
-            self._adopt_in_situ_rho(window)
+            self.window, self.executor.intervals = None, None
+            self.in_situ = adopt_in_situ(self.comm, self.guard, self.cost, window,
+                                         [b for _, b in prof.samples])
+            self.cost = self.in_situ.cost
         self.profiler = None
         if not self.keep_timer:
             self.timer.remove()
-        self._replan(it, prof, recent, replanning)
+        self._replan(it, prof, recent, replanning, window)
         return True
 
-    def _replan(self, it: int, prof: OnlineProfile, recent: int, replanning: bool) -> None:
+    def _replan(self, it: int, prof: OnlineProfile, recent: int, replanning: bool,
+                window: InSituWindow | None = None) -> None:
         """Plan from the profile's last `recent` iterations and switch every rank to it."""
         # The step waits for the slowest rank: plan with the latest ready time of each layer,
         # iteration by iteration.
@@ -380,8 +372,10 @@ class Replanner:
         net = self.net
         startup_now = None  # the start-up plan's prediction under the re-plan's model
         if replanning:
-            self._correct_cost()
-            startup_now = self._validate_in_situ(before, steps, shape)
+            self.cost = self.sent.correct(self.comm, self.guard, self.cost,
+                                          sum(net.counts) * net.itemsize)
+            startup_now = self._calibrate(before, steps, shape,
+                                          window.plan_times if window is not None else [])
         plan = self._make_and_share(
             lambda: ForwardShape.apply(median_profile(steps, net.net_name, net.names,
                                                       net.counts), shape),
@@ -463,7 +457,7 @@ class Replanner:
         self.profiled_iters = 0
         self.profiler = OnlineProfile(self.net.net_name, self.net.names, self.net.counts, skip=1)
         self.timer.install()
-        self.sent, self._intervals_seen = [], 0
+        self.sent = SentMessages()
         self.executor.intervals = []  # every message's span: T is checked against them
         runs_on = not getattr(self.cost, "interferes", False)
         if not runs_on:
@@ -480,7 +474,11 @@ class Replanner:
             groups = [list(g) for g in getattr(self.plan, "groups", ())]
             if 1 < len(groups) < len(self.net.names):
                 overlapped.append(groups)
-            self.window = InSituWindow(overlapped)
+            # the start-up plan's own iterations here run as training runs them, unless it
+            # has a schedule (its next forward overlaps the messages: not between profiles)
+            own = groups if getattr(self.plan, "schedule", None) is None else None
+            self.window = InSituWindow(overlapped, own)
+            self.window.groups_for(0, synceasgd_groups(self.net.names))
         if self.rank == 0:
             log.info("Warm-up over at iteration %d: profiling %d more iterations to re-plan "
                      "once", it, PROFILE_EXTENSION * self.options.profile_iters)
@@ -498,137 +496,37 @@ class Replanner:
         intervals = self.executor.intervals
         if intervals is None or self.executor.mode == "stream":
             return  # a GPU stream's calls return at once: their spans are not flight times
-        new = intervals[self._intervals_seen:]
-        if self.window is None:  # nothing else reads them: keep the list short
-            intervals.clear()
-            self._intervals_seen = 0
-        else:
-            self._intervals_seen = len(intervals)
-        end = ready.get(1)
-        if self.profiled_iters == 0 or end is None or len(ready) != len(self.net.names):
-            return
-        self.sent.append([(m, t1 - t0) for t0, t1, m in new if t0 >= end])
-
-    def _correct_cost(self) -> None:
-        """Correct T where the window's messages differ from it beyond their spread: each
-        message as the last rank to enter it saw it (a collective: every rank adopts the same
-        model)."""
-        with self.guard("gathering the re-plan window's message times"):
-            gathered = self.comm.allgather(self.sent)
-        self.sent = []
-        if self.cost is None:
-            return
-        rows = last_arrivals(gathered)
-        measured = summarise([(m, t) for messages in rows for m, t in messages])
-        before = self.cost
-        whole = sum(self.net.counts) * self.net.itemsize
-        self.cost, self.cost_corrections = correct(self.cost, measured, largest=whole)
-        if self.rank != 0:
-            return
-        counted = sum(s.count for s in measured)
-        if not self.cost_corrections:
-            log.info("All-reduce cost checked against %d message(s) of %d size(s) sent after "
-                     "backward in the window: T holds within their spread", counted,
-                     len(measured))
-            return
-        log.info("All-reduce cost corrected from the window's messages at %s",
-                 ", ".join(f"{s.nbytes / 1e6:.3g} MB ({before.time(s.nbytes) * 1e3:.3g} -> "
-                           f"{s.median * 1e3:.3g} ms, {s.count} messages)"
-                           for s in self.cost_corrections))
-        log.debug("All-reduce cost after the correction: %s", self.cost.describe())
+        self.sent.record(intervals, ready, len(self.net.names), self.profiled_iters > 0,
+                         keep=self.window is not None)
 
     # ------------------------------------------------------------------ in situ
-    def _add_overlapped(self, ready: dict[int, float]) -> None:
-        """One overlapped iteration of the re-plan window: each layer's backward time and
-        what was in flight meanwhile (the first such iteration warms and is not counted)."""
-        window, intervals = self.window, self.executor.intervals or []
-        self.executor.intervals = []
-        self._intervals_seen = 0
-        window.seen += 1
-        if window.seen > 1 and len(ready) == len(self.net.names):
-            window.rows.append(layer_overlaps(self.timer.forward_end, ready, intervals,
-                                              len(self.net.names)))
-            # the other direction (sigma): each message's time in flight, how much of it
-            # during backward, and what a + b*M predicts for it
-            start, end = self.timer.forward_end, ready[1]
-            window.messages.append(
-                [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), self.cost.time(m))
-                 for t0, t1, m in intervals])
-            for t0, t1, m in intervals:
-                if t0 < end:
-                    window.comm_measured += t1 - t0
-                    window.comm_modelled += self.cost.time(m)
-
-    def _validate_in_situ(self, before: Any, steps: list, shape: Any) -> float | None:
-        """Keep the in-situ rho and sigma, or go back to the start-up probe's, whichever
-        predicts the start-up plan's measured warm-up closer (on the re-plan window's
-        profile; every rank computes the same from gathered numbers). Returns the start-up
-        plan's prediction under the model kept (None when there was nothing to compare)."""
-        if self.probe_model is None or len(self.warmup_measured) < 2:
+    def _calibrate(self, before: Any, steps: list, shape: Any, times: list) -> float | None:
+        """Scale the model's interference so that it predicts the start-up plan's iterations
+        as they ran in training: the window's (`times`, interleaved with the profile, so that
+        both saw the same machine) where there were at least two, else its last ones in
+        warm-up (a schedule, or nothing measured in situ). Every rank computes the same from
+        gathered numbers. Returns the start-up plan's prediction under the model kept (None
+        when there was nothing to calibrate)."""
+        where, samples = "in the re-plan window, between its profiled iterations", times
+        if len(times) < 2:
+            where, samples = "in warm-up", self.warmup_measured
+        if not getattr(self.cost, "interferes", False) or len(samples) < 2:
             return None
-        with self.guard("gathering the start-up plan's measured warm-up"):
-            measured = max(self.comm.allgather(statistics.median(self.warmup_measured)))
-        interference, sigma = self.probe_model
-        probe = self.cost.with_interference(interference, comm_slowdown=sigma)
-        in_situ = median_prediction(before, steps, self.cost, self.net, shape)
-        by_probe = median_prediction(before, steps, probe, self.net, shape)
-        keep = abs(in_situ - measured) <= abs(by_probe - measured)
-        if not keep:
-            self.cost = probe
-        if self.rank == 0:
-            log.info("The start-up plan measured %.2f ms per iteration in warm-up (median of "
-                     "its last %d, slowest rank); with the in-situ rho and sigma the model "
-                     "predicts %.2f ms for it, with the start-up probe's %.2f ms: the re-plan "
-                     "uses the %s", measured * 1e3, len(self.warmup_measured), in_situ * 1e3,
-                     by_probe * 1e3, "in-situ ones" if keep else "start-up probe's")
-        return in_situ if keep else by_probe
+        with self.guard("gathering the start-up plan's measured iterations"):
+            measured = max(self.comm.allgather(statistics.median(samples)))
+        base = self.cost
 
-    def _adopt_in_situ_rho(self, window: InSituWindow) -> None:
-        """Estimate rho from the window's two kinds of iterations on every rank, keep the
-        slowest rank's (a collective: every rank adopts the same points), and use it in the
-        cost model for the re-plan, its prediction and the rest of the run."""
-        self.window = None
-        self.executor.intervals = None
-        self.probe_model = (tuple(self.cost.interference), tuple(self.cost.comm_slowdown))
-        probe = self.probe_model[0]
-        classes = [m for m, _ in probe]
-        mine = estimate([b for _, b in self.profiler.samples], window.rows, classes)
-        with self.guard("gathering the in-situ interference estimates"):
-            gathered = self.comm.allgather((mine, window.messages))
-        found = [e for e, _ in gathered if e is not None]
-        # sigma from each message as the rank that entered it last saw it (every rank
-        # computes the same from the same rows)
-        comm_est = estimate_comm(last_arrivals([m for _, m in gathered]), classes)
-        if comm_est is not None:
-            self.insitu_comm = comm_est
-            self.cost = self.cost.with_comm_slowdown(comm_est.points)
-            if self.rank == 0:
-                log.debug("Communication slows beside backward, measured in situ (each "
-                          "message as the last of %d rank(s) to enter it saw it): %s; the "
-                          "model now uses %s", self.size, comm_est.describe(),
-                          ", ".join(f"{m / 1e6:.3g} MB x{v:.2f}" for m, v in comm_est.points))
-        probe_text = ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in probe)
-        if not found:
-            if self.rank == 0:
-                log.info("Interference in situ: no all-reduce was in flight during backward in "
-                         "the window; keeping the start-up probe's rho (%s)", probe_text)
-                if comm_est is not None:
-                    log.info("%s", in_situ_summary(None, comm_est.single, self.size))
-            return
-        est: InSitu = max(found, key=lambda e: e.single)  # the step waits for the slowest
-        self.insitu = est
-        self.cost = self.cost.with_interference(est.points)
-        with self.guard("gathering the in-situ all-reduce times"):
-            slowest = max(m / p if p > 0 else 1.0 for m, p in
-                          self.comm.allgather((window.comm_measured, window.comm_modelled)))
-        self.comm_slowdown = slowest  # measured / modelled all-reduce time during backward
+        def predict(k: float) -> float:
+            return median_prediction(before, steps, base.scaled_interference(k), self.net,
+                                     shape)
+
+        self.scale = k = calibrate(predict, measured)
+        self.cost = base.scaled_interference(k)
+        predicted = predict(k)
         if self.rank == 0:
-            log.info("%s", in_situ_summary(est.single, getattr(comm_est, "single", None),
-                                           self.size))
-            log.debug("All-reduces sent while backward ran took %.2fx their a + b*M (slowest "
-                      "rank; whole messages, also their part after backward)", slowest)
-            log.debug("Computation slows beside the all-reduces, measured in situ on the "
-                      "slowest of %d rank(s): %s; the model now uses %s (start-up GEMM probe: "
-                      "%s)", self.size, est.describe(),
-                      ", ".join(f"{m / 1e6:.3g} MB +{r * 100:.0f}%" for m, r in est.points),
-                      probe_text)
+            log.info("The start-up plan measured %.2f ms per iteration %s (median of %d, "
+                     "slowest rank); the model predicts %.2f ms for it with the measured rho "
+                     "and sigma, %.2f ms with none: the re-plan uses them x%.2f (%.2f ms)",
+                     measured * 1e3, where, len(samples), predict(1.0) * 1e3,
+                     predict(0.0) * 1e3, k, predicted * 1e3)
+        return predicted

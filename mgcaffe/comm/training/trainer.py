@@ -343,7 +343,7 @@ class DistributedTraining:
         updates = solver.update_times
         gates = {k: w + (updates[k - 1] if updates else 0.0) for k, w in self._gates.items()}
         if self.replanner.after_iteration(it, self._ready, gates, updates, self.periods,
-                                          self._closing_times()):
+                                          self._closing_times(), self._t_grads - self._t_start):
             self.grad_times.clear()  # measured against the new plan's prediction from here on
             self.iteration_times.clear()
             self.periods.clear()

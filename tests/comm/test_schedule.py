@@ -5,6 +5,7 @@ interference simulation, and the format's checks."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -107,8 +108,11 @@ def test_the_merge_planners_schemes_are_the_barrier_cycle(model, nodes):
                                 (slowed, ("wfbp", "synceasgd", "mgwfbp-paper", "threshold"))):
         for scheme in schemes:
             plan = make_plan(prof, interfered, scheme)
-            c = cycle(prof, interfered, plan.group_layer_indices(),
-                      barrier_schedule(plan.num_messages))
+            # the barrier as a priority schedule (it sends the same sequence): the event walk
+            # of schedules, not the recurrences the barrier case runs
+            walked = replace(barrier_schedule(plan.num_messages), policy="priority")
+            assert not walked.whole_groups_in_order
+            c = cycle(prof, interfered, plan.group_layer_indices(), walked)
             assert c.iteration_time == pytest.approx(plan.iteration_time, rel=1e-12)
             assert c.comm_end == pytest.approx(plan.comm_end, rel=1e-12)
             assert c.backward_end == pytest.approx(plan.backward_end, rel=1e-12)
@@ -251,3 +255,26 @@ def test_a_scheduled_plan_is_frozen_saved_and_loaded(tmp_path):
     bad["comm_start"] = bad["comm_start"][:2]
     with pytest.raises(PlanError, match="comm_start: must list one time per message"):
         Plan.from_dict(bad)
+
+
+def test_the_barrier_case_is_the_papers_recurrences_to_the_last_bit():
+    rng = random.Random(3)
+    for _ in range(50):
+        prof, runs, _ = random_case(rng)
+        prof = Profile(prof.model, 1, 4, prof.forward_time, tuple(
+            LayerProfile(x.name, x.params, x.backward_time) for x in prof.layers))
+        cost = CostModel(rng.uniform(0, 0.003), rng.uniform(0, 1e-8))
+        # the recurrences, written out here: ready(l) = t_f + t_b(L) + ... + t_b(l); each
+        # group from max(the channel free, its input-most layer ready), lasting T
+        ready, t = {}, prof.forward_time
+        for l in range(prof.num_layers, 0, -1):
+            t = t + prof.layers[l - 1].backward_time
+            ready[l] = t
+        ends, free = [], 0.0
+        for g in runs:
+            free = max(free, ready[g[-1]]) + cost.time(
+                sum(prof.layers[l - 1].params * 4 for l in g))
+            ends.append(free)
+        for schedule in (None, barrier_schedule(len(runs))):
+            c = cycle(prof, cost, runs, schedule)
+            assert list(c.comm_end) == ends and c.iteration_time == ends[-1]

@@ -24,9 +24,10 @@ per-layer update) or for everything (the barrier), its update and its forward
   compute thread, forward and updates as well as backward, runs at 1/(1 + rho(M)) while a
   message of M bytes is in flight, and a message progresses at 1/sigma(M) while the compute
   thread runs (not while it waits); for parts, M is their group's bytes (parts sent back to
-  back load the machine as the whole message does). With a barrier, whole groups and no
-  update time this is the barrier case to the last bits, which is why that case is computed
-  by the recurrences themselves.
+  back load the machine as the whole message does). Run on the barrier case, this event
+  walk gives the recurrences' times up to rounding (1e-12 relative); the barrier case is
+  computed by the recurrences themselves, so that the paper's numbers, and the exact
+  search's, hold to the last bit.
 
 Times are seconds from the start of this iteration's forward pass.
 """

@@ -305,3 +305,18 @@ def test_network_json_bad_times_name_the_file_and_field(tmp_path):
     path.write_text(json.dumps({"fits": {"2": {"a": 0, "b": 0, "times": 5}}}))
     with pytest.raises(PlanError, match=r"net.json: fits.2.times: must be a list"):
         load_network(path)
+
+
+def test_scaled_time_keeps_the_sizes_measured_in_training_and_stays_non_decreasing():
+    curve = CostModel(0.0, 0.0, times=((4, 1e-5), (1 << 20, 0.01), (8 << 20, 0.05)))
+    half = curve.scaled_time(0.5, keep=[8 << 20])
+    assert half.times == ((4, 5e-6), (1 << 20, 0.005), (8 << 20, 0.05))
+    # x10, the 1 MB point would pass the kept 8 MB one: it stays at it
+    ten = curve.scaled_time(10.0, keep=[8 << 20])
+    assert ten.times == ((4, 1e-4), (1 << 20, 0.05), (8 << 20, 0.05))
+    # halved, the 8 MB point would drop below the kept 1 MB one: it stays at it
+    flat = CostModel(0.0, 0.0, times=((4, 1e-5), (1 << 20, 0.04), (8 << 20, 0.05)))
+    assert flat.scaled_time(0.5, keep=[1 << 20]).times == ((4, 5e-6), (1 << 20, 0.04),
+                                                          (8 << 20, 0.04))
+    line = CostModel(1e-4, 8e-9).scaled_time(0.5)
+    assert (line.a, line.b) == (5e-5, 4e-9)

@@ -428,28 +428,24 @@ def interfered(**options) -> Replanner:
                      **options)
 
 
-@pytest.mark.parametrize("extra, scale", [(0.0, 0.0), (30.0, 4.0)])
-def test_the_interference_is_calibrated_on_the_plans_own_iterations(caplog, extra, scale):
+def test_the_interference_is_calibrated_on_the_plans_own_iterations(caplog):
     # the window measures rho 0.5 and sigma 1.5 (each layer 1.5 s beside a message, the
     # message 4.5 s, all during backward); the model predicts 11 s for the start-up plan with
     # no interference (fc1 ready at 2 s, three messages of 3 s: 2-5, 5-8, 8-11) and 12 s
-    # with the measured one. Its iterations in the window measured 1 + 4.5 + 0.5 + extra:
-    # 6 s, below even no interference (scale 0: the paper's model), or 36 s, above the
-    # cap (scale 4)
+    # with the measured one. Its iterations in the window measured 1 + 4.5 + 0.5 + 30 s:
+    # above even 4 x the measured interference, its cap
     r = interfered()
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
-        d = Slower(r, [extra], slow=1.5).run(30)
+        d = Slower(r, [30.0], slow=1.5).run(30)
     assert d.switches == [3, 23]
-    assert r.in_situ.rho.single == pytest.approx(0.5)  # measured either way
-    assert r.scale == scale
-    assert r.cost == r.in_situ.cost.scaled_interference(scale)
+    assert r.in_situ.rho.single == pytest.approx(0.5)
+    assert r.scale == 4.0
+    assert r.cost == r.in_situ.cost.scaled_interference(4.0)
     assert r.plan.interference == r.cost.interference
-    assert (f"The start-up plan measured {6000 + extra * 1000:.2f} ms per iteration in the "
-            "re-plan window, between its profiled iterations (median of 6, slowest rank); the "
-            "model predicts 12000.00 ms for it with the measured rho and sigma, 11000.00 ms "
-            f"with none: the re-plan uses them x{scale:.2f}") in caplog.text
-    if scale == 0.0:
-        assert not r.cost.interferes and r.median_prediction == pytest.approx(11.0)
+    assert ("The start-up plan measured 36000.00 ms per iteration in the re-plan window, "
+            "between its profiled iterations (median of 6, slowest rank); the model predicts "
+            "12000.00 ms for it with the measured rho and sigma, 11000.00 ms with none: the "
+            "re-plan uses them x4.00 (") in caplog.text
 
 
 def test_the_calibration_lands_between_the_bounds():
@@ -460,15 +456,31 @@ def test_the_calibration_lands_between_the_bounds():
     assert r.median_prediction == pytest.approx(11.5, rel=1e-3)
 
 
+@pytest.mark.parametrize("extra, predicted", [(2.0, 8.0), (0.0, 6.5)])
+def test_where_even_no_interference_predicts_more_T_is_shortened(caplog, extra, predicted):
+    # the plan's iterations measured 6 + extra s, less than the 11 s of no interference:
+    # the messages ran faster in training than the start-up benchmark's T. T x c makes them
+    # 3c s, ending at 2 + 9c: 8 s at c = 2/3; 6 s would need c = 4/9, below the floor of
+    # 0.5 (6.5 s)
+    r = interfered()
+    with caplog.at_level(logging.INFO, logger="mgcaffe"):
+        Slower(r, [extra], slow=1.5).run(30)
+    assert r.scale == 0.0 and not r.cost.interferes
+    assert r.cost.time(64) == pytest.approx(3.0 * (predicted - 2.0) / 9.0, rel=1e-3)
+    assert r.median_prediction == pytest.approx(predicted, rel=1e-3)
+    assert f"the re-plan uses them x0.00 and T x{(predicted - 2) / 9:.2f} where training" \
+        in caplog.text
+
+
 def test_a_warm_up_slowed_by_something_else_does_not_calibrate_the_model(caplog):
     # the start-up plan measured 26 s per iteration in warm-up (20 s more than anything the
     # model sees), 6 s between the window's profiled iterations: the model follows the
-    # window (no interference predicts 11 s, more than 6: scale 0), not the warm-up
+    # window (6.5 s at T's floor, above), not the warm-up (which would take it to its cap)
     r = interfered()
     with caplog.at_level(logging.INFO, logger="mgcaffe"):
         d = SlowWarmUp(r, [20.0], slow=1.5).run(30)
     assert d.switches == [3, 23]
-    assert r.scale == 0.0 and r.median_prediction == pytest.approx(11.0)
+    assert r.scale == 0.0 and r.median_prediction == pytest.approx(6.5)
     assert "measured 6000.00 ms per iteration in the re-plan window" in caplog.text
 
 

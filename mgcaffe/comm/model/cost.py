@@ -206,6 +206,22 @@ class CostModel:
         """The same model with these (bytes, sigma) points."""
         return self.with_interference(self.interference, points)
 
+    def scaled_time(self, c: float, keep=()) -> CostModel:
+        """The same model with T_ar c times as long (c > 0), except at the measured sizes
+        `keep`, which stay as they are (T then made non-decreasing again: a scaled point
+        never drops below a kept one before it, nor rises above one after it)."""
+        if not self.times:
+            return dataclasses.replace(self, a=self.a * c, b=self.b * c)
+        kept = set(keep)
+        sizes = [m for m, _ in self.times]
+        t = [s if m in kept else s * c for m, s in self.times]
+        for i in range(len(t) - 2, -1, -1):  # a scaled point no higher than the next
+            if sizes[i] not in kept and t[i] > t[i + 1]:
+                t[i] = t[i + 1]
+        for i in range(1, len(t)):  # ... and no lower than the one before
+            t[i] = max(t[i], t[i - 1])
+        return self.with_times(zip(sizes, t))
+
     def scaled_interference(self, k: float) -> CostModel:
         """The same model with its interference k times as strong: rho(M) -> k rho(M) and
         sigma(M) -> 1 + k (sigma(M) - 1) (k = 0: none, the paper's model; 1: as given)."""

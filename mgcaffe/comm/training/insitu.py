@@ -402,22 +402,22 @@ def adopt_in_situ(comm: Communicator, guard: Guard, cost: CostModel, window: InS
     return InSituResult(cost.with_interference(est.points), est, comm_est, slowest, probe)
 
 
-def calibrate(predict: Callable[[float], float], measured: float, k_max: float = K_MAX,
-              rel: float = 1e-4) -> float:
-    """The scale k in [0, k_max] of the measured interference (`CostModel.
-    scaled_interference`) at which `predict(k)` (an iteration's predicted seconds, never
-    less for a larger k) equals `measured`: 0 where even no interference predicts more,
-    k_max where even k_max predicts less; by bisection to `rel` of `measured`. 1 (as
-    measured) where the prediction does not depend on k (nothing overlaps backward, as
-    one all-reduce after it): those iterations say nothing about interference."""
-    low, high = predict(0.0), predict(k_max)
+def calibrate(predict: Callable[[float], float], measured: float, lo: float = 0.0,
+              hi: float = K_MAX, rel: float = 1e-4) -> float:
+    """The x in [lo, hi] at which `predict(x)` (an iteration's predicted seconds, never
+    less for a larger x) equals `measured`: lo where even lo predicts more, hi where even hi
+    predicts less; by bisection to `rel` of `measured`. x is a scale of the model: of the
+    measured interference by default (`CostModel.scaled_interference`), 0 none, 1 as
+    measured, at most K_MAX. 1 where the prediction does not depend on x (for the
+    interference: nothing overlaps backward, as one all-reduce after it): then those
+    iterations say nothing about it."""
+    low, high = predict(lo), predict(hi)
     if high - low <= rel * measured:
         return 1.0
     if low >= measured:
-        return 0.0
+        return lo
     if high <= measured:
-        return k_max
-    lo, hi = 0.0, k_max
+        return hi
     for _ in range(60):
         mid = (lo + hi) / 2
         t = predict(mid)

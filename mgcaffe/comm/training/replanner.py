@@ -24,7 +24,9 @@ A run's plan goes through named phases (`Phase`):
   training runs them: the window's (among the overlapped ones, or the undisturbed ones for a
   plan of one message), which run between the profile's on the same machine, else its last
   ones in warm-up. The measured interference is scaled (`insitu.calibrate`) until the model
-  predicts their median (the closing line's measure). Then the re-plan, switched likewise.
+  predicts their median (the closing line's measure); where even none predicts more, T is
+  shortened instead, except at the sizes training measured. Then the re-plan, switched
+  likewise.
 - REPLAN_CHECK: the model the re-plan used can still be wrong where it was not measured (rho
   and sigma come from per-layer and start-up-plan messages, not the new plan's). When the
   re-plan changed the plan, its first `check_iters` iterations (forward start to the next
@@ -74,6 +76,7 @@ log = logging.getLogger("mgcaffe.comm")
 
 PROFILE_EXTENSION = 4  # profiling may run up to this many times profile_iters while drifting
 CHECK_MARGIN = 0.05  # a re-plan measured this much slower than the start-up plan is undone
+T_MIN_SCALE = 0.5  # the calibration shortens T to no less than half the start-up benchmark's
 
 
 def _lower_quartile(values: list[float]) -> float:
@@ -501,8 +504,9 @@ class Replanner:
 
     # ------------------------------------------------------------------ in situ
     def _calibrate(self, before: Any, steps: list, shape: Any, times: list) -> float | None:
-        """Scale the model's interference so that it predicts the start-up plan's iterations
-        as they ran in training: the window's (`times`, interleaved with the profile, so that
+        """Scale the model's interference (and, where even none predicts more, T at the sizes
+        training did not measure) so that it predicts the start-up plan's iterations as they
+        ran in training: the window's (`times`, interleaved with the profile, so that
         both saw the same machine) where there were at least two, else its last ones in
         warm-up (a schedule, or nothing measured in situ). Every rank computes the same from
         gathered numbers. Returns the start-up plan's prediction under the model kept (None
@@ -514,19 +518,27 @@ class Replanner:
             return None
         with self.guard("gathering the start-up plan's measured iterations"):
             measured = max(self.comm.allgather(statistics.median(samples)))
-        base = self.cost
+        base, net = self.cost, self.net
 
-        def predict(k: float) -> float:
-            return median_prediction(before, steps, base.scaled_interference(k), self.net,
-                                     shape)
+        def predict(cost: CostModel) -> float:
+            return median_prediction(before, steps, cost, net, shape)
 
-        self.scale = k = calibrate(predict, measured)
+        self.scale = k = calibrate(lambda x: predict(base.scaled_interference(x)), measured)
         self.cost = base.scaled_interference(k)
-        predicted = predict(k)
+        c = 1.0
+        if k == 0.0:  # even no interference predicts more: training's messages ran faster
+            keep = [s.nbytes for s in self.sent.corrections]  # T measured in training there
+            unslowed = self.cost
+            c = calibrate(lambda x: predict(unslowed.scaled_time(x, keep)), measured,
+                          lo=T_MIN_SCALE, hi=1.0)
+            self.cost = unslowed.scaled_time(c, keep)
+        predicted = predict(self.cost)
         if self.rank == 0:
             log.info("The start-up plan measured %.2f ms per iteration %s (median of %d, "
                      "slowest rank); the model predicts %.2f ms for it with the measured rho "
-                     "and sigma, %.2f ms with none: the re-plan uses them x%.2f (%.2f ms)",
-                     measured * 1e3, where, len(samples), predict(1.0) * 1e3,
-                     predict(0.0) * 1e3, k, predicted * 1e3)
+                     "and sigma, %.2f ms with none: the re-plan uses them x%.2f%s (%.2f ms)",
+                     measured * 1e3, where, len(samples), predict(base) * 1e3,
+                     predict(base.scaled_interference(0.0)) * 1e3, k,
+                     f" and T x{c:.2f} where training did not measure it" if c != 1.0 else "",
+                     predicted * 1e3)
         return predicted

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..backends.communicator import Communicator
 from ..model.cost import CostModel, cost_for, load_network
-from ..model.cost_fit import SizeTimes, correct, summarise
+from ..model.cost_fit import MIN_SAMPLES, SizeTimes, correct, summarise
 from .benchmark import measure_allreduce
 from .gradient_comm import Guard
 from .insitu import last_arrivals
@@ -106,6 +106,7 @@ class SentMessages:
         self.sent: list[list[tuple[int, float]]] = []
         self.seen = 0  # of the executor's intervals, those already read
         self.corrections: list[SizeTimes] = []  # sizes the re-plan corrected T at
+        self.sizes: list[int] = []  # sizes with enough messages to judge T there
 
     def record(self, intervals: list, ready: dict[int, float], layers: int, counted: bool,
                keep: bool) -> None:
@@ -136,6 +137,7 @@ class SentMessages:
             return None
         rows = last_arrivals(gathered)
         measured = summarise([(m, t) for messages in rows for m, t in messages])
+        self.sizes = [s.nbytes for s in measured if s.count >= MIN_SAMPLES]
         corrected, self.corrections = correct(cost, measured, largest=largest)
         if comm.rank == 0:
             _log_correction(cost, corrected, measured, self.corrections)

@@ -527,7 +527,7 @@ class Replanner:
         self.cost = base.scaled_interference(k)
         c = 1.0
         if k == 0.0:  # even no interference predicts more: training's messages ran faster
-            keep = [s.nbytes for s in self.sent.corrections]  # T measured in training there
+            keep = self.sent.sizes  # T measured in training there
             unslowed = self.cost
             c = calibrate(lambda x: predict(unslowed.scaled_time(x, keep)), measured,
                           lo=T_MIN_SCALE, hi=1.0)

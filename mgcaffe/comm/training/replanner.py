@@ -24,9 +24,9 @@ A run's plan goes through named phases (`Phase`):
   training runs them: the window's (among the overlapped ones, or the undisturbed ones for a
   plan of one message), which run between the profile's on the same machine, else its last
   ones in warm-up. The measured interference is scaled (`insitu.calibrate`) until the model
-  predicts their median (the closing line's measure); where even none predicts more, T is
-  shortened instead, except at the sizes training measured. Then the re-plan, switched
-  likewise.
+  predicts their median (the closing line's measure); where even none predicts more than
+  the window measured, T is shortened instead, except at the sizes training measured.
+  Then the re-plan, switched likewise.
 - REPLAN_CHECK: the model the re-plan used can still be wrong where it was not measured (rho
   and sigma come from per-layer and start-up-plan messages, not the new plan's). When the
   re-plan changed the plan, its first `check_iters` iterations (forward start to the next
@@ -504,13 +504,13 @@ class Replanner:
 
     # ------------------------------------------------------------------ in situ
     def _calibrate(self, before: Any, steps: list, shape: Any, times: list) -> float | None:
-        """Scale the model's interference (and, where even none predicts more, T at the sizes
-        training did not measure) so that it predicts the start-up plan's iterations as they
-        ran in training: the window's (`times`, interleaved with the profile, so that
-        both saw the same machine) where there were at least two, else its last ones in
-        warm-up (a schedule, or nothing measured in situ). Every rank computes the same from
-        gathered numbers. Returns the start-up plan's prediction under the model kept (None
-        when there was nothing to calibrate)."""
+        """Scale the model's interference (and, where even none predicts more than the window
+        measured, T at the sizes training did not measure) so that it predicts the start-up
+        plan's iterations as they ran in training: the window's (`times`, interleaved with
+        the profile, so that both saw the same machine) where there were at least two, else
+        its last ones in warm-up (a schedule, or nothing measured in situ). Every rank
+        computes the same from gathered numbers. Returns the start-up plan's prediction under
+        the model kept (None when there was nothing to calibrate)."""
         where, samples = "in the re-plan window, between its profiled iterations", times
         if len(times) < 2:
             where, samples = "in warm-up", self.warmup_measured
@@ -526,7 +526,10 @@ class Replanner:
         self.scale = k = calibrate(lambda x: predict(base.scaled_interference(x)), measured)
         self.cost = base.scaled_interference(k)
         c = 1.0
-        if k == 0.0:  # even no interference predicts more: training's messages ran faster
+        # even no interference predicts more: training's messages ran faster than T, where
+        # the window measured them (the warm-up ran before the profile and T's check: its
+        # machine may not be theirs, and T is the window's)
+        if k == 0.0 and samples is times:
             keep = self.sent.sizes  # T measured in training there
             unslowed = self.cost
             c = calibrate(lambda x: predict(unslowed.scaled_time(x, keep)), measured,

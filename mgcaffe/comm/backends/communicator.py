@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CommError
+from .wire import HOST_WIRES, sum_payloads
 
 __all__ = ["Communicator", "block_bounds", "check_buffer"]
 
@@ -51,6 +52,11 @@ class Communicator(ABC):
       (the pair leaves the same sum in `buf` on every rank); between them only this rank's
       block (`block_bounds`) is summed. The defaults do the whole all-reduce in the first
       and nothing in the second: a backend overrides both or neither.
+    - `allreduce_wire(buf, fmt)`, `reduce_scatter_wire`, `allgather_wire`: the same three
+      over a compressed payload (wire.py: float16, or bfloat16 bits in uint16): the sum is
+      rounded to `fmt` and identical on every rank. `wires` lists the formats a backend
+      reduces. The defaults gather every rank's payload and sum them in numpy, in rank order
+      (whole in the first half, nothing left for the second); backends override them.
     - `duplicate()`: a communicator over the same ranks whose collectives are ordered apart
       from this one's (MPI_Comm_dup), so that two threads can each issue collectives; a
       collective.
@@ -61,6 +67,8 @@ class Communicator(ABC):
     name: str = "communicator"
     #: Each rank is a process of its own (an os._exit on one leaves the others running).
     one_process_per_rank: bool = False
+    #: The wire formats this communicator reduces (model.cost.WIRE_FORMATS).
+    wires: tuple[str, ...] = HOST_WIRES
 
     @abstractmethod
     def allreduce_sum(self, buf: np.ndarray) -> None:
@@ -91,6 +99,20 @@ class Communicator(ABC):
         """The second half: every rank's block of `buf` to every rank (the default has
         nothing left to do after the default `reduce_scatter_sum`)."""
         check_buffer(buf, self.rank)
+
+    def allreduce_wire(self, buf: np.ndarray, fmt: str) -> None:
+        """Sum the payload `buf` of format `fmt` over all ranks, in place, rounded to `fmt`."""
+        if fmt == "float32":
+            self.allreduce_sum(buf)
+        elif self.size > 1:
+            buf[...] = sum_payloads(self.allgather(buf), fmt)
+
+    def reduce_scatter_wire(self, buf: np.ndarray, fmt: str) -> None:
+        """`reduce_scatter_sum` of a payload (the default reduces all of it)."""
+        self.allreduce_wire(buf, fmt)
+
+    def allgather_wire(self, buf: np.ndarray, fmt: str) -> None:
+        """`allgather_blocks` of a payload (the default has nothing left to do)."""
 
     def duplicate(self) -> Communicator:
         """A communicator over the same ranks with its own ordering of collectives."""

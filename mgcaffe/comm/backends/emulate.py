@@ -50,6 +50,7 @@ class EmulatedCommunicator(Communicator):
         self.emulated_nodes = emulated_nodes
         self.rank = inner.rank
         self.size = inner.size
+        self.wires = inner.wires
         self._sleep = sleep
         self._clock = clock
         # time.sleep wakes up late (~0.1 ms on Linux); ask for that much less
@@ -69,7 +70,8 @@ class EmulatedCommunicator(Communicator):
         """run(buf) on the real ranks, then sleep until `share` of T(buf's bytes) is over."""
         start = self._clock()
         run(buf)
-        left = share * self.cost.time(buf.nbytes) - (self._clock() - start)
+        link = getattr(self.cost, "link_time", self.cost.time)  # the bytes as they travel
+        left = share * link(buf.nbytes) - (self._clock() - start)
         self.calls += 1
         if left > 0:
             self.padded_s += left
@@ -83,6 +85,16 @@ class EmulatedCommunicator(Communicator):
 
     def allgather_blocks(self, buf: np.ndarray) -> None:
         self._padded(self.inner.allgather_blocks, buf, 0.5)
+
+    def allreduce_wire(self, buf: np.ndarray, fmt: str) -> None:
+        """A compressed all-reduce lasts at least T of its payload's bytes."""
+        self._padded(lambda b: self.inner.allreduce_wire(b, fmt), buf, 1.0)
+
+    def reduce_scatter_wire(self, buf: np.ndarray, fmt: str) -> None:
+        self._padded(lambda b: self.inner.reduce_scatter_wire(b, fmt), buf, 0.5)
+
+    def allgather_wire(self, buf: np.ndarray, fmt: str) -> None:
+        self._padded(lambda b: self.inner.allgather_wire(b, fmt), buf, 0.5)
 
     def duplicate(self) -> EmulatedCommunicator:
         """The same emulation over a duplicate of the real communicator."""

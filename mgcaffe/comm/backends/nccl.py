@@ -263,7 +263,8 @@ class NcclCommunicator(Communicator):
         self._ready: dict[int, Any] = {}
         self._final: dict[int, Any] = {}
         self._dtypes = {np.dtype(np.float32): self._nccl.NCCL_FLOAT32,
-                        np.dtype(np.float64): self._nccl.NCCL_FLOAT64}
+                        np.dtype(np.float64): self._nccl.NCCL_FLOAT64,
+                        np.dtype(np.float16): self._nccl.NCCL_FLOAT16}
         if self.rank == 0:
             log.info("NCCL %s: %d ranks, one GPU each; this node's ranks use GPUs by local "
                      "rank", self.version, self.size)
@@ -325,7 +326,7 @@ class NcclCommunicator(Communicator):
                             f"{type(buf).__name__}")
         dtype = self._dtypes.get(np.dtype(buf.dtype))
         if dtype is None:
-            raise CommError(f"{self._where()}: {what} must be float32 or float64, got "
+            raise CommError(f"{self._where()}: {what} must be float16, float32 or float64, got "
                             f"{buf.dtype}")
         if not buf.flags.c_contiguous:
             raise CommError(f"{self._where()}: {what} must be C-contiguous")
@@ -453,6 +454,39 @@ class NcclCommunicator(Communicator):
         ptr, item, stream = buf.data.ptr, buf.itemsize, self.stream.ptr
         self._nccl_call(f"all-gather of {buf.nbytes} bytes", lambda comm: comm.allGather(
             ptr + self.rank * block * item, ptr, block, dtype, stream))
+
+    # NCCL sums float16 natively; CuPy has no bfloat16 arrays to hold NCCL's bfloat16 in
+    wires = ("float32", "float16")
+
+    def allreduce_wire(self, buf, fmt: str) -> None:
+        """A compressed payload's sum: a CuPy float16 array queued on the NCCL stream (the
+        data path waits for it, see `all_finite`), a numpy payload through the host."""
+        if isinstance(buf, np.ndarray):
+            self.host.allreduce_wire(buf, fmt)
+        else:
+            self.allreduce_sum_async(buf)
+
+    def reduce_scatter_wire(self, buf, fmt: str) -> None:
+        if isinstance(buf, np.ndarray):
+            self.host.reduce_scatter_wire(buf, fmt)
+        else:
+            self.reduce_scatter_sum_async(buf)
+
+    def allgather_wire(self, buf, fmt: str) -> None:
+        if isinstance(buf, np.ndarray):
+            self.host.allgather_wire(buf, fmt)
+        else:
+            self.allgather_blocks_async(buf)
+
+    def all_finite(self, buf, what: str) -> bool:
+        """Whether every value of `buf` (after what is queued on the NCCL stream) is finite:
+        one reduction on the stream, then a host wait for its one-element answer."""
+        cupy = self._cupy
+        self._use_device()
+        with self.stream:
+            ok = cupy.isfinite(buf).all()
+        self.synchronize(what)
+        return bool(ok.get())
 
     def synchronize(self, what: str = "NCCL stream work", timeout: float | None = None) -> None:
         """Wait until everything queued on the NCCL stream is done, polling NCCL's

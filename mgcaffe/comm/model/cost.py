@@ -63,15 +63,57 @@ from typing import Any
 from ...errors import PlanError
 from .profile import as_float, as_int, read_json, require_mapping
 
-__all__ = ["ALGORITHMS", "COST_MODELS", "DEFAULT_COST_MODEL", "CostModel", "Network",
-           "canonical_algorithm", "canonical_cost_model", "cost_for", "fit_linear",
-           "fit_relative", "formula", "load_network"]
+__all__ = ["ALGORITHMS", "COMPRESS", "COST_MODELS", "DEFAULT_COST_MODEL", "WIRE_BYTES",
+           "WIRE_FORMATS", "CostModel", "Network", "canonical_algorithm",
+           "canonical_compress", "canonical_cost_model", "compress_wires", "cost_for",
+           "fit_linear", "fit_relative", "formula", "load_network"]
 
 ALGORITHMS = ("ring", "binary_tree", "recursive_doubling", "recursive_halving_doubling")
 #: The forms of T_ar (see the module docstring): measured points where there are any, or the
 #: paper's line a + b*M.
 COST_MODELS = ("piecewise", "paper")
 DEFAULT_COST_MODEL = "piecewise"
+
+#: What a message travels as (its wire format), and the bytes per gradient element it takes.
+#: A float32 gradient is divided by the world size, cast, reduced in that format and cast
+#: back (docs/distributed.md, "Gradient compression").
+WIRE_FORMATS = ("float32", "float16", "bfloat16")
+WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: `--compress` / `comm_param.compress`: the formats the planner may give a message.
+COMPRESS = {"none": (), "fp16": ("float16",), "bf16": ("bfloat16",),
+            "auto": ("float32", "float16", "bfloat16")}
+
+
+def canonical_compress(name: str, source: str = "--compress") -> str:
+    """One of COMPRESS's keys ("float16" and "half" are fp16, "bfloat16" bf16, "float32"
+    none); PlanError naming the choices otherwise."""
+    key = str(name).strip().lower().replace("-", "")
+    key = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "none",
+           "fp32": "none"}.get(key, key)
+    if key not in COMPRESS:
+        raise PlanError(f"{source}: unknown compression {name!r} (choose from "
+                        f"{', '.join(COMPRESS)})")
+    return key
+
+
+def compress_wires(compress: str, available: Sequence[str] = WIRE_FORMATS
+                   ) -> tuple[str, ...]:
+    """The wire formats `--compress` lets the planner choose from, among those the array
+    library has (`available`): () for none (every message float32, as before). auto keeps
+    what is available; fp16 or bf16 where the library lacks it is a PlanError naming what
+    is."""
+    key = canonical_compress(compress)
+    wires = COMPRESS[key]
+    if key == "auto":
+        return tuple(w for w in wires if w in available)
+    missing = [w for w in wires if w not in available]
+    if missing:
+        have = ["none"] + [k for k, v in COMPRESS.items() if v and all(
+            w in available for w in v) and k != "none"]
+        raise PlanError(f"--compress={key}: {missing[0]} is not available here (the array "
+                        f"library lacks it); available: {', '.join(have)}")
+    return wires
+
 
 _ALIASES = {
     "ring": "ring", "ring_allreduce": "ring",
@@ -115,6 +157,11 @@ class CostModel:
     # why T may be far off (the start-up benchmark's fit missed a size beyond its spread);
     # "" when nothing is known against it. Informational, like origin.
     doubt: str = field(default="", compare=False)
+    # the wire formats a message may travel in (WIRE_FORMATS; () = float32 only, the paper's
+    # model) and what casting costs, seconds per float32 byte per format (both casts, on the
+    # rank's device): T(M) is then the cheapest format's T_ar(wire bytes) + cast * M
+    wires: tuple[str, ...] = ()
+    cast: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for name in ("a", "b"):
@@ -134,6 +181,17 @@ class CostModel:
         # the curve's knots as two lists, for bisection (not fields: no part of equality)
         object.__setattr__(self, "_sizes", [m for m, _ in times])
         object.__setattr__(self, "_seconds", [t for _, t in times])
+        wires = tuple(self.wires)
+        for w in wires:
+            if w not in WIRE_FORMATS:
+                raise PlanError(f"cost model: wires: unknown format {w!r} (choose from "
+                                f"{', '.join(WIRE_FORMATS)})")
+        cast = tuple(sorted((str(w), as_float(c, "cost model", f"cast[{w}]", minimum=0.0))
+                            for w, c in dict(self.cast).items()))
+        object.__setattr__(self, "wires", wires)
+        object.__setattr__(self, "cast", cast)
+        # one format offered is a forced one; float32 alone is no compression at all
+        object.__setattr__(self, "_plain", wires in ((), ("float32",)))
 
     @property
     def kind(self) -> str:
@@ -141,7 +199,36 @@ class CostModel:
         return "piecewise" if self.times else "paper"
 
     def time(self, nbytes: float) -> float:
-        """Seconds to all-reduce a message of `nbytes` bytes (never less for more bytes)."""
+        """Seconds to all-reduce a message of `nbytes` float32 bytes (never less for more
+        bytes): T_ar(nbytes), or with `wires` the cheapest format's `wire_time` (a minimum
+        of non-decreasing functions is non-decreasing: the planner stays exact)."""
+        if self._plain:
+            return self.link_time(nbytes)
+        return min(self.wire_time(nbytes, w) for w in self.wires)
+
+    def wire_for(self, nbytes: float) -> str:
+        """The format a message of `nbytes` float32 bytes travels in: the cheapest of `wires`
+        (ties go to the earlier of WIRE_FORMATS: float32, then float16)."""
+        if self._plain:
+            return "float32"
+        return min(self.wires, key=lambda w: (self.wire_time(nbytes, w),
+                                              WIRE_FORMATS.index(w)))
+
+    def cast_time(self, nbytes: float, wire: str) -> float:
+        """Seconds to cast `nbytes` float32 bytes to `wire` and back (0 for float32)."""
+        return 0.0 if wire == "float32" else dict(self.cast).get(wire, 0.0) * nbytes
+
+    def wire_time(self, nbytes: float, wire: str) -> float:
+        """`nbytes` float32 bytes sent as `wire`: T_ar of the bytes on the wire plus the
+        casts."""
+        return self.link_time(nbytes * WIRE_BYTES[wire] / 4) + self.cast_time(nbytes, wire)
+
+    def uncompressed(self) -> CostModel:
+        """This model with every message float32 (what the link costs)."""
+        return dataclasses.replace(self, wires=(), cast=())
+
+    def link_time(self, nbytes: float) -> float:
+        """Seconds the link takes to all-reduce `nbytes` bytes as they are (T_ar(M))."""
         if not self.times:
             return self.a + self.b * nbytes
         xs, ys = self._sizes, self._seconds
@@ -246,6 +333,10 @@ class CostModel:
             d["interference"] = [[m, rho] for m, rho in self.interference]
         if self.comm_slowdown:
             d["comm_slowdown"] = [[m, sigma] for m, sigma in self.comm_slowdown]
+        if self.wires:
+            d["wires"] = list(self.wires)
+        if self.cast:
+            d["cast"] = {w: c for w, c in self.cast}
         if self.nodes is not None:
             d["nodes"] = self.nodes
         if self.origin:

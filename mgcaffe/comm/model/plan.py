@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PlanError
-from .cost import CostModel
+from .cost import WIRE_BYTES, WIRE_FORMATS, CostModel
 from .profile import as_float, as_int, read_json, require, require_mapping
 from .schedule import Schedule
 
@@ -74,8 +74,29 @@ class Plan:
     # what the schedule decides beyond the groups (parts, order, update); None: each group
     # whole, in order, one update after the last
     schedule: Schedule | None = None
+    # per group, the format its messages travel in (cost.WIRE_FORMATS; () = every message
+    # float32), and the cost model's offer and cast costs that chose them
+    formats: tuple[str, ...] = ()
+    wires: tuple[str, ...] = ()
+    cast: tuple[tuple[str, float], ...] = ()
 
     # -- derived
+    def wire(self, g: int) -> str:
+        """The format group g's messages travel in."""
+        return self.formats[g] if self.formats else "float32"
+
+    @property
+    def compressed(self) -> bool:
+        """Whether any message travels in less than float32."""
+        return any(f != "float32" for f in self.formats)
+
+    @property
+    def wire_bytes(self) -> int:
+        """The bytes one rank's messages put on the wire per iteration (float32: the
+        gradient's own)."""
+        return sum(size * WIRE_BYTES[self.wire(g)] // 4
+                   for g, size in enumerate(self.group_sizes))
+
     @property
     def non_overlapped_comm(self) -> float:
         """Communication not hidden behind backward: t_iter - (t_f + t_b), >= 0."""
@@ -119,7 +140,7 @@ class Plan:
     def cost(self) -> CostModel:
         """The cost model the plan was made with (T_ar, rho and sigma as recorded)."""
         return CostModel(self.a, self.b, self.nodes, "plan", self.interference,
-                         self.comm_slowdown, self.times)
+                         self.comm_slowdown, self.times, wires=self.wires, cast=self.cast)
 
     def group_layer_indices(self) -> list[list[int]]:
         """`groups` as 1-based learnable-layer indices (each group descending)."""
@@ -138,6 +159,8 @@ class Plan:
                  "groups": [list(g) for g in self.groups], "group_sizes": list(self.group_sizes)}
         if self.schedule is not None:
             canon["schedule"] = self.schedule.canon()
+        if self.compressed:  # (a plan all float32 keeps the digest it always had)
+            canon["formats"] = list(self.formats)
         blob = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -170,6 +193,9 @@ class Plan:
             **({"times": [[m, t] for m, t in self.times]} if self.times else {}),
             **({} if self.exact else {"exact": False}),
             **({} if self.schedule is None else {"schedule": self.schedule.to_dict()}),
+            **({"formats": list(self.formats)} if self.compressed else {}),
+            **({"wires": list(self.wires)} if self.wires else {}),
+            **({"cast": {w: c for w, c in self.cast}} if self.cast else {}),
         }
 
     @classmethod
@@ -255,7 +281,8 @@ class Plan:
             interference=_interference_from(d.get("interference"), source),
             comm_slowdown=_interference_from(d.get("comm_slowdown"), source, "comm_slowdown"),
             times=_interference_from(d.get("times"), source, "times"),
-            exact=d.get("exact", True) is not False, schedule=schedule)
+            exact=d.get("exact", True) is not False, schedule=schedule,
+            **_wire_fields(d, len(groups), source))
         digest = d.get("digest")
         if digest is not None and digest != plan.digest():
             raise PlanError(f"{source}: digest: {digest!r} does not match the plan's groups and "
@@ -279,6 +306,27 @@ def _interference_from(raw: Any, source: str, key: str = "interference"
         return getattr(CostModel(0.0, 0.0, **{key: tuple(raw)}), key)
     except PlanError as exc:
         raise PlanError(f"{source}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def _wire_fields(d: dict, groups: int, source: str) -> dict:
+    """`formats` (one per group), `wires` and `cast` of a plan file, checked."""
+    formats = d.get("formats", [])
+    if not isinstance(formats, list) or (formats and len(formats) != groups) or any(
+            f not in WIRE_FORMATS for f in formats):
+        raise PlanError(f"{source}: formats: must list one of {', '.join(WIRE_FORMATS)} per "
+                        f"group ({groups})")
+    wires = d.get("wires", [])
+    cast = d.get("cast", {})
+    if not isinstance(wires, list) or not isinstance(cast, dict):
+        raise PlanError(f"{source}: wires/cast: a list of formats and a mapping format -> "
+                        f"seconds per byte")
+    try:
+        checked = CostModel(0.0, 0.0, wires=tuple(wires), cast=tuple(cast.items()))
+    except PlanError as exc:
+        raise PlanError(f"{source}: {str(exc).split(': ', 1)[1]}") from None
+    if all(f == "float32" for f in formats):
+        formats = []
+    return {"formats": tuple(formats), "wires": checked.wires, "cast": checked.cast}
 
 
 def load_plan(path: str | Path) -> Plan:

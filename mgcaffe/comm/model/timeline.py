@@ -141,7 +141,19 @@ def timeline(profile: Profile, cost: CostModel, groups, schedule: Schedule | Non
         nodes=nodes if nodes is not None else getattr(cost, "nodes", None),
         bucket_bytes=bucket_bytes, interference=tuple(getattr(cost, "interference", ())),
         comm_slowdown=tuple(getattr(cost, "comm_slowdown", ())),
-        times=tuple(getattr(cost, "times", ())), exact=exact, schedule=schedule)
+        times=tuple(getattr(cost, "times", ())), exact=exact, schedule=schedule,
+        **wire_choice(cost, sizes))
+
+
+def wire_choice(cost: CostModel, sizes) -> dict:
+    """The Plan's wire fields: each group's format, the cheapest for its bytes (the same
+    minimum T(M) the grouping and the times were priced with), and the offer behind it."""
+    wires = tuple(getattr(cost, "wires", ()))
+    if not wires:
+        return {}
+    formats = tuple(cost.wire_for(size) for size in sizes)
+    return {"formats": formats if any(f != "float32" for f in formats) else (),
+            "wires": wires, "cast": tuple(getattr(cost, "cast", ()))}
 
 
 def freeze(profile: Profile, cost: CostModel, group_layers: list[list[int]],

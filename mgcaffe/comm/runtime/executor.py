@@ -112,6 +112,8 @@ class GradientExecutor:
         program = compile_plan(plan, self.layout, self.path.packing, self._in_place)
         # buffers are made here, on the main thread: its device is the rank's
         self.path.scratch(program.scratch)
+        for fmt in sorted(program.wires):
+            self.path.wire_buffer(fmt)
         return program
 
     def set_plan(self, plan: Any) -> None:
@@ -163,6 +165,16 @@ class GradientExecutor:
     @property
     def packed_bytes(self) -> int:
         return self.thread.stats.packed_bytes
+
+    @property
+    def fallbacks(self) -> int:
+        """Compressed messages sent again in float32 so far (their sum overflowed)."""
+        return self.path.fallbacks
+
+    @property
+    def formats(self) -> list[str]:
+        """The running plan's wire format per group."""
+        return list(self.program.formats)
 
     @property
     def cpu_seconds(self) -> float:

@@ -17,6 +17,11 @@ per-layer completion. Each message is a slice of one buffer:
   layer's diffs are copied as they arrive and from which the result is copied back.
 A run of the sequence that the schedule batches is one collective over the concatenation of
 its messages: one slice when they lie side by side, else gathered into a scratch buffer.
+
+Each group travels in the plan's format for it (`plan.formats`, float32 without one); a run
+the schedule batches across formats is sent as one run per format. A compressed message's
+16-bit payload has its place in a wire buffer of the packing layout's size (`wire_at`), so
+that an all-gather finds what its reduce-scatter left there.
 """
 
 from __future__ import annotations
@@ -206,6 +211,8 @@ class Message:
     names: tuple[str, ...]  # ... by name
     ready_layer: int  # the input-most of them: its arrival makes the message ready
     whole: bool  # the group's only part
+    wire: str = "float32"  # the format it travels in (model.cost.WIRE_FORMATS)
+    wire_at: int = 0  # where its payload lives in a wire buffer (the packing layout)
 
     @property
     def nbytes(self) -> int:
@@ -230,6 +237,11 @@ class Run:
     @property
     def kind(self) -> str:
         return self.messages[0].kind
+
+    @property
+    def wire(self) -> str:
+        """The format the run travels in (one per run: `compile_plan` splits by format)."""
+        return self.messages[0].wire
 
     @property
     def elements(self) -> int:
@@ -267,6 +279,17 @@ class Program:
     ag_of: dict[int, int]  # an "rs" message -> its "ag"
     scratch: int  # elements of the widest run gathered into scratch
     group_of: dict[int, int] = field(default_factory=dict)
+    formats: list[str] = field(default_factory=list)  # per group: its wire format
+
+    def averaged(self, k: int) -> bool:
+        """Whether layer k's messages arrive averaged (compressed: divided before the cast),
+        so that unpacking copies instead of dividing."""
+        return bool(self.formats) and self.formats[self.group_of[k]] != "float32"
+
+    @property
+    def wires(self) -> set[str]:
+        """The compressed formats the program sends."""
+        return {f for f in self.formats if f != "float32"}
 
     @property
     def per_layer(self) -> bool:
@@ -299,6 +322,10 @@ def compile_plan(plan: Any, layout: GradientLayout, packing: Callable[[], Any],
                         f"same collectives in the same order); this one has policy "
                         f"{schedule.policy!r}: make it with the planner, which freezes "
                         f"priorities into their predicted sequence")
+    formats = list(getattr(plan, "formats", ()) or ()) or ["float32"] * len(groups)
+    if len(formats) != len(groups):
+        raise CommError(f"rank {rank}: the plan lists {len(formats)} wire formats for "
+                        f"{len(groups)} groups")
     homes, flags = [], []  # per group: (its buffer, where the group starts in it)
     for g in groups:
         span = _span([d for k in g for d in layout.diffs[k]]) if in_place else None
@@ -314,7 +341,8 @@ def compile_plan(plan: Any, layout: GradientLayout, packing: Callable[[], Any],
         home, start = homes[gi]
         messages.append(Message(i, gi, p, kind, home[start + s:start + e], not flags[gi],
                                 home, start + s, held, tuple(layout.name(k) for k in held),
-                                min(held), schedule.parts[gi] == 1))
+                                min(held), schedule.parts[gi] == 1, formats[gi],
+                                layout.offsets[g[0]] + s))
     opens: dict[int, list[int]] = {}
     holders = [0] * (layout.L + 1)
     for m in messages:
@@ -324,10 +352,18 @@ def compile_plan(plan: Any, layout: GradientLayout, packing: Callable[[], Any],
             for k in m.layers:
                 holders[k] += 1
     ag_of = {position[(m.group, m.part, "rs")]: m.index for m in messages if m.kind == "ag"}
-    runs = [Run(messages[a:b], _joined(messages[a:b])) for a, b in schedule.runs()]
+    runs = [Run(messages[a:b], _joined(messages[a:b]))
+            for a0, b0 in schedule.runs() for a, b in _by_format(messages, a0, b0)]
     scratch = max((r.elements for r in runs if r.joined is None), default=0)
     return Program(plan, schedule, groups, names, flags, messages, runs, opens, holders,
-                   ag_of, scratch, {k: gi for gi, g in enumerate(groups) for k in g})
+                   ag_of, scratch, {k: gi for gi, g in enumerate(groups) for k in g},
+                   formats)
+
+
+def _by_format(messages: list[Message], a: int, b: int) -> list[tuple[int, int]]:
+    """messages[a:b] cut where the format changes (one collective per format)."""
+    cuts = [a] + [i for i in range(a + 1, b) if messages[i].wire != messages[i - 1].wire]
+    return list(zip(cuts, cuts[1:] + [b]))
 
 
 def _joined(messages: list[Message]) -> Any | None:

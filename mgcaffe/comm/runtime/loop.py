@@ -57,6 +57,7 @@ class Stats:
 
     cpu_seconds: float = 0.0
     packed_bytes: int = 0
+    fallbacks: int = 0  # compressed messages sent again in float32 (reported so far)
     intervals: list[tuple[float, float, int]] | None = None
 
 
@@ -235,6 +236,7 @@ class CommThread:
         if not defer:
             self.finish(unit, COMM)
         if last:
+            self._report_fallbacks(now)
             self.finish_pending(COMM)  # what the main thread has not divided yet
             self.path.end_iteration(f"the gradients of iteration {now.number}")
             with self.cond:
@@ -242,12 +244,22 @@ class CommThread:
                 self.now = None  # before the last layers show done: `use` may follow
                 self._maybe_complete(now)
 
+    def _report_fallbacks(self, now: _Iteration) -> None:
+        """One line for an iteration whose compressed messages overflowed their format (and
+        were sent again in float32); the same on every rank (the reduced payloads are)."""
+        fell = self.path.fallbacks - self.stats.fallbacks
+        if fell:
+            self.stats.fallbacks = self.path.fallbacks
+            log.warning("rank %d: iteration %d: %d compressed message(s) held an inf or NaN "
+                        "after the sum (overflow of %s); sent again in float32", self.rank,
+                        now.number, fell, "/".join(sorted(now.program.wires)))
+
     def finish(self, unit: _Unit, row: str) -> None:
         """Divide and unpack one unit's bytes (either thread), then mark its layers final."""
         t0 = time.perf_counter()
         now = unit.iteration
         program = now.program
-        if unit.run is not None:
+        if unit.run is not None and unit.run.wire == "float32":  # (compressed: averaged)
             in_place = [m for m in unit.run.messages if not m.packed]
             if len(in_place) == len(unit.run.messages) and unit.run.joined is not None:
                 self.path.divide(unit.run.joined)
@@ -257,7 +269,7 @@ class CommThread:
         packing = self.path.buffer
         for k in unit.finished:
             if program.packed(k):
-                self.path.unpack(self.layout.segments(k, packing))
+                self.path.unpack(self.layout.segments(k, packing), program.averaged(k))
         if program.per_layer and unit.finished:
             self.path.completed(unit.finished)
         if self.tracer is not None and unit.run is not None:

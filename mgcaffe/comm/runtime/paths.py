@@ -8,8 +8,11 @@ interface the communication thread calls without knowing which it has:
   layers are copied into the packing buffer (`segments`).
 - `send(run, guard)`: one collective ("ar", "rs" or "ag") over a run of messages: their
   bytes gathered into scratch when they do not lie side by side, the collective (under
-  `guard(run)`, the watchdog's deadline), the result scattered back. This is the seam a wire
-  format (fp16 and such) goes into: what travels is decided here, per path.
+  `guard(run)`, the watchdog's deadline), the result scattered back. A compressed run (the
+  plan's format for its group: float16 or bfloat16) is divided by the world size while cast
+  into its wire buffer, reduced in that format and cast back, already the mean; where the
+  reduced payload holds an inf or a NaN (identical on every rank, so every rank decides
+  alike) the message is sent again in float32 this iteration (`fallbacks` counts them).
 - `divide(piece)`, `unpack(segments)`: the reduced sum becomes the mean: in place, or while
   copying back from the packing buffer into the diffs.
 - `completed(layers)`, `gate(k)`: per-layer completion (device paths: an event after the
@@ -29,6 +32,7 @@ Paths:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +40,8 @@ import numpy as np
 from ...backend import get_array_module, is_device_array
 from ...errors import CommError
 from ..backends.communicator import Communicator
-from .layout import GradientLayout, Run, Segment
+from ..backends.wire import all_finite, from_wire, to_wire, wire_dtype
+from .layout import GradientLayout, Message, Run, Segment
 from .staging import DeviceStaging
 
 __all__ = ["DATA_PATHS", "DataPath", "HostPath", "StagedPath", "StreamPath", "data_path"]
@@ -58,6 +63,12 @@ class DataPath:
         self.size = comm.size
         self._buffer: Any = None
         self._scratch: Any = None
+        self._wires: dict[str, Any] = {}  # format -> a payload buffer of the packing layout
+        self.fallbacks = 0  # compressed messages sent again in float32 (overflow)
+
+    #: the wire formats this path can cast to (a device path: what its array library has)
+    def formats(self) -> tuple[str, ...]:
+        return tuple(f for f in ("float32", "float16", "bfloat16") if f in self.comm.wires)
 
     # -- buffers
     def _zeros(self, elements: int) -> Any:
@@ -80,6 +91,22 @@ class DataPath:
         if elements and (self._scratch is None or self._scratch.size < elements):
             self._scratch = self._zeros(elements)
         return self._scratch[:elements] if elements else None
+
+    def wire_buffer(self, fmt: str) -> Any:
+        """The payload buffer of format `fmt` (the packing layout's size); allocated once, by
+        the executor on the main thread."""
+        found = self._wires.get(fmt)
+        if found is None:
+            if fmt not in self.formats():
+                raise CommError(f"rank {self.layout.rank}: wire format {fmt} is not available "
+                                f"on the {self.name} path over {self.comm.name} (available: "
+                                f"{', '.join(self.formats())}): use --compress=none or "
+                                f"{'fp16' if 'float16' in self.formats() else 'none'}")
+            found = self._wires[fmt] = self._wire_zeros(self.layout.total, fmt)
+        return found
+
+    def _wire_zeros(self, elements: int, fmt: str) -> Any:
+        return np.zeros(elements, wire_dtype(fmt))
 
     # -- the gradient path
     def enter_thread(self) -> None:
@@ -104,6 +131,8 @@ class DataPath:
 
     def send(self, run: Run, guard) -> tuple[float, float]:
         """The run's collective (module docstring); (start, end) of the collective call."""
+        if run.wire != "float32":
+            return self._send_wire(run, guard)
         piece = run.joined
         places = []  # (the message's piece, its place in scratch)
         if piece is None:
@@ -121,15 +150,60 @@ class DataPath:
             self._copy(places)
         return t0, t1
 
+    # -- compressed runs
+    def _send_wire(self, run: Run, guard) -> tuple[float, float]:
+        """A compressed run: its messages' payloads in the wire buffer, reduced as one
+        collective where they lie side by side there (else one each)."""
+        fmt, t0, t1 = run.wire, None, 0.0
+        wire = self.wire_buffer(fmt)
+        method = {"ar": "allreduce_wire", "rs": "reduce_scatter_wire",
+                  "ag": "allgather_wire"}[run.kind]
+        for part in _adjacent(run.messages):
+            first = part[0]
+            payload = wire[first.wire_at:first.wire_at + sum(m.piece.size for m in part)]
+            if run.kind != "ag":
+                for m in part:
+                    self._cast_in(m.piece, wire[m.wire_at:m.wire_at + m.piece.size], fmt)
+            start = time.perf_counter()
+            with guard(Run(part, None)):
+                getattr(self.comm, method)(payload, fmt)
+            if run.kind != "rs":
+                if self._finite(payload, fmt):
+                    for m in part:
+                        self._cast_out(wire[m.wire_at:m.wire_at + m.piece.size], m.piece, fmt)
+                else:  # the message again, in float32: its pieces are untouched so far
+                    self.fallbacks += len(part)
+                    for m in part:
+                        self.send(Run([replace(m, kind="ar", wire="float32")], m.piece),
+                                  guard)
+                        self.divide(m.piece)
+            t0 = start if t0 is None else t0
+            t1 = time.perf_counter()
+        return t0, t1
+
+    def _cast_in(self, piece: Any, payload: Any, fmt: str) -> None:
+        """payload = format(piece / world size)."""
+        to_wire(piece, self.size, fmt, payload)
+
+    def _cast_out(self, payload: Any, piece: Any, fmt: str) -> None:
+        from_wire(payload, fmt, piece)
+
+    def _finite(self, payload: Any, fmt: str) -> bool:
+        return all_finite(payload, fmt)
+
     def divide(self, piece: Any) -> None:
         """A reduced piece of the net's own buffer, divided by the world size in place."""
         if self.size != 1:  # x / 1 == x exactly: nothing to do for one rank
             np.divide(piece, self.size, out=piece)
 
-    def unpack(self, segments: list[Segment]) -> None:
-        """Reduced packed layers back into their diffs, divided by the world size."""
+    def unpack(self, segments: list[Segment], averaged: bool = False) -> None:
+        """Reduced packed layers back into their diffs, divided by the world size (copied:
+        `averaged`, a compressed message's)."""
         for seg in segments:
-            np.divide(seg.view, self.size, out=seg.blob.diff)
+            if averaged:
+                np.copyto(seg.blob.diff, seg.view)
+            else:
+                np.divide(seg.view, self.size, out=seg.blob.diff)
 
     def completed(self, layers: list[int]) -> None:
         """Thread: these layers' final gradients are written (or queued)."""
@@ -184,9 +258,9 @@ class StagedPath(_DevicePath):
         self.staging.wait()  # the run's bytes are on the host
         return super().send(run, guard)
 
-    def unpack(self, segments: list[Segment]) -> None:
+    def unpack(self, segments: list[Segment], averaged: bool = False) -> None:
         for seg in segments:
-            if self.size != 1:
+            if self.size != 1 and not averaged:
                 np.divide(seg.view, self.size, out=seg.view)
         self.staging.to_device([(seg.view, seg.blob.diff) for seg in segments])
 
@@ -215,6 +289,25 @@ class StreamPath(_DevicePath):
         xp = get_array_module(self.first) if self.first is not None else np
         return xp.zeros(elements, dtype=np.float32)
 
+    def formats(self) -> tuple[str, ...]:
+        # CuPy has no bfloat16 array type: the device casts are float16's only
+        return tuple(f for f in super().formats() if f != "bfloat16")
+
+    def _wire_zeros(self, elements: int, fmt: str) -> Any:
+        xp = get_array_module(self.first) if self.first is not None else np
+        return xp.zeros(elements, dtype=np.float16)
+
+    def _cast_in(self, piece: Any, payload: Any, fmt: str) -> None:
+        self.comm.unpack([(piece, payload)], self.size)  # one kernel on the stream
+
+    def _cast_out(self, payload: Any, piece: Any, fmt: str) -> None:
+        self.comm.pack([(piece, payload)])  # one kernel on the stream
+
+    def _finite(self, payload: Any, fmt: str) -> bool:
+        # one reduction queued on the stream, and a host wait for its answer: the decision
+        # to send again must be every rank's before the next collective is queued
+        return self.comm.all_finite(payload, "the overflow check of a compressed message")
+
     def mark_ready(self, k: int) -> None:
         self.comm.mark_ready(k)  # an event on the compute stream: k's diffs are queued
 
@@ -233,8 +326,9 @@ class StreamPath(_DevicePath):
         if self.size != 1:
             self.comm.unpack([(piece, piece)], self.size)  # queued on the stream, in place
 
-    def unpack(self, segments: list[Segment]) -> None:
-        self.comm.unpack([(seg.view, seg.blob.diff) for seg in segments], self.size)
+    def unpack(self, segments: list[Segment], averaged: bool = False) -> None:
+        self.comm.unpack([(seg.view, seg.blob.diff) for seg in segments],
+                         1 if averaged else self.size)
 
     def completed(self, layers: list[int]) -> None:
         for k in layers:
@@ -247,6 +341,17 @@ class StreamPath(_DevicePath):
         # The one host wait of the iteration, on this thread: everything queued on the
         # stream is done (and NCCL's errors polled) before the iteration counts as done.
         self.comm.synchronize(what)
+
+
+def _adjacent(messages: list[Message]) -> list[list[Message]]:
+    """Consecutive messages whose payloads lie side by side in the wire buffer."""
+    out: list[list[Message]] = []
+    for m in messages:
+        if out and out[-1][-1].wire_at + out[-1][-1].piece.size == m.wire_at:
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
 
 
 def data_path(comm: Communicator, layout: GradientLayout, forced: str | None = None

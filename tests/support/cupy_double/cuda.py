@@ -348,7 +348,7 @@ class NcclError(RuntimeError):
     """cupy.cuda.nccl.NcclError."""
 
 
-_NCCL_TYPES = {0: None, 7: np.float32, 8: np.float64}  # NCCL's codes for float32/64
+_NCCL_TYPES = {0: None, 6: np.float16, 7: np.float32, 8: np.float64}  # NCCL's codes
 
 
 def make_nccl_namespace(state: State) -> dict:
@@ -382,9 +382,11 @@ def make_nccl_namespace(state: State) -> dict:
             return self._size
 
         def _view(self, ptr, count, datatype):
-            ctype = {np.float32: ctypes.c_float, np.float64: ctypes.c_double}[
-                _NCCL_TYPES[datatype]]
-            return np.ctypeslib.as_array((ctype * int(count)).from_address(int(ptr)))
+            dtype = _NCCL_TYPES[datatype]
+            ctype = {np.float16: ctypes.c_uint16, np.float32: ctypes.c_float,
+                     np.float64: ctypes.c_double}[dtype]
+            return np.ctypeslib.as_array((ctype * int(count)).from_address(int(ptr))).view(
+                dtype)
 
         def _launch(self, name, stream_ptr):
             if self._closed:
@@ -459,7 +461,8 @@ def make_nccl_namespace(state: State) -> dict:
 
     return {"NcclCommunicator": NcclCommunicator, "NcclError": NcclError,
             "get_unique_id": get_unique_id, "get_version": lambda: 22105,
-            "NCCL_FLOAT32": 7, "NCCL_FLOAT64": 8, "NCCL_SUM": 0, "available": True}
+            "NCCL_FLOAT16": 6, "NCCL_FLOAT32": 7, "NCCL_FLOAT64": 8, "NCCL_SUM": 0,
+            "available": True}
 
 
 def _mpi_world(size: int):

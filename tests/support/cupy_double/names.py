@@ -45,7 +45,7 @@ INSTANCE_NAMES = {
     "cupy.cuda.Stream": ["ptr", "device_id", "null"],
     "cupy.cuda.Event": ["ptr"],
     "cupy.cuda.nccl": ["NcclCommunicator", "NcclError", "get_unique_id", "get_version",
-                       "NCCL_FLOAT32", "NCCL_FLOAT64", "NCCL_SUM", "available"],
+                       "NCCL_FLOAT16", "NCCL_FLOAT32", "NCCL_FLOAT64", "NCCL_SUM", "available"],
     "cupy.cuda.nccl.NcclCommunicator": ["allReduce", "reduceScatter", "allGather", "bcast",
                                         "abort", "destroy",
                                         "check_async_error", "rank_id", "size", "device_id"],

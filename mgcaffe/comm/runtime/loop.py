@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CommError
+from ..model.cost import WIRE_BYTES
 from .layout import GradientLayout, Program, Run
 from .paths import DataPath
 from .trace import COMM, COMPUTE
@@ -208,8 +209,8 @@ class CommThread:
         with self.cond:
             self.sending = run
         t0, t1 = self.path.send(run, self._guard)
-        if self.stats.intervals is not None:
-            self.stats.intervals.append((t0, t1, run.nbytes))
+        if self.stats.intervals is not None:  # the bytes that travelled (T's own sizes)
+            self.stats.intervals.append((t0, t1, run.nbytes * WIRE_BYTES[run.wire] // 4))
         if self.tracer is not None:
             for m in run.messages:
                 self.tracer.span(m.label, "allreduce", COMM, t0, t1, iteration=now.stamp,

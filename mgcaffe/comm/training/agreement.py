@@ -37,7 +37,7 @@ COMM_FIELDS = {"comm": "--comm", "bucket_mb": "--bucket-mb", "profile_iters": "-
                "replan_after": "--replan-after", "timeout": "--comm-timeout",
                "emulate_nodes": "--emulate-nodes", "check_sync": "--check-sync",
                "test_timeout": "the test timeout", "backend": "--comm-backend",
-               "pack_gradients": "--pack-gradients"}
+               "pack_gradients": "--pack-gradients", "compress": "--compress"}
 # Options holding a path: whether one is given must agree (it decides which collectives run
 # at start), not the path (a node may hold its copy elsewhere; a plan's content is compared
 # by its digest later)

@@ -20,8 +20,11 @@ import socket
 
 import numpy as np
 
+from ...errors import CommError, PlanError
+
 from ..backends.communicator import Communicator
-from ..model.cost import CostModel, cost_for, load_network
+from ..backends.wire import cast_cost
+from ..model.cost import CostModel, compress_wires, cost_for, load_network
 from ..model.cost_fit import MIN_SAMPLES, SizeTimes, correct, summarise
 from .benchmark import measure_allreduce
 from .gradient_comm import Guard
@@ -55,7 +58,26 @@ def run_cost(options: Options, comm: Communicator, gradient_bytes: int, guard: G
         cost = with_interference(cost, comm, gradient_bytes, guard, options.timeout, xp)
     if comm.rank == 0:
         log.info("All-reduce cost %s [%s]", cost.describe(), origin)
-    return cost
+    return with_compression(cost, options, comm, xp)
+
+
+def with_compression(cost: CostModel, options: Options, comm: Communicator, xp=np
+                     ) -> CostModel:
+    """`cost` with the wire formats --compress offers (among those `comm` reduces) and
+    their cast costs measured on this rank's device (rank 0's, so every rank plans alike);
+    unchanged for none or one rank."""
+    if options.compress == "none" or comm.size == 1:
+        return cost
+    try:
+        wires = compress_wires(options.compress, comm.wires)
+    except PlanError as exc:
+        raise CommError(f"rank {comm.rank}: {exc}") from None
+    cast = comm.broadcast(cast_cost(wires, xp), root=0)
+    if comm.rank == 0:
+        log.info("Compression %s: formats %s; casts %s per MB (measured on this device)",
+                 options.compress, ", ".join(wires), ", ".join(
+                     f"{w} {c * 1e9:.3g} ms" for w, c in sorted(cast.items())) or "none")
+    return dataclasses.replace(cost, wires=wires, cast=tuple(cast.items()))
 
 
 def _measured(comm: Communicator, gradient_bytes: int, guard: Guard,

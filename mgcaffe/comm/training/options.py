@@ -16,6 +16,7 @@ from typing import Any
 
 from ...errors import CommError, PlanError
 from ..backends.communicator import Communicator
+from ..model.cost import COMPRESS, canonical_compress
 from ..model.plan import Plan, load_plan
 from ..model.schemes import DEFAULT_SCHEME, SCHEMES, scheme_named
 from ..runtime.trace import TraceWindow
@@ -63,6 +64,7 @@ class Options:
     backend: str = "auto"
     pack_gradients: bool = False
     thread_nice: int | None = -10
+    compress: str = "none"  # the wire formats the planner may use (model.cost.COMPRESS)
     origin: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     plan_scheme: str | None = field(default=None, compare=False, repr=False)  # --plan's
     notes: list[str] = field(default_factory=list, compare=False, repr=False)
@@ -117,6 +119,10 @@ class Options:
                             "(--comm-backend mpi)")
         if self.emulate_nodes is not None and self.emulate_nodes < 1:
             raise CommError(f"--emulate-nodes: must be >= 1, got {self.emulate_nodes}")
+        try:
+            self.compress = canonical_compress(self.compress, self.named("compress"))
+        except PlanError as exc:
+            raise CommError(str(exc)) from None
         if self.timeline_iters is not None:
             self.trace_window  # noqa: B018 - parsed for its error
             if not self.timeline:
@@ -174,6 +180,11 @@ def add_arguments(parser) -> None:
                    help="nice value of the communication thread, so that it runs as soon as "
                         "it wakes even when backward fills the cores (default -10; lowering "
                         "it needs root or CAP_SYS_NICE, otherwise it is left as it is)")
+    g.add_argument("--compress", default=None, metavar="|".join(COMPRESS),
+                   help="the gradients' format on the wire: none (float32), fp16 or bf16 "
+                        "(divided by the world size, cast, all-reduced, cast back), or auto "
+                        "(the planner chooses per message where the cast pays for itself; "
+                        "default none)")
     g.add_argument("--pack-gradients", action="store_true", default=None,
                    help="copy each group's gradients into a separate buffer to all-reduce "
                         "them (default: one flat gradient buffer, reduced in place; the "
@@ -190,7 +201,8 @@ def _resolve_path(value: str, solver_path: str | None) -> str:
 
 # comm_param field -> Options field; the flags of the same meaning override them
 _COMM_PARAM_FIELDS = (("comm", "comm"), ("merge", "merge"), ("bucket_mb", "bucket_mb"),
-                      ("profile_iters", "profile_iters"), ("timeout", "timeout"))
+                      ("profile_iters", "profile_iters"), ("timeout", "timeout"),
+                      ("compress", "compress"))
 _FLAGS = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile": "profile",
           "network": "network", "plan": "plan", "save_plan": "save_plan",
           "profile_iters": "profile_iters", "replan_after": "replan_after",
@@ -198,7 +210,7 @@ _FLAGS = {"comm": "comm", "merge": "merge", "bucket_mb": "bucket_mb", "profile":
           "emulate_network": "emulate_network", "emulate_nodes": "emulate_nodes",
           "check_sync": "check_sync", "comm_timeout": "timeout",
           "comm_backend": "backend", "pack_gradients": "pack_gradients",
-          "comm_thread_nice": "thread_nice"}
+          "comm_thread_nice": "thread_nice", "compress": "compress"}
 
 
 def options_from(args: Any, comm_param: Any = None, solver_path: str | None = None) -> Options:
@@ -279,6 +291,9 @@ def check_for_world(o: Options, size: int) -> list[str]:
                         "`mgcaffe time --profile-out P.json` and `mgcaffe plan --profile "
                         "P.json --network NET.json --nodes N --save-plan PLAN.json`")
     notes = list(o.notes)
+    if nodes == 1 and o.compress != "none":
+        notes.append(f"{o.named('compress')} {o.compress} has no effect with one process: no "
+                     f"gradient travels")
     if o.plan:
         plan = load_plan(o.plan)
         if plan.nodes is not None and plan.nodes != nodes:

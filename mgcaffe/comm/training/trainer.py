@@ -88,6 +88,8 @@ def describe_scheme(o: Options) -> str:
     text = f"--comm={o.scheme}"
     if scheme_named(o.scheme).bucket and not o.plan:
         text += f" --bucket-mb {o.bucket_mb:g}"
+    if o.compress != "none":
+        text += f" --compress={o.compress}"
     return text + (f" (the plan of {o.plan})" if o.plan else "")
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from ..comm.model.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, Network, load_network
+from ..comm.backends.wire import cast_cost
+from ..comm.model.cost import (
+    COMPRESS,
+    COST_MODELS,
+    DEFAULT_COST_MODEL,
+    CostModel,
+    Network,
+    compress_wires,
+    load_network,
+)
 from ..comm.model.profile import Profile, load_profile
 from ..comm.model.schemes import DEFAULT_SCHEME, SCHEMES, canonical_scheme, scheme_named
 from ..errors import PlanError
@@ -40,7 +49,37 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, many_nodes: bool) ->
                              f"paper; default {DEFAULT_COST_MODEL})")
     parser.add_argument("--use-formula", action="store_true",
                         help="use the algorithm's formula even for N the network has fits for")
+    parser.add_argument("--compress", default="none", metavar="|".join(COMPRESS),
+                        help="the gradients' format on the wire, as `mgcaffe train "
+                             "--compress`: fp16/bf16 price every message in that format, "
+                             "auto lets the planner choose per message (default none)")
+    parser.add_argument("--cast-ns-per-byte", type=float, default=None, metavar="NS",
+                        help="what casting to the wire format and back costs per float32 "
+                             "byte (default: measured on this CPU)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def compression(args) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """(wire formats offered, cast seconds per byte per format) of --compress and
+    --cast-ns-per-byte; () for none."""
+    wires = compress_wires(args.compress)
+    if not wires:
+        return (), ()
+    if args.cast_ns_per_byte is not None:
+        if not args.cast_ns_per_byte >= 0:
+            raise PlanError(f"--cast-ns-per-byte: must be >= 0, got {args.cast_ns_per_byte}")
+        return wires, tuple((w, args.cast_ns_per_byte * 1e-9) for w in wires
+                            if w != "float32")
+    return wires, tuple(cast_cost(wires).items())
+
+
+def describe_compression(wires, cast, measured: bool) -> str:
+    """'wire formats float16 (casts 1.2 ns/B, measured on this CPU)'; '' for none."""
+    if not wires:
+        return ""
+    casts = ", ".join(f"{w} {c * 1e9:.3g} ns/B" for w, c in cast)
+    return (f"wire formats {', '.join(wires)} (casts {casts or 'none'}"
+            f"{', measured on this CPU' if measured else ''})")
 
 
 def load_inputs(args) -> tuple[Profile, Network | None, list[str], int]:
@@ -59,11 +98,14 @@ def load_inputs(args) -> tuple[Profile, Network | None, list[str], int]:
     return profile, network, schemes, int(round(args.bucket_mb * 2**20))
 
 
-def train_flags(scheme: str, bucket_bytes: int | None = None) -> str:
-    """The `mgcaffe train` flags that train `scheme` (the bucket size where it takes one)."""
+def train_flags(scheme: str, bucket_bytes: int | None = None, compress: str = "none") -> str:
+    """The `mgcaffe train` flags that train `scheme` (the bucket size where it takes one,
+    and the compression)."""
     flags = f"--comm={scheme}"
     if scheme_named(scheme).bucket and bucket_bytes is not None:
         flags += f" --bucket-mb {bucket_bytes / 2**20:g}"
+    if compress != "none":
+        flags += f" --compress={compress}"
     return flags
 
 

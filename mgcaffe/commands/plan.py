@@ -15,6 +15,7 @@ the default, mgwfbp) for `mgcaffe train --plan`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -26,6 +27,8 @@ from ..comm.model.schemes import DEFAULT_SCHEME, make_plans
 from ..errors import PlanError
 from ._plan_inputs import (
     add_input_arguments,
+    compression,
+    describe_compression,
     describe_cost,
     describe_profile,
     fmt_bytes,
@@ -38,7 +41,18 @@ HELP = "plan gradient-merging (MG-WFBP) for a profile and network; compare every
 
 
 # ----------------------------------------------------------------------------- output
-def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> dict:
+def describe_wire(p: Plan) -> str:
+    """'float16 3/5 26.8 MB' (the formats, how many messages compressed, the bytes on the
+    wire per iteration); 'float32' for a plan that does not compress."""
+    if not p.compressed:
+        return "float32"
+    kinds = "/".join(sorted({f for f in p.formats if f != "float32"}))
+    k = sum(f != "float32" for f in p.formats)
+    return f"{kinds} {k}/{len(p.formats)} {p.wire_bytes / 1e6:.3g} MB"
+
+
+def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan],
+                  plain: dict[str, Plan] | None = None, compress: str = "none") -> dict:
     best = min(p.iteration_time for p in plans.values())
     out = {"model": profile.model, "nodes": cost.nodes, "a": cost.a, "b": cost.b,
            "cost_origin": cost.origin, "ideal": next(iter(plans.values())).ideal,
@@ -50,13 +64,21 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
         out["interference"] = [[m, rho] for m, rho in cost.interference]
     if cost.comm_slowdown:
         out["comm_slowdown"] = [[m, sigma] for m, sigma in cost.comm_slowdown]
+    if cost.wires:
+        out["compress"] = compress
+        out["wires"] = list(cost.wires)
+        out["cast"] = {w: c for w, c in cost.cast}
     for s, p in plans.items():
         d = {"groups": [list(g) for g in p.groups], "group_sizes": list(p.group_sizes),
              "messages": p.num_messages, "iteration_time": p.iteration_time,
              "non_overlapped_comm": p.non_overlapped_comm,
              "comm_start": list(p.comm_start), "comm_end": list(p.comm_end),
              "digest": p.digest(), "above_best": p.iteration_time / best - 1,
-             "train_flags": train_flags(s, p.bucket_bytes)}
+             "train_flags": train_flags(s, p.bucket_bytes, compress),
+             "formats": [p.wire(g) for g in range(len(p.groups))],
+             "wire_bytes": p.wire_bytes}
+        if plain:
+            d["float32_iteration_time"] = plain[s].iteration_time
         if cost.nodes is not None:
             d["speedup"] = cost.nodes * p.ideal / p.iteration_time
             d["efficiency"] = p.ideal / p.iteration_time
@@ -69,16 +91,26 @@ def plans_to_json(profile: Profile, cost: CostModel, plans: dict[str, Plan]) -> 
 
 
 def format_plans(profile: Profile, cost: CostModel, network: Network | None,
-                 plans: dict[str, Plan]) -> str:
+                 plans: dict[str, Plan], plain: dict[str, Plan] | None = None,
+                 compress: str = "none", measured: bool = False) -> str:
+    """The table (with `plain`, the same schemes' float32 plans: the compressed columns),
+    then each scheme's groups."""
     first = next(iter(plans.values()))
-    lines = [describe_profile(profile), describe_cost(cost, network),
-             f"ideal t_f + t_b = {first.ideal * 1e3:.2f} ms", ""]
+    lines = [describe_profile(profile), describe_cost(cost, network)]
+    if cost.wires:
+        lines.append(f"--compress={compress}: "
+                     + describe_compression(cost.wires, cost.cast, measured))
+    lines += [f"ideal t_f + t_b = {first.ideal * 1e3:.2f} ms", ""]
     best = min(p.iteration_time for p in plans.values())
     width = max(len("scheme"), *(len(s) for s in plans))
     head = (f"{'scheme':<{width}} {'messages':>8} {'t_iter (ms)':>12} {'not hidden (ms)':>16}"
             f" {'vs best':>8}")
     if cost.nodes is not None:
         head += f" {'speed-up':>9} {'efficiency':>10}"
+    wire = {s: describe_wire(p) for s, p in plans.items()}
+    wwidth = max(len("wire"), *(len(w) for w in wire.values()))
+    if plain:
+        head += f" {'float32 (ms)':>12}  {'wire':<{wwidth}}"
     head += "  train with"
     rows = []
     for s, p in plans.items():
@@ -88,7 +120,9 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
         if cost.nodes is not None:
             row += (f" {cost.nodes * p.ideal / p.iteration_time:>9.2f} "
                     f"{100 * p.ideal / p.iteration_time:>9.1f}%")
-        row += f"  {train_flags(s, p.bucket_bytes)}"
+        if plain:
+            row += f" {plain[s].iteration_time * 1e3:>12.3f}  {wire[s]:<{wwidth}}"
+        row += f"  {train_flags(s, p.bucket_bytes, compress)}"
         if s == DEFAULT_SCHEME:
             row += " (the default)"
         rows.append(row)
@@ -117,7 +151,8 @@ def format_plans(profile: Profile, cost: CostModel, network: Network | None,
             span = group[0] if len(group) == 1 else f"{group[0]} .. {group[-1]}"
             lines.append(f"  {g + 1:>3}  {span:<50} {len(group):>4} layer"
                          f"{'s' if len(group) > 1 else ' '} {fmt_bytes(p.group_sizes[g]):>10}"
-                         f"  {start * 1e3:9.3f} -> {end * 1e3:9.3f} ms")
+                         f"  {start * 1e3:9.3f} -> {end * 1e3:9.3f} ms"
+                         + (f"  {p.wire(g)}" if cost.wires else ""))
     return "\n".join(lines)
 
 
@@ -139,6 +174,11 @@ def run(args) -> int:
     else:
         cost = cost_for(network, nodes, args.use_formula, a=args.a, b=args.b,
                         model=args.cost_model)
+    wires, cast = compression(args)
+    plain = None
+    if wires:
+        plain = make_plans(profile, cost, schemes, bucket, nodes=nodes)
+        cost = dataclasses.replace(cost, wires=wires, cast=cast)
     plans = make_plans(profile, cost, schemes, bucket, nodes=nodes)
     if args.save_plan:
         if len(plans) == 1:
@@ -153,10 +193,12 @@ def run(args) -> int:
         except OSError as exc:
             raise PlanError(f"{args.save_plan}: cannot write: {exc.strerror or exc}") from None
     if args.json:
-        json.dump(plans_to_json(profile, cost, plans), sys.stdout, indent=1)
+        json.dump(plans_to_json(profile, cost, plans, plain, args.compress), sys.stdout,
+                  indent=1)
         sys.stdout.write("\n")
     else:
-        print(format_plans(profile, cost, network, plans))
+        print(format_plans(profile, cost, network, plans, plain, args.compress,
+                           args.cast_ns_per_byte is None))
         if args.save_plan:
             print(f"\nsaved the {chosen.scheme} plan to {args.save_plan} "
                   f"(digest {chosen.digest()[:16]}); train it with `mgcaffe train ... "

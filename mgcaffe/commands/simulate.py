@@ -26,6 +26,8 @@ from ..comm.model.timeline import cycle
 from ..errors import PlanError
 from ._plan_inputs import (
     add_input_arguments,
+    compression,
+    describe_compression,
     describe_cost,
     describe_interference,
     describe_profile,
@@ -131,11 +133,24 @@ def run(args) -> int:
     nodes = list(dict.fromkeys(args.nodes))
     scaling = weak_scaling(profile, network, nodes, schemes, use_formula=args.use_formula,
                            a=args.a, b=args.b, bucket_bytes=bucket, model=args.cost_model)
+    wires, cast = compression(args)
+    packed = None
+    if wires:  # the same schemes with compressed messages: the compressed columns
+        packed = weak_scaling(profile, network, nodes, schemes, use_formula=args.use_formula,
+                              a=args.a, b=args.b, bucket_bytes=bucket, model=args.cost_model,
+                              wires=wires, cast=cast)
     if args.json:
-        json.dump(scaling.to_dict(), sys.stdout, indent=1)
+        out = scaling.to_dict()
+        if packed is not None:
+            out["compressed"] = {"compress": args.compress, "wires": list(wires),
+                                 "cast": dict(cast), **packed.to_dict()}
+        json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif args.markdown:
         print(format_markdown(scaling))
+        if packed is not None:
+            print(f"\nWith --compress={args.compress}:\n")
+            print(format_markdown(packed))
     else:
         print(describe_profile(profile))
         print(f"network: {scaling.network}; speed-up over one node (scaling efficiency) of "
@@ -150,6 +165,15 @@ def run(args) -> int:
                       f"proven optimal")
         print()
         print(format_table(scaling))
+        if packed is not None:
+            print(f"\nwith --compress={args.compress}: "
+                  + describe_compression(wires, cast, args.cast_ns_per_byte is None))
+            print(format_table(packed))
+            print("formats chosen (messages compressed of all, per scheme, at each N): "
+                  + "; ".join(f"N = {p.nodes}: " + ", ".join(
+                      f"{s} {sum(pl.wire(g) != 'float32' for g in range(len(pl.groups)))}/"
+                      f"{len(pl.groups)}" for s, pl in p.plans.items())
+                      for p in packed.points))
         print()
         print("Each scheme trains with:")
         print(train_table(scaling.schemes, scaling.bucket_bytes))

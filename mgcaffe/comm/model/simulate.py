@@ -9,6 +9,8 @@ t_f + t_b per iteration (no communication), so
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -146,9 +148,11 @@ def simulate_nodes(profile: Profile, cost: CostModel, nodes: int,
 def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int],
                  schemes: Iterable[str] = SCHEMES, *, use_formula: bool = False,
                  a: float | None = None, b: float | None = None,
-                 bucket_bytes: int | None = None, model: str | None = None) -> Scaling:
+                 bucket_bytes: int | None = None, model: str | None = None,
+                 wires: tuple[str, ...] = (), cast: tuple = ()) -> Scaling:
     """Speed-up and efficiency of every scheme for each N in `nodes` (cost per N from
-    `cost_for(network, N, use_formula, a=a, b=b, model=model)`)."""
+    `cost_for(network, N, use_formula, a=a, b=b, model=model)`, offering the wire formats
+    `wires` with their `cast` costs: cost.py)."""
     schemes = tuple(dict.fromkeys(canonical_scheme(s) for s in schemes))
     if not schemes:
         raise PlanError("simulate: no scheme to simulate")
@@ -158,6 +162,8 @@ def weak_scaling(profile: Profile, network: Network | None, nodes: Sequence[int]
     points = []
     for n in nodes:
         cost = cost_for(network, n, use_formula, a=a, b=b, model=model)
+        if wires:
+            cost = dataclasses.replace(cost, wires=tuple(wires), cast=tuple(cast))
         points.append(simulate_nodes(profile, cost, n, schemes, bucket_bytes))
     bucket = next((points[0].plans[s].bucket_bytes for s in schemes
                    if scheme_named(s).bucket), None)

@@ -111,7 +111,7 @@ class Communicator(ABC):
         """`reduce_scatter_sum` of a payload (the default reduces all of it)."""
         self.allreduce_wire(buf, fmt)
 
-    def allgather_wire(self, buf: np.ndarray, fmt: str) -> None:
+    def allgather_wire(self, buf: np.ndarray, fmt: str) -> None:  # noqa: B027 - a default
         """`allgather_blocks` of a payload (the default has nothing left to do)."""
 
     def duplicate(self) -> Communicator:

@@ -217,8 +217,7 @@ class MpiCommunicator(Communicator):
         start, stop = bounds[self.rank]
         if self._native(fmt):
             self._finish(self._comm.Ireduce_scatter(
-                self._MPI.IN_PLACE, [flat, counts, self._MPI.FLOAT16_T], counts,
-                op=self._MPI.SUM))
+                self._MPI.IN_PLACE, [flat, self._MPI.FLOAT16_T], counts, op=self._MPI.SUM))
             if start:
                 flat[start:stop] = flat[:stop - start].copy()
             return

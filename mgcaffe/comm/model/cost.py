@@ -108,8 +108,8 @@ def compress_wires(compress: str, available: Sequence[str] = WIRE_FORMATS
         return tuple(w for w in wires if w in available)
     missing = [w for w in wires if w not in available]
     if missing:
-        have = ["none"] + [k for k, v in COMPRESS.items() if v and all(
-            w in available for w in v) and k != "none"]
+        have = ["none"] + [k for k, v in COMPRESS.items() if k not in ("none", "auto")
+                           and all(w in available for w in v)] + ["auto"]
         raise PlanError(f"--compress={key}: {missing[0]} is not available here (the array "
                         f"library lacks it); available: {', '.join(have)}")
     return wires

@@ -10,7 +10,6 @@ t_f + t_b per iteration (no communication), so
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 

@@ -21,7 +21,6 @@ import socket
 import numpy as np
 
 from ...errors import CommError, PlanError
-
 from ..backends.communicator import Communicator
 from ..backends.wire import cast_cost
 from ..model.cost import CostModel, compress_wires, cost_for, load_network

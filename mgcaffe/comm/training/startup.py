@@ -121,13 +121,14 @@ def plan_summary(plan: Any, where: str) -> str:
     n = len(plan.groups)
     return (f"Plan {plan.scheme} ({plan.digest()[:12]}) {where}: {n} all-reduce"
             f"{'s' if n != 1 else ''} ({describe_groups(plan)}) for {len(plan.layers)} "
-            f"learnable layers{describe_formats(plan)}; predicted {plan.iteration_time * 1e3:.2f} ms per iteration "
-            f"(t_f + t_b {plan.ideal * 1e3:.2f} ms)")
+            f"learnable layers{describe_formats(plan)}; predicted "
+            f"{plan.iteration_time * 1e3:.2f} ms per iteration (t_f + t_b "
+            f"{plan.ideal * 1e3:.2f} ms)")
 
 
 def describe_formats(plan: Any) -> str:
-    """', wire float16 (12 of 14 messages; 53.5 -> 26.8 MB)' for a plan that compresses,
-    '' for one all float32."""
+    """', wire float16 (12 of 14 messages; 53.5 -> 26.8 MB)' for a compressing plan, ''
+    for one all float32."""
     formats = list(getattr(plan, "formats", ()) or ())
     if not any(f != "float32" for f in formats):
         return ""

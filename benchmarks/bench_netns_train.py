@@ -5,6 +5,7 @@
         [--rate 1gbit] [--latency-ms 0] [--batch 1] [--schemes wfbp synceasgd mgwfbp]
         [--iters 130] [--short-iters 30] [--out results.json] [--logs DIR]
         [--train-args "--timeline /tmp/{run}.json"] [--ddp 30]
+        [--compress none fp16 bf16 auto]
 
 Each run is `mpiexec -n HOSTS mgcaffe train --solver S --comm SCHEME` across H network
 namespaces on this machine (tools/netns_cluster.py: real TCP over links shaped to `--rate`,
@@ -18,6 +19,10 @@ random inputs of batch `--batch` per rank. Read from each run's log:
 prototxt interpreted in PyTorch, gloo over the same links, its default 25 MB buckets, SGD with
 momentum, one thread per rank, batch `--batch` per rank) in the same cluster after the
 mgcaffe runs, and prints its median iteration beside theirs.
+
+`--compress` runs every scheme once per format given (`mgcaffe train --compress`: the
+gradients on the wire in float16 or bfloat16, or the planner's choice per message), in the
+same cluster, one after the other; the table's `--compress` column says which.
 
 A long run (`--iters`, default 130) re-plans after warm-up; a short run (`--short-iters`,
 default 30; 0 skips them) ends before any re-plan, so it shows the start-up plan. Targets
@@ -132,6 +137,7 @@ def verdicts(rows: list[dict]) -> list[str]:
                      f"measured fastest or within {100 * (NEAR_FASTEST - 1):.0f}%: "
                      + ("met" if near else f"MISSED ({fastest_predicted['measured_ms']:.1f} "
                         f"ms against {fastest_measured:.1f} ms)"))
+    lines += compression_verdicts(rows)
     misses = [r for r in rows if r["fit_misses"] and r["fit_misses"][0]]
     lines.append("start-up fit within the measured spread at every size: "
                  + ("met" if not misses else "MISSED (" + ", ".join(
@@ -140,14 +146,34 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def compression_verdicts(rows: list[dict]) -> list[str]:
+    """Issue 44's targets, per scheme of the long runs: fp16 at most 0.7x none's iteration,
+    auto no slower than the faster of the two (within NEAR_FASTEST)."""
+    lines = []
+    long = {(r["scheme"], r.get("compress", "none")): r for r in rows if r["kind"] == "long"}
+    for scheme in dict.fromkeys(s for s, _ in long):
+        none, fp16, auto = (long.get((scheme, c)) for c in ("none", "fp16", "auto"))
+        if none and fp16:
+            x = fp16["measured_ms"] / none["measured_ms"]
+            lines.append(f"{scheme} --compress=fp16 at most 0.7x of none: "
+                         + ("met" if x <= 0.7 else "MISSED") + f" ({x:.2f}x)")
+        if none and auto:
+            best = min(r["measured_ms"] for r in (none, fp16) if r)
+            x = auto["measured_ms"] / best
+            lines.append(f"{scheme} --compress=auto no slower than the faster of none/fp16: "
+                         + ("met" if x <= NEAR_FASTEST else "MISSED") + f" ({x:.2f}x)")
+    return lines
+
+
 def table(rows: list[dict]) -> str:
-    head = (f"{'run':<6} {'--comm':<12} {'iters':>5} {'measured':>10} {'predicted':>10} "
-            f"{'meas/pred':>9}  {'re-planned':<10} {'fit misses':<10} plan")
+    head = (f"{'run':<6} {'--comm':<12} {'--compress':<10} {'iters':>5} {'measured':>10} "
+            f"{'predicted':>10} {'meas/pred':>9}  {'re-planned':<10} {'fit misses':<10} plan")
     lines = [head]
     for r in rows:
         misses = "-" if r["fit_misses"] is None else f"{r['fit_misses'][0]}/{r['fit_misses'][1]}"
         replanned = "undone" if r.get("undone") else "yes" if r["replanned"] else "no"
-        lines.append(f"{r['kind']:<6} {r['scheme']:<12} {r['iterations']:>5} "
+        lines.append(f"{r['kind']:<6} {r['scheme']:<12} {r.get('compress', 'none'):<10} "
+                     f"{r['iterations']:>5} "
                      f"{r['measured_ms']:>8.1f}ms {r['predicted_ms']:>8.1f}ms "
                      f"{r['ratio']:>9.2f}  {replanned:<10} "
                      f"{misses:<10} {r['plan']}")
@@ -172,6 +198,9 @@ def main() -> int:
                    help="also time PyTorch DistributedDataParallel (gloo, 25 MB buckets, one "
                         "thread per rank) on the same net, batch and links for ITERS "
                         "iterations after 5 of warm-up (needs torch; 0: not)")
+    p.add_argument("--compress", nargs="+", default=["none"], metavar="FORMAT",
+                   help="run every scheme with each of these --compress values (none, fp16, "
+                        "bf16, auto; default none)")
     p.add_argument("--train-args", default="",
                    help="more `mgcaffe train` arguments for every run, one string ('{run}' "
                         "becomes KIND-SCHEME), e.g. \"--timeline /tmp/{run}.json\"")
@@ -190,25 +219,29 @@ def main() -> int:
                   f"{a.rate}{f' +{a.latency_ms} ms' if a.latency_ms else ''}; "
                   f"{cluster.cpu_note}", flush=True)
             for kind, _ in kinds:
-                for scheme in a.schemes:
+                for scheme, compress in [(s, c) for s in a.schemes for c in a.compress]:
+                    run_name = f"{kind}-{scheme}" + (f"-{compress}" if compress != "none"
+                                                     else "")
                     t0 = time.monotonic()
                     status, out = cluster.run(
                         mpiexec(), ["-n", str(a.hosts), sys.executable, "-m", "mgcaffe",
-                                    "train", "--solver", str(solvers[kind]), "--comm", scheme]
-                        + a.train_args.replace("{run}", f"{kind}-{scheme}").split(),
+                                    "train", "--solver", str(solvers[kind]), "--comm", scheme,
+                                    "--compress", compress]
+                        + a.train_args.replace("{run}", run_name).split(),
                         timeout=a.timeout)
                     if a.logs:
                         Path(a.logs).mkdir(parents=True, exist_ok=True)
-                        log_name = f"{a.model}-{a.hosts}h-{a.rate}-{kind}-{scheme}.log"
+                        log_name = f"{a.model}-{a.hosts}h-{a.rate}-{run_name}.log"
                         (Path(a.logs) / log_name).write_text(out)
                     if status != 0:
                         sys.stderr.write(out[-4000:])
-                        raise SystemExit(f"{kind} run of --comm {scheme}: exit status {status}")
-                    row = dict(read_run(out), kind=kind, scheme=scheme,
+                        raise SystemExit(f"{kind} run of --comm {scheme} --compress {compress}: "
+                                         f"exit status {status}")
+                    row = dict(read_run(out), kind=kind, scheme=scheme, compress=compress,
                                wall_s=round(time.monotonic() - t0, 1))
                     rows.append(row)
-                    print(f"  {kind} {scheme}: {CLOSING.findall(out)[-1]} in "
-                          f"{row['wall_s']} s", flush=True)
+                    print(f"  {kind} {scheme} --compress={compress}: "
+                          f"{CLOSING.findall(out)[-1]} in {row['wall_s']} s", flush=True)
             if a.ddp:
                 ddp = run_ddp(cluster, a, Path(tmp))
     print(table(rows))

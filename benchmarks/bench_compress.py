@@ -1,0 +1,240 @@
+"""What gradient compression (`--compress`, issue 44) costs in accuracy and in casts.
+
+    .venv/bin/python benchmarks/bench_compress.py [--parts digits cifar alexnet casts mpi]
+        [--digits-iters 500] [--cifar-iters 60]
+
+- digits: the digits net of `make demo` (models/digits), trained in full on 2 MPI ranks with
+  float32 and with each compressed format: the final test accuracy of each (target: float16
+  within 0.5 points of float32).
+- cifar: CIFAR-10 quick (models/cifar10_quick) on random inputs of batch 25 per rank, 2 ranks,
+  a short run: the last smoothed training loss of each format (target: within 2% of
+  float32's).
+- alexnet: one AlexNet-size gradient (models/alexnet, random inputs, batch 2 per "rank", two
+  ranks' backward passes in this process) averaged as the ranks do: float32, and divided,
+  cast, summed in float32 and rounded as a compressed all-reduce does; the relative error
+  ||g_f - g_32|| / ||g_32|| of the whole gradient and the worst layer's.
+- casts: what casting a float32 gradient to each format and back (with the overflow check)
+  costs per MB on this CPU (`wire.cast_cost`, best of 5 over 8 MB), numpy's own
+  float32->float16 conversion beside it.
+- mpi: 2 ranks on this machine, float16 payloads summed by MPI's MPI_FLOAT16_T all-reduce
+  against the all-to-all + numpy sum + all-gather (`MpiCommunicator(half_sum=...)`), per
+  size (median of 20).
+
+A benchmark, not a test: run it alone (the cast and MPI numbers are timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from google.protobuf import text_format  # noqa: E402
+
+from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: E402
+from mgcaffe.comm.backends.wire import cast_cost, from_wire, sum_payloads, to_wire  # noqa: E402
+from mgcaffe.formats.protoio import read_net_param  # noqa: E402
+from mgcaffe.net.synthetic_data import synthesize_data_layers  # noqa: E402
+
+FORMATS = ("none", "fp16", "bf16")
+WIRE = {"fp16": "float16", "bf16": "bfloat16"}
+ACCURACY = re.compile(r"Test net output #\d+: accuracy = ([\d.]+)")
+LOSS = re.compile(r"Iteration \d+.*, loss = ([\d.eE+-]+)")
+
+
+def train(solver: Path, compress: str, ranks: int = 2, timeout: float = 900.0) -> str:
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mgcaffe", "train", "--solver",
+           str(solver), "--compress", compress]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"training with --compress={compress}: exit status {proc.returncode}")
+    return proc.stdout + proc.stderr
+
+
+def digits(tmp: Path, iters: int) -> dict:
+    data = tmp / "digits"
+    subprocess.run([sys.executable, str(REPO / "tools" / "convert_digits.py"), "--out",
+                    str(data)], check=True, capture_output=True, timeout=300)
+    net = (REPO / "models" / "digits" / "train_test.prototxt").read_text().replace(
+        "data/digits/", f"{data}/")
+    (tmp / "digits.prototxt").write_text(net)
+    solver = (REPO / "models" / "digits" / "solver.prototxt").read_text()
+    solver = solver.replace('"models/digits/train_test.prototxt"', f'"{tmp}/digits.prototxt"')
+    solver = re.sub(r"max_iter: \d+", f"max_iter: {iters}", solver)
+    solver = solver.replace('snapshot_prefix: "demo-output/digits"',
+                            f'snapshot_prefix: "{tmp}/digits"')
+    path = tmp / "digits_solver.prototxt"
+    path.write_text(solver + "\nsnapshot_after_train: false\n")
+    out = {}
+    for fmt in FORMATS:
+        log = train(path, fmt)
+        out[fmt] = float(ACCURACY.findall(log)[-1])
+        print(f"  digits --compress={fmt}: test accuracy {100 * out[fmt]:.2f}%", flush=True)
+    return out
+
+
+def cifar(tmp: Path, iters: int) -> dict:
+    net, _ = synthesize_data_layers(read_net_param(
+        str(REPO / "models" / "cifar10_quick" / "cifar10_quick_train_test.prototxt")), None, 25)
+    net_path = tmp / "cifar.prototxt"
+    net_path.write_text(text_format.MessageToString(net))
+    path = tmp / "cifar_solver.prototxt"
+    path.write_text(f'net: "{net_path}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.004\n'
+                    f'lr_policy: "fixed"\ndisplay: 10\nmax_iter: {iters}\nrandom_seed: 5\n'
+                    f'type: "SGD"\nsnapshot_after_train: false\n'
+                    f'snapshot_prefix: "{tmp}/cifar"\n')
+    out = {}
+    for fmt in FORMATS:
+        log = train(path, fmt)
+        out[fmt] = float(LOSS.findall(log)[-1])
+        print(f"  cifar10 quick --compress={fmt}: final loss {out[fmt]:.5f}", flush=True)
+    return out
+
+
+def alexnet(tmp: Path) -> dict:
+    from mgcaffe import TRAIN, Net  # noqa: PLC0415 - the engine, only for this part
+
+    net_param, _ = synthesize_data_layers(
+        read_net_param(str(REPO / "models" / "alexnet" / "train_val.prototxt")), None, 2)
+    path = tmp / "alexnet.prototxt"
+    path.write_text(text_format.MessageToString(net_param))
+    net = Net(str(path), TRAIN)
+    grads = []
+    for _ in range(2):  # two ranks' gradients: two batches of random inputs
+        net.forward()
+        net.backward()
+        grads.append({name: [b.diff.astype(np.float32).copy() for b in blobs]
+                      for name, blobs in net.params.items()})
+    names = list(grads[0])
+    ref = {n: [(a + b) / np.float32(2) for a, b in zip(grads[0][n], grads[1][n])]
+           for n in names}
+    size = sum(x.size for n in names for x in ref[n])
+    out = {"parameters": int(size)}
+    for fmt in ("float16", "bfloat16"):
+        num = den = 0.0
+        worst = (0.0, "")
+        for n in names:
+            for i, (a, b) in enumerate(zip(grads[0][n], grads[1][n])):
+                payloads = []
+                for g in (a, b):
+                    p = np.empty(g.size, np.float16 if fmt == "float16" else np.uint16)
+                    to_wire(g.reshape(-1), 2, fmt, p)
+                    payloads.append(p)
+                mean = np.empty(a.size, np.float32)
+                from_wire(sum_payloads(payloads, fmt), fmt, mean)
+                err = float(np.linalg.norm(mean - ref[n][i].reshape(-1)))
+                norm = float(np.linalg.norm(ref[n][i]))
+                num += err ** 2
+                den += norm ** 2
+                if norm > 0 and err / norm > worst[0]:
+                    worst = (err / norm, f"{n}[{i}]")
+        out[fmt] = {"relative_error": (num / den) ** 0.5, "worst_blob": worst[1],
+                    "worst_relative_error": worst[0]}
+        print(f"  AlexNet gradient ({size / 1e6:.1f}M parameters) {fmt}: relative error "
+              f"{out[fmt]['relative_error']:.2e} (worst blob {worst[1]}: {worst[0]:.2e})",
+              flush=True)
+    return out
+
+
+def casts() -> dict:
+    out = {f: c * 1e9 for f, c in cast_cost(("float16", "bfloat16"), nbytes=8 << 20).items()}
+    x = np.random.default_rng(0).standard_normal(2 << 20).astype(np.float32)
+    best = min(_timed(lambda: x.astype(np.float16)) for _ in range(5))
+    out["numpy astype float16 (one way)"] = best / x.nbytes * 1e9
+    for k, v in out.items():
+        print(f"  casts {k}: {v:.3g} ms per MB", flush=True)
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def mpi_halves() -> dict:
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, __file__, "--worker-half"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"mpi part: exit status {proc.returncode}: {proc.stderr[-2000:]}")
+    out = json.loads(lines[-1])
+    for size, times in out.items():
+        print(f"  MPI float16 all-reduce of {int(size) / 1e6:g} MB (as float32 bytes): "
+              + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()), flush=True)
+    return out
+
+
+def worker_half() -> None:
+    from mgcaffe.comm.backends.mpi import HALF_SUMS, MpiCommunicator  # noqa: PLC0415
+
+    comms = {h: MpiCommunicator(half_sum=h) for h in HALF_SUMS}
+    out = {}
+    for nbytes in (1 << 20, 16 << 20, 64 << 20):
+        payload = np.ones(nbytes // 4, np.float16)
+        out[nbytes] = {}
+        for h, comm in comms.items():
+            times = []
+            for _ in range(20):
+                comm.barrier()
+                times.append(_timed(lambda c=comm, p=payload: c.allreduce_wire(p, "float16")))
+            out[nbytes][f"half_sum={h}"] = float(np.median(times))
+        f32 = np.ones(nbytes // 4, np.float32)
+        times = []
+        for _ in range(20):
+            comms["mpi"].barrier()
+            times.append(_timed(lambda x=f32: comms["mpi"].allreduce_sum(x)))
+        out[nbytes]["float32"] = float(np.median(times))
+    if comms["mpi"].rank == 0:
+        print(json.dumps(out), flush=True)
+
+
+def main() -> int:
+    if "--worker-half" in sys.argv:
+        worker_half()
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", nargs="+", default=["casts", "mpi", "alexnet", "digits", "cifar"])
+    p.add_argument("--digits-iters", type=int, default=500)
+    p.add_argument("--cifar-iters", type=int, default=60)
+    p.add_argument("--out", default=None, help="also write the results as JSON")
+    a = p.parse_args()
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for part in a.parts:
+            print(f"{part}:", flush=True)
+            if part == "casts":
+                results[part] = casts()
+            elif part == "mpi":
+                results[part] = mpi_halves()
+            elif part == "alexnet":
+                results[part] = alexnet(tmp)
+            elif part == "digits":
+                results[part] = r = digits(tmp, a.digits_iters)
+                print(f"  float16 against float32: {100 * (r['fp16'] - r['none']):+.2f} "
+                      f"points (target within 0.5)", flush=True)
+            elif part == "cifar":
+                results[part] = r = cifar(tmp, a.cifar_iters)
+                print(f"  float16 against float32: {100 * (r['fp16'] / r['none'] - 1):+.2f}% "
+                      f"(target within 2%)", flush=True)
+            else:
+                raise SystemExit(f"--parts: unknown part {part!r}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,16 +26,17 @@ def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
              for s in shapes] for _ in range(iterations)]
 
 
-def run(double, schedule, flat, formats, iterations=2):
+def run(double, schedule, flat, formats, iterations=2, backend="nccl"):
     cupy = double.cupy
     comms = LocalWorld(2, timeout=20).communicators()
     plan = SimpleNamespace(groups=GROUPS, schedule=schedule, formats=formats)
 
     def rank(r):
         cupy.cuda.Device(r).use()
-        comm = NcclCommunicator(comms[r], timeout=20)
+        comm = NcclCommunicator(comms[r], timeout=20) if backend == "nccl" else comms[r]
         params, layers = device_blobs(cupy, flat)
         ex = GradientExecutor(layers, params, plan, comm, timeout=20)
+        assert ex.mode == ("stream" if backend == "nccl" else "staged")
         got = []
         for grads in gradients(r, iterations):
             for layer in reversed(layers):
@@ -56,8 +57,26 @@ def run(double, schedule, flat, formats, iterations=2):
     return results
 
 
-def launches(names: dict, prefix: str) -> int:
-    return sum(v for k, v in names.items() if k.startswith(prefix))
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    m, e = np.frexp(x.astype(np.float64))
+    return np.ldexp(np.rint(m * 256.0) / 256.0, e).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["barrier", "reduce-scatter, all-gather"])
+def test_the_staged_path_casts_on_the_host_both_formats(fmt, name):
+    """Device diffs over a host communicator: the payload is cast in pinned host memory,
+    so bfloat16 is available there too."""
+    with cupy_double.installed(devices=2) as double:
+        results = run(double, SCHEDULES[name], False, [fmt, fmt], backend="staged")
+    rnd = (lambda x: x.astype(np.float16).astype(np.float32)) if fmt == "float16" \
+        else round_bf16
+    half = np.float32(2)
+    for it, (g0, g1) in enumerate(zip(gradients(0, 2), gradients(1, 2))):
+        for p, (a, b) in enumerate(zip(g0, g1)):
+            want = rnd(rnd(a / half) + rnd(b / half))
+            for got, _ in results:
+                np.testing.assert_array_equal(got[it][p], want)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))

@@ -144,7 +144,7 @@ def check_fit(cost: CostModel, sizes: Sequence[int], medians: Sequence[float],
               spreads: Sequence[tuple[float, float]] | None = None) -> FitCheck:
     """`cost` against measured medians (and their p10-p90 spreads; none: the median alone)."""
     spans = spreads if spreads is not None else [(t, t) for t in medians]
-    return FitCheck(tuple((int(m), float(t), float(lo), float(hi), cost.time(m))
+    return FitCheck(tuple((int(m), float(t), float(lo), float(hi), cost.link_time(m))
                           for m, t, (lo, hi) in zip(sizes, medians, spans)))
 
 
@@ -179,7 +179,7 @@ def _line_points(cost: CostModel, largest: int) -> list[tuple[int, float]]:
         sizes.append(m)
         m *= 4
     sizes.append(max(largest, 8))
-    return [(s, cost.time(s)) for s in sizes]
+    return [(s, cost.link_time(s)) for s in sizes]
 
 
 def correct(cost: CostModel, measured: Sequence[SizeTimes], min_samples: int = MIN_SAMPLES,
@@ -195,7 +195,7 @@ def correct(cost: CostModel, measured: Sequence[SizeTimes], min_samples: int = M
     largest message the plan may send (the whole gradient), up to which a `paper` model's
     line is kept as points (beyond the last point T follows the last segment's slope)."""
     differing = [s for s in measured if s.count >= min_samples
-                 and not s.p25 <= cost.time(s.nbytes) <= s.p75]
+                 and not s.p25 <= cost.link_time(s.nbytes) <= s.p75]
     if not differing:
         return cost, []
     largest = max(largest, *(s.nbytes for s in measured))

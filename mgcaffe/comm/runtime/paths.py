@@ -154,7 +154,7 @@ class DataPath:
     def _send_wire(self, run: Run, guard) -> tuple[float, float]:
         """A compressed run: its messages' payloads in the wire buffer, reduced as one
         collective where they lie side by side there (else one each)."""
-        fmt, t0, t1 = run.wire, None, 0.0
+        fmt, t0, t1 = run.wire, None, 0.0  # the first collective's start, the last's end
         wire = self.wire_buffer(fmt)
         method = {"ar": "allreduce_wire", "rs": "reduce_scatter_wire",
                   "ag": "allgather_wire"}[run.kind]
@@ -167,6 +167,7 @@ class DataPath:
             start = time.perf_counter()
             with guard(Run(part, None)):
                 getattr(self.comm, method)(payload, fmt)
+            t0, t1 = (start if t0 is None else t0), time.perf_counter()
             if run.kind != "rs":
                 if self._finite(payload, fmt):
                     for m in part:
@@ -177,8 +178,6 @@ class DataPath:
                         self.send(Run([replace(m, kind="ar", wire="float32")], m.piece),
                                   guard)
                         self.divide(m.piece)
-            t0 = start if t0 is None else t0
-            t1 = time.perf_counter()
         return t0, t1
 
     def _cast_in(self, piece: Any, payload: Any, fmt: str) -> None:

@@ -336,12 +336,12 @@ class InSituWindow:
         self.rows.append(layer_overlaps(forward_end, ready, intervals, layers))
         start, end = forward_end, ready[1]
         self.messages.append(
-            [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), cost.time(m))
+            [(m, t1 - t0, max(0.0, min(t1, end) - max(t0, start)), cost.link_time(m))
              for t0, t1, m in intervals])
         for t0, t1, m in intervals:
             if t0 < end:
                 self.comm_measured += t1 - t0
-                self.comm_modelled += cost.time(m)
+                self.comm_modelled += cost.link_time(m)
 
 
 @dataclass(frozen=True)

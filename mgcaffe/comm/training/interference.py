@@ -117,7 +117,7 @@ def measure_slowdowns(comm: Communicator, cost: CostModel, sizes: Sequence[int],
         m = int(m)
         buf = xp.zeros(max(1, m // 4), dtype=np.float32)
         comm.allreduce_sum(buf)  # warm: connections and buffers of this size
-        modelled = max(cost.time(m), 1e-6)
+        modelled = max(cost.link_time(m), 1e-6)
         calls = _calls(duration, modelled)
         rhos, sigmas = [], []
         for round_ in range(rounds):

@@ -16,9 +16,10 @@
 - casts: what casting a float32 gradient to each format and back (with the overflow check)
   costs per MB on this CPU (`wire.cast_cost`, best of 5 over 8 MB), numpy's own
   float32->float16 conversion beside it.
-- mpi: 2 ranks on this machine, float16 payloads summed by MPI's MPI_FLOAT16_T all-reduce
-  against the all-to-all + numpy sum + all-gather (`MpiCommunicator(half_sum=...)`), per
-  size (median of 20).
+- mpi: 2 ranks (on this machine's shared memory, or `--rate R`: 2 namespace hosts linked at
+  R), per gradient size: float32's all-reduce, float16 payloads summed by MPI's
+  MPI_FLOAT16_T all-reduce and by all-to-all + numpy sum + all-gather
+  (`MpiCommunicator(half_sum=...)`), and bfloat16 (the latter way); median of 7.
 
 A benchmark, not a test: run it alone (the cast and MPI numbers are timings).
 """
@@ -26,6 +27,7 @@ A benchmark, not a test: run it alone (the cast and MPI numbers are timings).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -163,39 +165,58 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def mpi_halves() -> dict:
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, __file__, "--worker-half"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"mpi part: exit status {proc.returncode}: {proc.stderr[-2000:]}")
+def mpi_halves(rate: str | None) -> dict:
+    """The worker on 2 ranks: on this machine's shared memory, or (`rate`) on 2 hosts of
+    the namespace cluster (tools/netns_cluster.py) linked at that rate."""
+    args = ["-n", "2", sys.executable, __file__, "--worker-half"]
+    if rate is None:
+        proc = subprocess.run([mpiexec(), *args], capture_output=True, text=True,
+                              timeout=600, cwd=REPO)
+        status, text = proc.returncode, proc.stdout + proc.stderr
+    else:
+        spec = importlib.util.spec_from_file_location("netns_cluster",
+                                                      REPO / "tools" / "netns_cluster.py")
+        netns = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(netns)
+        with netns.Cluster(2, None if rate == "none" else rate) as cluster:
+            status, text = cluster.run(mpiexec(), args[2:], timeout=900)
+    lines = [x for x in text.splitlines() if x.startswith("{")]
+    if status != 0 or not lines:
+        raise SystemExit(f"mpi part: exit status {status}: {text[-2000:]}")
     out = json.loads(lines[-1])
     for size, times in out.items():
-        print(f"  MPI float16 all-reduce of {int(size) / 1e6:g} MB (as float32 bytes): "
+        print(f"  2 ranks{f' at {rate}' if rate else ''}: a gradient of {int(size) / 1e6:g} MB "
+              f"(median of {REPEATS}): "
               + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()), flush=True)
     return out
 
 
+REPEATS = 7
+
+
 def worker_half() -> None:
+    """Times the ways a float32 gradient of each size can be all-reduced: float32; float16
+    payloads summed by MPI or by all-to-all + numpy; bfloat16 by all-to-all + numpy (the
+    collectives only, no casts)."""
     from mgcaffe.comm.backends.mpi import HALF_SUMS, MpiCommunicator  # noqa: PLC0415
 
     comms = {h: MpiCommunicator(half_sum=h) for h in HALF_SUMS}
     out = {}
-    for nbytes in (1 << 20, 16 << 20, 64 << 20):
-        payload = np.ones(nbytes // 4, np.float16)
-        out[nbytes] = {}
+    for nbytes in (1 << 20, 16 << 20, 53_500_000):
+        n = nbytes // 4
+        f32, f16, bf16 = (np.ones(n, np.float32), np.ones(n, np.float16),
+                          np.full(n, 0x3F80, np.uint16))
+        ways = {"float32": lambda x=f32: comms["mpi"].allreduce_sum(x)}
         for h, comm in comms.items():
+            ways[f"float16 half_sum={h}"] = lambda c=comm, p=f16: c.allreduce_wire(p, "float16")
+        ways["bfloat16"] = lambda p=bf16: comms["numpy"].allreduce_wire(p, "bfloat16")
+        out[nbytes] = {}
+        for name, way in ways.items():
             times = []
-            for _ in range(20):
-                comm.barrier()
-                times.append(_timed(lambda c=comm, p=payload: c.allreduce_wire(p, "float16")))
-            out[nbytes][f"half_sum={h}"] = float(np.median(times))
-        f32 = np.ones(nbytes // 4, np.float32)
-        times = []
-        for _ in range(20):
-            comms["mpi"].barrier()
-            times.append(_timed(lambda x=f32: comms["mpi"].allreduce_sum(x)))
-        out[nbytes]["float32"] = float(np.median(times))
+            for _ in range(REPEATS):
+                comms["mpi"].barrier()
+                times.append(_timed(way))
+            out[nbytes][name] = float(np.median(times))
     if comms["mpi"].rank == 0:
         print(json.dumps(out), flush=True)
 
@@ -208,6 +229,9 @@ def main() -> int:
     p.add_argument("--parts", nargs="+", default=["casts", "mpi", "alexnet", "digits", "cifar"])
     p.add_argument("--digits-iters", type=int, default=500)
     p.add_argument("--cifar-iters", type=int, default=60)
+    p.add_argument("--rate", default=None,
+                   help="mpi part: 2 hosts of the namespace cluster linked at this rate (tc "
+                        "units, 'none': unshaped; needs root) instead of shared memory")
     p.add_argument("--out", default=None, help="also write the results as JSON")
     a = p.parse_args()
     results: dict = {}
@@ -218,7 +242,7 @@ def main() -> int:
             if part == "casts":
                 results[part] = casts()
             elif part == "mpi":
-                results[part] = mpi_halves()
+                results[part] = mpi_halves(a.rate)
             elif part == "alexnet":
                 results[part] = alexnet(tmp)
             elif part == "digits":

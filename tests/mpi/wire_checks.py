@@ -4,13 +4,14 @@
 
 Each rank sums payloads of 1001 values (uneven blocks) in float16 (the library's
 MPI_FLOAT16_T sum, and the all-to-all + numpy sum) and bfloat16 (no MPI type: all-to-all +
-numpy), whole and in halves, and compares them with the correctly rounded sum of the two
+numpy), whole and in halves, in one all-to-all round and in several, and compares them with the correctly rounded sum of the two
 ranks' values computed here in numpy; prints `OK rank R`."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from mgcaffe.comm.backends import mpi
 from mgcaffe.comm.backends.mpi import HALF_SUMS, MpiCommunicator
 
 
@@ -39,6 +40,12 @@ def values(fmt: str, p: np.ndarray) -> np.ndarray:
 
 
 def main() -> None:
+    for rounds in (mpi.A2A_WORDS, 97):  # one all-to-all round, and several (uneven) ones
+        mpi.A2A_WORDS = rounds
+        check()
+
+
+def check() -> None:
     for half_sum in HALF_SUMS:
         comm = MpiCommunicator(half_sum=half_sum)
         mine = [rounded(f, x) for f in ("float16", "bfloat16") for x in payloads(comm.size)]

@@ -9,10 +9,11 @@
 - cifar: CIFAR-10 quick (models/cifar10_quick) on random inputs of batch 25 per rank, 2 ranks,
   a short run: the last smoothed training loss of each format (target: within 2% of
   float32's).
-- alexnet: one AlexNet-size gradient (models/alexnet, random inputs, batch 2 per "rank", two
-  ranks' backward passes in this process) averaged as the ranks do: float32, and divided,
-  cast, summed in float32 and rounded as a compressed all-reduce does; the relative error
-  ||g_f - g_32|| / ||g_32|| of the whole gradient and the worst layer's.
+- alexnet: one AlexNet-size gradient (models/alexnet/deploy.prototxt, random inputs and
+  random top diffs, batch 2 per "rank", two ranks' backward passes in this process)
+  averaged as the ranks do: float32, and divided, cast, summed in float32 and rounded as a
+  compressed all-reduce does; the relative error ||g_f - g_32|| / ||g_32|| of the whole
+  gradient and the worst layer's.
 - casts: what casting a float32 gradient to each format and back (with the overflow check)
   costs per MB on this CPU (`wire.cast_cost`, best of 5 over 8 MB), numpy's own
   float32->float16 conversion beside it.
@@ -104,19 +105,24 @@ def cifar(tmp: Path, iters: int) -> dict:
     return out
 
 
-def alexnet(tmp: Path) -> dict:
+def alexnet() -> dict:
     from mgcaffe import TRAIN, Net  # noqa: PLC0415 - the engine, only for this part
 
-    net_param, _ = synthesize_data_layers(
-        read_net_param(str(REPO / "models" / "alexnet" / "train_val.prototxt")), None, 2)
-    path = tmp / "alexnet.prototxt"
-    path.write_text(text_format.MessageToString(net_param))
-    net = Net(str(path), TRAIN)
+    net = Net(str(REPO / "models" / "alexnet" / "deploy.prototxt"), TRAIN)
+    net.blobs["data"].reshape(2, 3, 227, 227)
+    net.reshape()
+    rng = np.random.default_rng(3)
+    out_name = net.outputs[0]
     grads = []
-    for _ in range(2):  # two ranks' gradients: two batches of random inputs
+    for _ in range(2):  # two ranks' gradients: two batches of random inputs and top diffs
+        for blobs in net.params.values():
+            for b in blobs:
+                b.diff[...] = 0
+        net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)
         net.forward()
-        net.backward()
-        grads.append({name: [b.diff.astype(np.float32).copy() for b in blobs]
+        top = rng.standard_normal(net.blobs[out_name].data.shape).astype(np.float32)
+        net.backward(**{out_name: top})
+        grads.append({name: [np.array(b.diff, np.float32) for b in blobs]
                       for name, blobs in net.params.items()})
     names = list(grads[0])
     ref = {n: [(a + b) / np.float32(2) for a, b in zip(grads[0][n], grads[1][n])]
@@ -244,7 +250,7 @@ def main() -> int:
             elif part == "mpi":
                 results[part] = mpi_halves(a.rate)
             elif part == "alexnet":
-                results[part] = alexnet(tmp)
+                results[part] = alexnet()
             elif part == "digits":
                 results[part] = r = digits(tmp, a.digits_iters)
                 print(f"  float16 against float32: {100 * (r['fp16'] - r['none']):+.2f} "

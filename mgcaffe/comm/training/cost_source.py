@@ -173,6 +173,6 @@ def _log_correction(before: CostModel, after: CostModel, measured: list[SizeTime
                  sum(s.count for s in measured), len(measured))
         return
     log.info("All-reduce cost corrected from the window's messages at %s",
-             ", ".join(f"{s.nbytes / 1e6:.3g} MB ({before.time(s.nbytes) * 1e3:.3g} -> "
+             ", ".join(f"{s.nbytes / 1e6:.3g} MB ({before.link_time(s.nbytes) * 1e3:.3g} -> "
                        f"{s.median * 1e3:.3g} ms, {s.count} messages)" for s in corrections))
     log.debug("All-reduce cost after the correction: %s", after.describe())

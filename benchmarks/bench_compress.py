@@ -84,7 +84,7 @@ def digits(tmp: Path, iters: int) -> dict:
     return out
 
 
-def cifar(tmp: Path, iters: int) -> dict:
+def cifar(tmp: Path, iters: int, lr: float = 0.001) -> dict:
     """CIFAR-10 quick's net (its layers after the data layers) on the digits data: no
     CIFAR-10 here, and random inputs teach nothing to compare (constant labels drive every
     format's loss to 0, random ones keep it at ln 10); the 8x8 digits pass its three
@@ -96,11 +96,13 @@ def cifar(tmp: Path, iters: int) -> dict:
     digits_net = (REPO / "models" / "digits" / "train_test.prototxt").read_text()
     quick = (REPO / "models" / "cifar10_quick" / "cifar10_quick_train_test.prototxt").read_text()
     head = digits_net[:_nth_layer(digits_net, 2)].replace("data/digits/", f"{data}/")
-    head = head.replace("batch_size: 64", "batch_size: 32")
+    # CIFAR-10 quick's first filters (std 1e-4) expect pixels in 0..255, unscaled
+    head = head.replace("batch_size: 64", "batch_size: 32").replace(
+        "transform_param { scale: 0.00390625 }", "")
     net_path = tmp / "cifar_quick_digits.prototxt"
     net_path.write_text(head + quick[_nth_layer(quick, 2):])
     path = tmp / "cifar_solver.prototxt"
-    path.write_text(f'net: "{net_path}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.004\n'
+    path.write_text(f'net: "{net_path}"\nbase_lr: {lr:g}\nmomentum: 0.9\nweight_decay: 0.004\n'
                     f'lr_policy: "fixed"\ndisplay: 20\naverage_loss: 20\nmax_iter: {iters}\n'
                     f'random_seed: 5\ntype: "SGD"\nsnapshot_after_train: false\n'
                     f'snapshot_prefix: "{tmp}/cifar"\n')

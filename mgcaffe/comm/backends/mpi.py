@@ -88,13 +88,16 @@ class MpiCommunicator(Communicator):
     (MPIX_C_FLOAT16 / MPI_FLOAT16_T, summed by the library) but none for bfloat16. `half_sum`
     says how float16 is summed: "mpi" (the library's all-reduce of float16) or "numpy" (an
     all-to-all of the payload's blocks, each rank summing its block in float32 in numpy,
-    then an all-gather of the 16-bit blocks); bfloat16 always takes the second way."""
+    then an all-gather of the 16-bit blocks, the default); bfloat16 always takes the second
+    way. MPICH sums float16 element by element in software: three times float32's time on
+    normal values and twenty times on the subnormal ones a mean gradient mostly holds
+    (8M elements, 2 ranks on one host: 99 and 626 ms against 22-32 ms for float32)."""
 
     name = "mpi"
     one_process_per_rank = True
 
     def __init__(self, comm: Any = None, *, wait: str = "poll", poll_s: float = 1e-4,
-                 spin_s: float = 5e-4, chunk_bytes: int = 16 << 20, half_sum: str = "mpi"):
+                 spin_s: float = 5e-4, chunk_bytes: int = 16 << 20, half_sum: str = "numpy"):
         if wait not in ("block", "poll"):
             raise CommError(f"MPI communicator: wait must be 'block' or 'poll', got {wait!r}")
         if half_sum not in HALF_SUMS:

@@ -85,18 +85,19 @@ def write_solver(model: str, batch: int, max_iter: int, where: Path) -> Path:
     return solver
 
 
-def run_ddp(cluster, a, tmp: Path) -> dict:
-    """PyTorch DDP on the same hosts and links (benchmarks/torch_net.py): its JSON line."""
+def run_ddp(cluster, a, tmp: Path, hook: str = "none") -> dict:
+    """PyTorch DDP on the same hosts and links (benchmarks/torch_net.py), with its own
+    compression hook `hook` (none, fp16, bf16): its JSON line."""
     status, out = cluster.run(
         mpiexec(), ["-genv", "MASTER_ADDR", cluster.addresses[0], "-genv", "MASTER_PORT",
                     "29500", "-genv", "GLOO_SOCKET_IFNAME", "eth0", "-genv", "OMP_NUM_THREADS",
                     "1", "-n", str(a.hosts), sys.executable,
                     str(REPO / "benchmarks" / "torch_net.py"), "--ddp-worker",
                     str(MODELS[a.model]), "--batch", str(a.batch), "--iterations",
-                    str(a.ddp), "--warmup", "5"], timeout=a.timeout)
+                    str(a.ddp), "--warmup", "5", "--hook", hook], timeout=a.timeout)
     if a.logs:
         Path(a.logs).mkdir(parents=True, exist_ok=True)
-        (Path(a.logs) / f"{a.model}-{a.hosts}h-{a.rate}-ddp.log").write_text(out)
+        (Path(a.logs) / f"{a.model}-{a.hosts}h-{a.rate}-ddp-{hook}.log").write_text(out)
     lines = [line for line in out.splitlines() if line.startswith('{"ddp_ms"')]
     if status != 0 or not lines:
         sys.stderr.write(out[-4000:])
@@ -198,6 +199,8 @@ def main() -> int:
                    help="also time PyTorch DistributedDataParallel (gloo, 25 MB buckets, one "
                         "thread per rank) on the same net, batch and links for ITERS "
                         "iterations after 5 of warm-up (needs torch; 0: not)")
+    p.add_argument("--ddp-hooks", nargs="+", default=["none"], choices=("none", "fp16", "bf16"),
+                   help="with --ddp: DDP's compression hooks to time, each a run")
     p.add_argument("--compress", nargs="+", default=["none"], metavar="FORMAT",
                    help="run every scheme with each of these --compress values (none, fp16, "
                         "bf16, auto; default none)")
@@ -210,7 +213,7 @@ def main() -> int:
     if why:
         raise SystemExit(f"bench_netns_train: the namespace cluster is unavailable: {why}")
     kinds = [(kind, n) for kind, n in (("long", a.iters), ("short", a.short_iters)) if n]
-    rows, ddp = [], None
+    rows, ddps = [], []
     with tempfile.TemporaryDirectory() as tmp:
         solvers = {kind: write_solver(a.model, a.batch, n, Path(tmp)) for kind, n in kinds}
         rate = None if a.rate == "none" else a.rate
@@ -243,19 +246,20 @@ def main() -> int:
                     print(f"  {kind} {scheme} --compress={compress}: "
                           f"{CLOSING.findall(out)[-1]} in {row['wall_s']} s", flush=True)
             if a.ddp:
-                ddp = run_ddp(cluster, a, Path(tmp))
+                ddps = [run_ddp(cluster, a, Path(tmp), hook) for hook in a.ddp_hooks]
     print(table(rows))
-    if ddp:
-        fastest = min((r for r in rows if r["kind"] == "long"), key=lambda r: r["measured_ms"],
-                      default=None)
-        print(f"PyTorch DDP: {ddp['ddp_ms']:.1f} ms per iteration (median of "
+    fastest = min((r for r in rows if r["kind"] == "long"), key=lambda r: r["measured_ms"],
+                  default=None)
+    for ddp in ddps:
+        print(f"PyTorch DDP, hook {ddp.get('hook', 'none')}: {ddp['ddp_ms']:.1f} ms per "
+              f"iteration (median of "
               f"{ddp['iterations']}; {ddp['setup']})"
               + (f"; the fastest mgcaffe scheme ({fastest['scheme']}) over DDP: "
                  f"{ddp['ddp_ms'] / fastest['measured_ms']:.2f}x" if fastest else ""))
     for line in verdicts(rows):
         print(line)
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows, "ddp": ddp}, indent=1))
+        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows, "ddp": ddps}, indent=1))
     return 0
 
 

@@ -187,10 +187,12 @@ def _rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
-def ddp_worker(prototxt: str, batch: int, iterations: int, warmup: int) -> None:
+def ddp_worker(prototxt: str, batch: int, iterations: int, warmup: int,
+               hook: str = "none") -> None:
     """One rank of PyTorch DistributedDataParallel (gloo) training the net on random inputs:
     SGD with momentum 0.9, one thread; rank 0 prints the median iteration (forward start to
-    the next forward start, the optimizer step included) over the timed iterations."""
+    the next forward start, the optimizer step included) over the timed iterations. `hook`
+    "fp16" or "bf16": DDP's own compression hook (fp16_compress_hook, bf16_compress_hook)."""
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -209,6 +211,9 @@ def ddp_worker(prototxt: str, batch: int, iterations: int, warmup: int) -> None:
             return tn.forward(blobs)
 
     model = torch.nn.parallel.DistributedDataParallel(Wrapped())
+    if hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
+        model.register_comm_hook(None, getattr(default_hooks, f"{hook}_compress_hook"))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
     stamps = []
     for _ in range(warmup + iterations + 1):
@@ -222,7 +227,7 @@ def ddp_worker(prototxt: str, batch: int, iterations: int, warmup: int) -> None:
     times = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
     if rank == 0:
         print(json.dumps({"ddp_ms": statistics.median(times) * 1e3, "iterations": len(times),
-                          "ranks": size, "bucket_mb": 25,
+                          "ranks": size, "bucket_mb": 25, "hook": hook,
                           "setup": f"torch {torch.__version__}, gloo, 1 thread per rank"}),
               flush=True)
     dist.destroy_process_group()
@@ -234,8 +239,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--hook", choices=("none", "fp16", "bf16"), default="none",
+                   help="DDP's compression hook")
     a = p.parse_args(argv)
-    ddp_worker(a.ddp_worker, a.batch, a.iterations, a.warmup)
+    ddp_worker(a.ddp_worker, a.batch, a.iterations, a.warmup, a.hook)
     return 0
 
 

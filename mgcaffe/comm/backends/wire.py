@@ -83,7 +83,8 @@ def f16_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     r += np.uint32(0xC8000FFF)  # ((15 - 127) << 23) + 0xFFF, modulo 2**32
     r += a
     r >>= 13
-    sub = np.abs(x) + np.float32(0.5)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN lanes: replaced below
+        sub = np.abs(x) + np.float32(0.5)
     sub = sub.view(np.uint32)
     sub -= np.uint32(0x3F000000)
     sub ^= r

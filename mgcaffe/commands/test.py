@@ -22,7 +22,8 @@ from ..layer_types.base import TEST
 from ..net import Net
 from ..net.weights import report_initialised
 from ..proto import caffe_pb2
-from ..solvers.base import _g, select_device
+from ..solvers.base import select_device
+from ..solvers.evaluation import number
 from ..solvers.snapshot import load_weights
 from ._engine import cpu_engine, layer_rules
 from ._flags import (
@@ -82,13 +83,13 @@ def run(args) -> int:
                   for name in net.outputs]
         for name, vec in zip(net.outputs, values):
             for v in vec:
-                log.info("Batch %d, %s = %s", i, name, _g(v))
+                log.info("Batch %d, %s = %s", i, name, number(v))
         totals = values if totals is None else [t + v for t, v in zip(totals, values)]
-    log.info("Loss: %s", _g(loss / args.iterations))
+    log.info("Loss: %s", number(loss / args.iterations))
     for name, vec in zip(net.outputs, totals):
         weight = float(net.blob_loss_weights.get(name, 0.0))
         for v in vec:
             mean = v / args.iterations
-            extra = f" (* {_g(weight)} = {_g(weight * mean)} loss)" if weight else ""
-            log.info("%s = %s%s", name, _g(mean), extra)
+            extra = f" (* {number(weight)} = {number(weight * mean)} loss)" if weight else ""
+            log.info("%s = %s%s", name, number(mean), extra)
     return 0

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 from google.protobuf import text_format
 
-from ..backend import CPU, Device, gpu_available, to_host
+from ..backend import CPU, Device, gpu_available
 from ..cpu.engine import CpuEngine
 from ..errors import SolverError
 from ..formats.protoio import read_net_to_build, require_layers
@@ -40,19 +40,15 @@ from ..layer_types.choice.rules import LayerRules
 from ..net import Net
 from ..net.weights import report_initialised, weights_bytes
 from ..proto import caffe_pb2
-from . import data_position, finite, progress
+from . import data_position, evaluation, finite, progress
 from . import snapshot as snap
 from .actions import SolverAction
+from .evaluation import number
 from .lr_policy import learning_rate
 from .params import check_solver_param, load_solver_param, resolve_net_path
 from .update_mode import UpdateMode, blockers
 
 log = logging.getLogger("mgcaffe.solvers")
-
-
-def _g(x: float) -> str:
-    """A number as C++ ostream prints a float (6 significant digits), as Caffe's logs show."""
-    return f"{float(x):.6g}"
 
 
 def select_device(param: caffe_pb2.SolverParameter, device: Device | None,
@@ -275,7 +271,7 @@ class Solver:
         if p.display and self.iter % p.display == 0:
             self.net.forward()
             self._update_smoothed_loss(self.net.loss, start_iter)
-            log.info("Iteration %d, loss = %s", self.iter, _g(self._smoothed_loss))
+            log.info("Iteration %d, loss = %s", self.iter, number(self._smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -324,11 +320,11 @@ class Solver:
                 lapse = time.perf_counter() - timer
                 per_s = (self.iter - iterations_last) / (lapse or 1.0)
                 log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
-                         _g(per_s), _g(lapse), p.display, _g(self._smoothed_loss))
+                         number(per_s), number(lapse), p.display, number(self._smoothed_loss))
                 if self.iter > iterations_last:  # own line: Caffe's parsers skip it
                     log.info("%s", progress.time_left(stop_iter - self.iter, per_s))
                 timer, iterations_last = time.perf_counter(), self.iter
-                self._log_outputs(self.net, "Train", self._output_values(self.net), 1)
+                evaluation.log_outputs(self.net, "Train", evaluation.output_values(self.net), 1)
             for hook in self.iteration_hooks:
                 if hasattr(hook, "gradients_ready"):
                     hook.gradients_ready(self)
@@ -444,51 +440,7 @@ class Solver:
 
     def test(self, k: int) -> None:
         """Average test net k's outputs over test_iter[k] forward passes and log them."""
-        log.info("Iteration %d, Testing net (#%d)", self.iter, k)
-        net = self.test_nets[k]
-        net.share_weights(self.net)
-        n = self.param.test_iter[k]
-        net.debug_info = bool(self.param.debug_info)
-        scores = None
-        loss = 0.0
-        ticker = progress.Ticker(f"Test pass (#{k})", n)
-        for i in range(n):
-            ticker.tick(i)
-            request = self._requested_action()
-            while request != SolverAction.NONE:
-                if request in SolverAction.SNAPSHOTS:
-                    self.snapshot()
-                if request in SolverAction.STOPS:
-                    self._requested_early_exit = True
-                request = self._requested_action()
-            if self._requested_early_exit:
-                log.info("Test interrupted.")
-                return
-            net.forward()
-            loss += net.loss
-            values = self._output_values(net)
-            scores = values if scores is None else [s + v for s, v in zip(scores, values)]
-        if self.param.test_compute_loss:
-            log.info("Test loss: %s", _g(loss / n))
-        self._log_outputs(net, "Test", scores or [], n)
-
-    # -- output display -------------------------------------------------------------------
-    @staticmethod
-    def _output_values(net) -> list[np.ndarray]:
-        """Each output blob's values, flattened on the host, in net.outputs order."""
-        return [to_host(net.blobs[name].data).astype(np.float64).ravel()
-                for name in net.outputs]
-
-    @staticmethod
-    def _log_outputs(net, which: str, values: list[np.ndarray], divisor: int) -> None:
-        index = 0
-        for name, vec in zip(net.outputs, values):
-            weight = float(net.blob_loss_weights.get(name, 0.0))
-            for v in vec:
-                v = float(np.float32(v / divisor))
-                extra = f" (* {_g(weight)} = {_g(weight * v)} loss)" if weight else ""
-                log.info("    %s net output #%d: %s = %s%s", which, index, name, _g(v), extra)
-                index += 1
+        evaluation.run_test(self, k)
 
     # -- snapshots ------------------------------------------------------------------------
     def snapshot(self) -> tuple[str, str] | None:

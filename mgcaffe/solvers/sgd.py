@@ -9,7 +9,8 @@ import logging
 import time
 
 from . import updates
-from .base import Solver, _g
+from .base import Solver
+from .evaluation import number
 
 log = logging.getLogger("mgcaffe.solvers")
 
@@ -46,7 +47,7 @@ class SGDSolver(Solver):
         p = self.param
         rate = self.get_learning_rate()
         if p.display and self.iter % p.display == 0:
-            log.info("Iteration %d, lr = %s", self.iter, _g(rate))
+            log.info("Iteration %d, lr = %s", self.iter, number(rate))
         self._update_iter = self.iter
         return rate
 
@@ -73,7 +74,7 @@ class SGDSolver(Solver):
         if norm > clip:
             scale = clip / norm
             log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale "
-                     "factor %s", _g(norm), _g(clip), _g(scale))
+                     "factor %s", number(norm), number(clip), number(scale))
             for blob in self.net.learnable_params:
                 blob.diff *= scale
 

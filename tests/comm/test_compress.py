@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from comm_fakes import GROUPS, SCHEDULES, FakeNet, run_ranks
+from comm_fakes import GROUPS, SCHEDULES, FakeNet, flatten, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.runtime.executor import GradientExecutor
@@ -39,14 +39,6 @@ def reference(per_rank: list[np.ndarray], fmt: str) -> np.ndarray:
     return round_to(fmt, total)
 
 
-def flatten(net):
-    blobs = [net.learnable_params[p] for layer in reversed(net.learnable_layers)
-             for p in layer.param_ids]
-    flat = np.zeros(sum(b.diff.size for b in blobs), np.float32)
-    offset = 0
-    for b in blobs:
-        b.diff = flat[offset:offset + b.diff.size].reshape(b.diff.shape)
-        offset += b.diff.size
 
 
 def run(n, plan, iterations=2, in_place=True, poke=None, seed=3):

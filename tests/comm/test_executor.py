@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from comm_fakes import FakeNet, plan, run_mpi, run_ranks
+from comm_fakes import FakeNet, flatten, plan, run_mpi, run_ranks
 
 from mgcaffe.comm.backends.communicator import Communicator
 from mgcaffe.comm.backends.local import LocalWorld, SingleCommunicator
@@ -329,18 +329,6 @@ def test_stream_path_follows_the_device_protocol():
 
 
 # ----------------------------------------------------------------------------- in place
-def flatten(net, order=None):
-    """What Net.flatten_param_diffs does, for a FakeNet: the diffs become consecutive views
-    of one buffer (default order: learnable layers L..1, each layer's blobs in order)."""
-    if order is None:
-        order = [p for layer in reversed(net.learnable_layers) for p in layer.param_ids]
-    blobs = [net.learnable_params[p] for p in order]
-    flat = np.zeros(sum(b.diff.size for b in blobs), np.float32)
-    offset = 0
-    for b in blobs:
-        b.diff = flat[offset:offset + b.diff.size].reshape(b.diff.shape)
-        offset += b.diff.size
-    return flat
 
 
 class Sharing(Recording):

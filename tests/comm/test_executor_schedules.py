@@ -10,26 +10,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from comm_fakes import GROUPS, SCHEDULES, FakeNet, run_ranks
+from comm_fakes import GROUPS, SCHEDULES, FakeNet, flatten, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.model.schedule import Schedule, barrier_schedule
 from mgcaffe.comm.runtime.executor import GradientExecutor
 from mgcaffe.comm.runtime.trace import Tracer
 from mgcaffe.errors import CommError
-
-
-def flatten(net):
-    """Lay the fake net's diffs out as one buffer in backward order (Net.flatten_param_diffs)."""
-    blobs = [net.learnable_params[p] for layer in reversed(net.learnable_layers)
-             for p in layer.param_ids]
-    flat = np.zeros(sum(b.diff.size for b in blobs), np.float32)
-    offset = 0
-    for b in blobs:
-        view = flat[offset:offset + b.diff.size].reshape(b.diff.shape)
-        view[...] = b.diff
-        b.diff = view
-        offset += b.diff.size
 
 
 def expected(n, iterations, seed=5):

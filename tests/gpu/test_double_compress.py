@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import cupy_double
 import numpy as np
 import pytest
-from comm_fakes import GROUPS, LAYERS, SCHEDULES, device_blobs, run_ranks
+from comm_fakes import GROUPS, SCHEDULES, device_blobs, rank_gradients, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.backends.nccl import NcclCommunicator
@@ -20,10 +20,6 @@ from mgcaffe.errors import CommError
 pytestmark = pytest.mark.timeout(120)
 
 
-def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
-    rng = np.random.default_rng(29 + rank)
-    return [[rng.standard_normal(s).astype(np.float32) for shapes in LAYERS.values()
-             for s in shapes] for _ in range(iterations)]
 
 
 def run(double, schedule, flat, formats, iterations=2, backend="nccl"):
@@ -137,3 +133,7 @@ def test_bfloat16_on_the_device_is_refused_in_one_line():
     for msg in results:
         assert "\n" not in msg and "bfloat16 is not available" in msg
         assert "available: float32, float16" in msg
+
+
+def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
+    return rank_gradients(rank, iterations, seed=29)

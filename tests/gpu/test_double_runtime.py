@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import cupy_double
 import numpy as np
 import pytest
-from comm_fakes import GROUPS, LAYERS, SCHEDULES, device_blobs, run_ranks
+from comm_fakes import GROUPS, SCHEDULES, device_blobs, rank_gradients, run_ranks
 
 from mgcaffe.comm.backends.local import LocalWorld
 from mgcaffe.comm.backends.nccl import NcclCommunicator
@@ -19,11 +19,6 @@ from mgcaffe.comm.runtime.executor import GradientExecutor
 
 pytestmark = pytest.mark.timeout(120)
 
-def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
-    """Rank `rank`'s local gradients, per iteration, per parameter blob (input side first)."""
-    rng = np.random.default_rng(17 + rank)
-    return [[rng.standard_normal(s).astype(np.float32) for shapes in LAYERS.values()
-             for s in shapes] for _ in range(iterations)]
 
 
 def run_executors(double, host_comms, schedule, flat, iterations=3, backend="nccl"):
@@ -120,3 +115,7 @@ def test_nccl_halves_leave_the_sum_with_a_tail_under_the_ranks_count():
         np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 3)
     assert calls["nccl.reduceScatter"] == 2 and calls["nccl.allGather"] == 2
     assert calls["nccl.allReduce"] == 2  # the tail, once per rank
+
+
+def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
+    return rank_gradients(rank, iterations, seed=17)

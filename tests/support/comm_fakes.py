@@ -77,6 +77,31 @@ class FakeNet:
         return [b.diff.copy() for b in self.learnable_params]
 
 
+def flatten(net, order=None):
+    """What Net.flatten_param_diffs does, for a FakeNet: the diffs become consecutive views
+    of one buffer, their values kept (default order: learnable layers L..1, each layer's
+    blobs in order); the buffer."""
+    if order is None:
+        order = [p for layer in reversed(net.learnable_layers) for p in layer.param_ids]
+    blobs = [net.learnable_params[p] for p in order]
+    flat = np.zeros(sum(b.diff.size for b in blobs), np.float32)
+    offset = 0
+    for b in blobs:
+        view = flat[offset:offset + b.diff.size].reshape(b.diff.shape)
+        view[...] = b.diff
+        b.diff = view
+        offset += b.diff.size
+    return flat
+
+
+def rank_gradients(rank: int, iterations: int, seed: int) -> list[list[np.ndarray]]:
+    """Rank `rank`'s local gradients, per iteration, per parameter blob of LAYERS (input
+    side first), drawn from `seed + rank`."""
+    rng = np.random.default_rng(seed + rank)
+    return [[rng.standard_normal(s).astype(np.float32) for shapes in LAYERS.values()
+             for s in shapes] for _ in range(iterations)]
+
+
 def device_blobs(cupy, flat: bool, layers=LAYERS):
     """The fake net's blobs on the double's current device (params, learnable layers);
     `flat`: the diffs as consecutive views of one buffer in backward order (what

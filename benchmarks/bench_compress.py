@@ -242,7 +242,7 @@ def worker_half() -> None:
         ways = {"float32": lambda x=f32: comms["mpi"].allreduce_sum(x)}
         for h, comm in comms.items():
             ways[f"float16 half_sum={h}"] = lambda c=comm, p=f16: c.allreduce_wire(p, "float16")
-        ways["bfloat16"] = lambda p=bf16: comms["numpy"].allreduce_wire(p, "bfloat16")
+        ways["bfloat16"] = lambda p=bf16: comms["host"].allreduce_wire(p, "bfloat16")
         out[nbytes] = {}
         for name, way in ways.items():
             times = []

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mgcaffe.kernels.loops import compiled
+from mgcaffe.cpu import compiled
 
 pytest.importorskip("numba", reason="load() compiles only where numba imports")
 

@@ -7,11 +7,14 @@ inf (the data path then sends the message again in float32).
 
 `to_wire(src, divisor, out)` divides by the world size while casting (the mean cannot
 overflow where the sum of means does not); `from_wire(src, fmt, out)` casts back.
-`sum_payloads(payloads, fmt)` is the reduction a host communicator does in numpy where MPI
+`sum_payloads(payloads, fmt)` is the reduction a host communicator does itself where MPI
 has no datatype for the format: the payloads widened to float32, summed in rank order (every
 rank gets the same bits), rounded once to the format. Summing two 16-bit values in float32
 and rounding once gives the correctly rounded 16-bit sum (float32 has more than twice the
 bits plus two), so two ranks get what an all-reduce in the format itself gives.
+
+These three run as compiled loops (wire_loops.py) where numba imports, else as the numpy
+functions below, with the same bits; `cast_path()` says which.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HOST_WIRES", "all_finite", "bf16_bits", "bf16_value", "cast_cost", "f16_bits",
-           "f16_value", "from_wire", "sum_payloads", "to_wire", "wire_dtype"]
+from . import wire_loops
+
+__all__ = ["HOST_WIRES", "all_finite", "bf16_bits", "bf16_value", "cast_cost", "cast_path",
+           "f16_bits", "f16_value", "from_wire", "sum_payloads", "to_wire", "wire_dtype"]
 
 #: The wire formats a host (numpy) buffer can travel in.
 HOST_WIRES = ("float32", "float16", "bfloat16")
@@ -123,12 +128,27 @@ def f16_value(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 CHUNK = 1 << 15
 
 
+def cast_path() -> str:
+    """Which functions cast and sum host payloads in this process, and why."""
+    if wire_loops.load() is None:
+        return "numpy (numba cannot be imported)"
+    return "compiled loops (numba)"
+
+
+def _code(fmt: str) -> int:
+    return wire_loops.F16 if fmt == "float16" else wire_loops.BF16
+
+
 def to_wire(src: np.ndarray, divisor: float, fmt: str, out: np.ndarray) -> None:
     """out = format(src / divisor): the float32 quotient, rounded once to `fmt`."""
     flat, dst = src.reshape(-1), out.reshape(-1)
+    loops = wire_loops.load()
+    if loops is not None:
+        loops.to_wire(flat, np.float32(divisor), _code(fmt), dst.view(np.uint16))
+        return
     quotient = np.empty(min(CHUNK, flat.size), np.float32)
     d = np.float32(divisor)
-    with np.errstate(over="ignore"):  # past the format's range: inf, caught after the sum
+    with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN: caught after the sum
         for start in range(0, flat.size, CHUNK):
             stop = min(start + CHUNK, flat.size)
             q = quotient[:stop - start]
@@ -144,6 +164,10 @@ def from_wire(src: np.ndarray, fmt: str, out: np.ndarray) -> None:
     if not out.flags.c_contiguous:  # reshape would copy, and the values would be lost
         raise ValueError("from_wire writes into a contiguous float32 buffer")
     flat, dst = src.reshape(-1), out.reshape(-1)
+    loops = wire_loops.load()
+    if loops is not None:
+        loops.from_wire(flat.view(np.uint16), _code(fmt), dst)
+        return
     for start in range(0, flat.size, CHUNK):
         stop = min(start + CHUNK, flat.size)
         if fmt == "float16":
@@ -164,22 +188,34 @@ def _values(payload: np.ndarray, fmt: str) -> np.ndarray:
     return f16_value(payload) if fmt == "float16" else bf16_value(payload)
 
 
-def sum_payloads(payloads: list[Any], fmt: str) -> np.ndarray:
-    """The payloads (index = rank) summed in float32 in rank order and rounded to `fmt`."""
+def sum_payloads(payloads: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The payloads (a list, or the rows of a 2-D array; index = rank) summed in float32 in
+    rank order and rounded to `fmt`, into `out` where given."""
+    if out is None:
+        out = np.empty(payloads[0].shape, wire_dtype(fmt))
+    loops = wire_loops.load()
+    if loops is not None:
+        words = (payloads.view(np.uint16) if isinstance(payloads, np.ndarray)
+                 else np.stack([p.reshape(-1).view(np.uint16) for p in payloads]))
+        loops.sum_wire(words.reshape(len(payloads), -1), _code(fmt),
+                       out.reshape(-1).view(np.uint16))
+        return out
     total = _values(payloads[0], fmt).copy()
     for p in payloads[1:]:
         total += _values(p, fmt)
     if fmt == "float16":
-        return f16_bits(total, np.empty(total.shape, np.float16))
-    return bf16_bits(total)
+        return f16_bits(total, out)
+    return bf16_bits(total, out=out)
 
 
-def cast_cost(formats, xp: Any = np, nbytes: int = 8 << 20, repeats: int = 5
-              ) -> dict[str, float]:
+def cast_cost(formats, xp: Any = np, nbytes: int = 8 << 20, repeats: int = 5,
+              sum_parts: int = 0) -> dict[str, float]:
     """Seconds per float32 byte to send a message through each compressed format's casts on
     this device, as the data paths do them: divide and cast in, the check of the reduced
-    payload, cast back (the fastest of `repeats` rounds over `nbytes`; CuPy: float16 only,
-    the device synchronised after each round)."""
+    payload, cast back, and with `sum_parts` > 1 the host's sum of that many payloads of a
+    block of the message (a rank's share of the reduction, where the communicator sums on
+    the host). The fastest of `repeats` rounds over `nbytes`; CuPy: float16 only, the
+    device synchronised after each round."""
     out = {}
     n = nbytes // 4
     x = xp.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
@@ -190,9 +226,13 @@ def cast_cost(formats, xp: Any = np, nbytes: int = 8 << 20, repeats: int = 5
         if xp is np:
             payload = np.empty(n, wire_dtype(fmt))
             back = np.empty(n, np.float32)
+            block = n // max(sum_parts, 1)
+            parts = payload[:block * sum_parts].reshape(sum_parts, block)
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 to_wire(x, 2, fmt, payload)
+                if sum_parts > 1:
+                    sum_payloads(parts, fmt, out=np.empty(block, payload.dtype))
                 all_finite(payload, fmt)
                 from_wire(payload, fmt, back)
                 best = min(best, time.perf_counter() - t0)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import CommError, PlanError
 from ..backends.communicator import Communicator
-from ..backends.wire import cast_cost
+from ..backends.wire import cast_cost, cast_path
 from ..model.cost import CostModel, compress_wires, cost_for, load_network
 from ..model.cost_fit import MIN_SAMPLES, SizeTimes, correct, summarise
 from .benchmark import measure_allreduce
@@ -71,11 +71,14 @@ def with_compression(cost: CostModel, options: Options, comm: Communicator, xp=n
         wires = compress_wires(options.compress, comm.wires)
     except PlanError as exc:
         raise CommError(f"rank {comm.rank}: {exc}") from None
-    cast = comm.broadcast(cast_cost(wires, xp), root=0)
+    # a host communicator sums the payloads itself: that sum is part of a message's cost
+    host = xp is np
+    cast = comm.broadcast(cast_cost(wires, xp, sum_parts=comm.size if host else 0), root=0)
     if comm.rank == 0:
-        log.info("Compression %s: formats %s; casts %s per MB (measured on this device)",
-                 options.compress, ", ".join(wires), ", ".join(
-                     f"{w} {c * 1e9:.3g} ms" for w, c in sorted(cast.items())) or "none")
+        log.info("Compression %s: formats %s; casts%s %s per MB (%s, measured on this "
+                 "device)", options.compress, ", ".join(wires), " and sum" if host else "",
+                 ", ".join(f"{w} {c * 1e9:.3g} ms" for w, c in sorted(cast.items()))
+                 or "none", cast_path() if host else "device kernels")
     return dataclasses.replace(cost, wires=wires, cast=tuple(cast.items()))
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import types
 
-from . import compiled
+from ...cpu import compiled
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 

@@ -36,7 +36,7 @@ import types
 
 import numpy as np
 
-from . import compiled
+from ...cpu import compiled
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 

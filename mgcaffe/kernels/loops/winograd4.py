@@ -25,7 +25,7 @@ import types
 
 import numpy as np
 
-from . import compiled
+from ...cpu import compiled
 from . import winograd as winograd_loops
 
 _loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet

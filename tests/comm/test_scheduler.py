@@ -185,6 +185,21 @@ def test_cutting_a_message_never_makes_it_cheaper():
     assert line.part_time(1000, 10 ** 6) == line.time(1000)
 
 
+def test_a_part_travels_in_its_messages_format_even_where_another_is_cheaper_alone():
+    # 10 ns/B up to 1 MB, then 0.1 ns/B; casts 1 ns/B: a 100 KB message alone is cheaper in
+    # float16 (half of its steep bytes saved), a 100 MB one in float32 (the casts outweigh
+    # the flat link); the parts of the 100 MB message go float32 as it does
+    curve = CostModel(0.0, 1e-9, times=((1, 0.0), (10 ** 6, 0.01), (10 ** 8, 0.02)),
+                      wires=("float32", "float16"), cast=(("float16", 1e-9),))
+    part, whole = 10 ** 5, 10 ** 8
+    assert curve.wire_for(part) == "float16" and curve.wire_for(whole) == "float32"
+    alone = curve.wire_time(part, "float32")
+    assert alone > curve.time(part)  # the premise: float32 costs more for the part alone
+    share = curve.wire_time(whole, "float32") * part / whole
+    assert curve.part_time(part, whole) == max(alone, share) == alone
+    assert curve.part_time(part, part) == curve.time(part)  # a message of its own
+
+
 def test_the_overlap_schedule_gains_nothing_from_cutting_on_a_measured_curve():
     # each group's parts together hold the channel at least as long as the group sent whole
     # (before, the search cut GoogleNet's 53.5 MB into 3266 parts of 16 KB, predicted 400 ms

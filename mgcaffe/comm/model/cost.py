@@ -251,12 +251,15 @@ class CostModel:
         an idle link, where a small message rides on empty buffers and looks cheaper per byte
         than a large one (over 1 Gbit/s TCP: 16 KB all-reduced alone in 0.12 ms, 7.5
         ns/byte, 53.5 MB at 11.6 ns/byte); parts sent back to back do not get that (16 KB
-        parts of the 53.5 MB took 0.15-0.26 ms each)."""
-        t = self.time(nbytes)
+        parts of the 53.5 MB took 0.15-0.26 ms each). With wire formats, every part travels
+        in its message's format (`wire_for(whole)`), as the data path sends it, whether or
+        not that format is the cheapest for the part alone."""
+        wire = self.wire_for(max(whole, nbytes))
+        t = self.wire_time(nbytes, wire)
         if not self.times or whole <= nbytes or whole <= 0:
             return t
-        t0 = self.time(0)
-        return max(t, t0 + (self.time(whole) - t0) * nbytes / whole)
+        t0 = self.wire_time(0, wire)
+        return max(t, t0 + (self.wire_time(whole, wire) - t0) * nbytes / whole)
 
     def paper(self) -> CostModel:
         """The paper's line a + b*M of this model (the `paper` form), other terms kept."""

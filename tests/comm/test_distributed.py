@@ -188,6 +188,24 @@ def test_a_saved_plan_decides_the_scheme_and_contradictions_are_refused(tmp_path
     assert check_for_world(o, 2) == []  # emulating the 8 it was made for
 
 
+def test_a_saved_plan_whose_formats_compress_does_not_offer_is_said_once(tmp_path):
+    profile = Profile("tiny", 1, 4, 0.01, (LayerProfile("fc1", 35_000_000, 0.004),
+                                           LayerProfile("fc2", 24_000_000, 0.001)))
+    path = tmp_path / "half.json"
+    cost = CostModel(1e-3, 1e-8, nodes=2, wires=("float16",), cast=(("float16", 1e-11),))
+    plan = make_plan(profile, cost, "wfbp", nodes=2)
+    assert set(plan.formats) == {"float16"}  # the premise: a plan that compresses
+    plan.save(path)
+    [note] = check_for_world(options_from(flags(plan=str(path))), 2)
+    assert note == (f"--plan {path} sends 2 of 2 messages as float16, which --compress none "
+                    f"does not offer; the plan's formats travel as saved (give --compress "
+                    f"auto, or plan again)")
+    for compress in ("fp16", "auto"):
+        assert check_for_world(options_from(flags(plan=str(path), compress=compress)), 2) == []
+    [note] = check_for_world(options_from(flags(plan=str(path), compress="bf16")), 2)
+    assert "as float16, which --compress bf16 does not offer" in note
+
+
 def test_one_process_save_plan_needs_a_network_to_plan_for():
     with pytest.raises(CommError, match=r"--save-plan p.json: one process has no all-reduce "
                                         r"to plan for \(the plan would say a = b = 0\)"):

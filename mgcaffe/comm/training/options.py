@@ -303,7 +303,23 @@ def check_for_world(o: Options, size: int) -> list[str]:
                 f"prediction ({plan.iteration_time * 1e3:.2f} ms) assume {plan.nodes} nodes' "
                 f"all-reduce cost; plan again with `mgcaffe plan ... --nodes {nodes}` or "
                 f"train without --plan")
+        notes += _plan_format_notes(o, plan)
     return notes
+
+
+def _plan_format_notes(o: Options, plan: Plan) -> list[str]:
+    """A saved plan's messages travel in the formats it names; a line when --compress
+    offers other ones (the plan wins: it is what was asked to train)."""
+    offered = set(COMPRESS[canonical_compress(o.compress)]) | {"float32"}
+    used = list(plan.formats or ())
+    foreign = sorted({f for f in used if f not in offered})
+    if not foreign:
+        return []
+    k = sum(f in foreign for f in used)
+    return [f"{o.named('plan')} {o.plan} sends {k} of {len(used)} messages as "
+            f"{'/'.join(foreign)}, which {o.named('compress')} {o.compress} does not offer; "
+            f"the plan's formats travel as saved (give {o.named('compress')} auto, or plan "
+            f"again)"]
 
 
 def wanted(args: Any, comm: Communicator) -> bool:

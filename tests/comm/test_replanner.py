@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import nullcontext
+from types import SimpleNamespace
 
 import pytest
 from comm_fakes import run_ranks
@@ -20,6 +21,7 @@ from mgcaffe.comm.training.replanner import (
     Replanner,
     median_prediction,
 )
+from mgcaffe.comm.training.startup import in_wire_formats
 from mgcaffe.errors import CommError
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,10 +38,12 @@ class Executor:
         self.mode = mode
         self.intervals = None
         self.plans: list[list[list[str]]] = []
+        self.formats: list = []  # each plan's wire formats (None: float32, no list given)
 
     def set_plan(self, plan):
         groups = plan if isinstance(plan, list) else plan.groups
         self.plans.append([list(g) for g in groups])
+        self.formats.append(list(getattr(plan, "formats", None) or ()) or None)
 
     @property
     def overlapping(self) -> bool:  # more than the one all-reduce after backward
@@ -195,6 +199,38 @@ def test_in_situ_window_alternates_and_adopts_rho_and_sigma():
     assert r.in_situ.cost.comm_slowdown == ((64, pytest.approx(1.5)),)
     assert r.in_situ.comm_slowdown == pytest.approx(1.5)
     assert r.plan.interference == r.cost.interference
+
+
+def test_a_compressing_model_sends_the_re_plan_window_compressed():
+    # 5 + 0.01 s/B on the link and casts of 1 us/B: every group (400-2400 B) is cheaper as
+    # float16, so the one all-reduce after backward and the per-layer messages of the window
+    # travel as float16 too (the calibration compares them with a compressed prediction);
+    # the start-up profile's stand-in stays float32 (compute times do not depend on it, and
+    # the first, largest gradients keep every bit)
+    cost = CostModel(5.0, 1e-2, wires=("float32", "float16"), cast=(("float16", 1e-6),))
+    assert cost.wire_for(400) == cost.wire_for(2400) == "float16"
+    r = replanner(cost=cost.with_interference(PROBE))
+    d = Driver(r, slow=1.5).run(17)
+    assert d.phases[-2:] == [(5, Phase.REPLAN_PROFILE), (17, Phase.FIXED)]
+    assert [len(p) for p in d.executor.plans[2:-1]] == [1] + [3, 1] * 6  # the window
+    assert d.executor.formats[0] is None  # the start-up profile
+    for groups, formats in zip(d.executor.plans[1:], d.executor.formats[1:]):
+        assert formats == ["float16"] * len(groups)
+    # no compression offered: every plan as it was, without formats
+    plain = Driver(replanner(cost=CostModel(5.0, 1e-2).with_interference(PROBE))).run(17)
+    assert set(map(str, plain.executor.formats)) == {"None"}
+
+
+def test_in_wire_formats_keeps_the_plans_own_formats_for_its_own_groups():
+    cost = CostModel(5.0, 1e-2, wires=("float32", "float16"), cast=(("float16", 1e-6),))
+    plan = SimpleNamespace(groups=[["fc1"], ["conv2", "conv1"]],
+                           formats=["float32", "bfloat16"])
+    own = in_wire_formats([["fc1"], ["conv2", "conv1"]], plan, cost, NAMES, [100, 200, 300], 4)
+    assert own.formats == ["float32", "bfloat16"]  # as the plan says, not the model
+    other = in_wire_formats([["fc1", "conv2", "conv1"]], plan, cost, NAMES, [100, 200, 300], 4)
+    assert other.groups == [["fc1", "conv2", "conv1"]] and other.formats == ["float16"]
+    plain = CostModel(5.0, 1e-2)
+    assert in_wire_formats(plan, plan, plain, NAMES, [100, 200, 300], 4) is plan
 
 
 def test_in_situ_window_without_messages_keeps_the_probe(caplog):

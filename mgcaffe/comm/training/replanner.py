@@ -68,6 +68,7 @@ from .startup import (
     check_plan_sizes,
     describe_plan,
     describe_profile,
+    in_wire_formats,
     plan_summary,
     synceasgd_groups,
 )
@@ -324,8 +325,8 @@ class Replanner:
             if self.shape is not None:
                 self.shape.sample(self.timer, gates, updates)
         if window is not None:  # the next iteration's kind: odd ones overlap
-            self.executor.set_plan(window.groups_for(self.profiled_iters,
-                                                     synceasgd_groups(self.net.names)))
+            self.executor.set_plan(self._as_sent(window.groups_for(
+                self.profiled_iters, synceasgd_groups(self.net.names))))
         replanning = self.phase is Phase.REPLAN_PROFILE
         wanted_iters = self.options.profile_iters
         if replanning:  # after warm-up: a fixed, longer window for a stable median
@@ -464,7 +465,7 @@ class Replanner:
         self.executor.intervals = []  # every message's span: T is checked against them
         runs_on = not getattr(self.cost, "interferes", False)
         if not runs_on:
-            self.executor.set_plan(synceasgd_groups(self.net.names))
+            self.executor.set_plan(self._as_sent(synceasgd_groups(self.net.names)))
         # on a GPU stream the all-reduce calls return at once: their spans are not the time
         # a message is in flight, so rho cannot be measured from them
         measure = not runs_on and self.executor.mode != "stream"
@@ -491,6 +492,12 @@ class Replanner:
                       "iterations alternate between all gradients in one all-reduce after "
                       "backward (the profile) and all-reduces during backward, per layer or "
                       "by the plan's groups (to measure how much backward slows beside them)")
+
+    def _as_sent(self, chosen: Any) -> Any:
+        """A window iteration's groups in the wire formats training sends them in."""
+        net = self.net
+        return in_wire_formats(chosen, self.plan, self.cost, net.names, net.counts,
+                               net.itemsize)
 
     # ------------------------------------------------------------------ T from real messages
     def _record_sent(self, ready: dict[int, float]) -> None:

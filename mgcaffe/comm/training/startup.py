@@ -103,6 +103,25 @@ def synceasgd_groups(names: list[str]) -> SimpleNamespace:
     return SimpleNamespace(groups=[list(reversed(names))])
 
 
+def in_wire_formats(chosen: Any, plan: Any, cost: Any, names: list[str], counts: list[int],
+                    itemsize: int) -> Any:
+    """`chosen` (a plan, or group lists), each group in the format training would send it
+    in: the running `plan`'s own formats for its own groups, else the cost model's choice
+    for the group's bytes. `chosen` as it is when the model offers no compression (every
+    message float32). The re-plan window runs such stand-ins beside the plan: sent in
+    float32, they would time other messages than the plan's, and the calibration would
+    compare a float32 iteration with the plan's compressed prediction."""
+    if not getattr(cost, "wires", ()):
+        return chosen
+    groups = [list(g) for g in getattr(chosen, "groups", chosen)]
+    if groups == [list(g) for g in getattr(plan, "groups", ())] and \
+            getattr(plan, "formats", ()):
+        return SimpleNamespace(groups=groups, formats=list(plan.formats))
+    size = dict(zip(names, counts))
+    return SimpleNamespace(groups=groups, formats=[
+        cost.wire_for(sum(size[n] for n in g) * itemsize) for g in groups])
+
+
 def describe_groups(plan: Any, limit: int = 6) -> str:
     """The plan's messages in a short phrase, output side first: `ip2+ip1 | conv2+conv1`,
     spans of long groups as `first..last (k)`, and only a count past `limit` groups."""

@@ -54,8 +54,11 @@ def _import_mpi():
 HALF_SUMS = ("mpi", "host")
 #: Words of each block one all-to-all round moves: MPICH's all-to-all of large blocks over
 #: TCP ran at a third of the link's rate (2 hosts at 1 Gbit/s: 13.4 MB each way in 469 ms,
-#: in 1 MiB rounds 146 ms, as fast as one MPI_Sendrecv of the same bytes: 148 ms).
-A2A_WORDS = 1 << 19
+#: in 1 MiB rounds 146 ms, as fast as one MPI_Sendrecv of the same bytes: 148 ms). Rounds of
+#: 512 KB took as long as float32's all-reduce of the same bytes on the link, 1 MiB ones up
+#: to a third longer (float16 payloads of 16.8 and 53.5 MB gradients, median of 5 and 7, in
+#: two sweeps: 91/87 and 257/303 ms against 130/118 and 284/309 ms).
+A2A_WORDS = 1 << 18
 
 # Seconds between flushing the log and MPI_Abort (see MpiCommunicator.abort).
 ABORT_DRAIN_SECONDS = 0.3

@@ -14,12 +14,13 @@
   averaged as the ranks do: float32, and divided, cast, summed in float32 and rounded as a
   compressed all-reduce does; the relative error ||g_f - g_32|| / ||g_32|| of the whole
   gradient and the worst layer's.
-- casts: what casting a float32 gradient to each format and back (with the overflow check)
-  costs per MB on this CPU (`wire.cast_cost`, best of 5 over 8 MB), numpy's own
-  float32->float16 conversion beside it.
+- casts: what casting a float32 gradient to each format and back (with the overflow check,
+  and with a 2-rank host sum) costs per MB on this CPU (`wire.cast_cost`, best of 5 over 8
+  MB), through the compiled loops and through the numpy functions, numpy's own
+  float32->float16 conversion beside them.
 - mpi: 2 ranks (on this machine's shared memory, or `--rate R`: 2 namespace hosts linked at
   R), per gradient size: float32's all-reduce, float16 payloads summed by MPI's
-  MPI_FLOAT16_T all-reduce and by all-to-all + numpy sum + all-gather
+  MPI_FLOAT16_T all-reduce and by all-to-all + host sum + all-gather
   (`MpiCommunicator(half_sum=...)`), and bfloat16 (the latter way); median of 7.
 
 A benchmark, not a test: run it alone (the cast and MPI numbers are timings).
@@ -181,7 +182,22 @@ def alexnet(tmp: Path) -> dict:
 
 
 def casts() -> dict:
-    out = {f: c * 1e9 for f, c in cast_cost(("float16", "bfloat16"), nbytes=8 << 20).items()}
+    """Per MB of float32 gradient: each format's casts with the check, and with a 2-rank
+    host sum, through the compiled loops and through the numpy functions (numba hidden),
+    side by side."""
+    from mgcaffe.comm.backends import wire_loops  # noqa: PLC0415
+
+    out = {}
+    compiled = wire_loops.load
+    for way, load in (("compiled loops", compiled), ("numpy", lambda: None)):
+        wire_loops.load = load
+        try:
+            for parts, what in ((0, ""), (2, " + 2-rank sum")):
+                for f, c in cast_cost(("float16", "bfloat16"), nbytes=8 << 20,
+                                      sum_parts=parts).items():
+                    out[f"{f}{what} ({way})"] = c * 1e9
+        finally:
+            wire_loops.load = compiled
     x = np.random.default_rng(0).standard_normal(2 << 20).astype(np.float32)
     best = min(_timed(lambda: x.astype(np.float16)) for _ in range(5))
     out["numpy astype float16 (one way)"] = best / x.nbytes * 1e9
@@ -227,7 +243,7 @@ REPEATS = 7
 
 def worker_half() -> None:
     """Times the ways a float32 gradient of each size can be all-reduced: float32; float16
-    payloads summed by MPI or by all-to-all + numpy; bfloat16 by all-to-all + numpy (the
+    payloads summed by MPI or by all-to-all + host sum; bfloat16 by all-to-all + host sum (the
     collectives only, no casts)."""
     from mgcaffe.comm.backends.mpi import HALF_SUMS, MpiCommunicator  # noqa: PLC0415
 

@@ -157,7 +157,7 @@ def compression_verdicts(rows: list[dict]) -> list[str]:
         if none and fp16:
             x = fp16["measured_ms"] / none["measured_ms"]
             lines.append(f"{scheme} --compress=fp16 at most 0.7x of none: "
-                         + ("met" if x <= 0.7 else "MISSED") + f" ({x:.2f}x)")
+                         + ("met" if x <= 0.7 else "MISSED") + f" ({x:.3f}x)")
         if none and auto:
             best = min(r["measured_ms"] for r in (none, fp16) if r)
             x = auto["measured_ms"] / best

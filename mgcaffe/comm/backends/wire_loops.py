@@ -4,7 +4,8 @@ Why: on a host the casts run on the communication thread, beside backward. numpy
 float16 rounding in ten passes over the message (wire.f16_bits), and the host sum of the
 payloads in a dozen more; on GoogleNet's 53.5 MB that is about 300 ms of CPU an iteration,
 which on a host with one core is taken from backward. One loop per step does each in a
-single pass while a block is in the L1 cache (about a sixth of the time).
+single pass, in a twentieth to a sixth of the time (the sum keeps a block of partial sums
+in the L1 cache).
 
 The results are the bits of wire.py's numpy functions (and of numpy's own casts): division
 by the world size in float32, then rounding to nearest, ties to even; a finite value past

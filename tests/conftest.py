@@ -43,6 +43,27 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+@pytest.fixture
+def untried(monkeypatch):
+    """untried(module) -> results: a module of compiled loops (cpu.compiled.loader) as though
+    this process had not loaded it yet, so that its next load() imports numba anew (blocked
+    or not by the test); `results` collects what each load() gave."""
+    from mgcaffe.cpu import compiled  # noqa: PLC0415
+
+    def reset(module):
+        fresh = compiled.loader(module._compile, module.load.__doc__)
+        results = []
+
+        def load():
+            results.append(fresh())
+            return results[-1]
+
+        monkeypatch.setattr(module, "load", load)
+        return results
+
+    return reset
+
+
 @pytest.fixture(autouse=True)
 def _restore_mgcaffe_logger():
     """CLI tests point the `mgcaffe` logger at pytest's capture stream; put it back afterwards,

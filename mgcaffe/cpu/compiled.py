@@ -1,13 +1,13 @@
-"""numba for the CPU kernels written as loops (pool_loops, lrn_loops, winograd_loops,
-im2col_loops), in one place.
+"""numba for the CPU code written as loops (kernels/loops/, the wire's casts in
+comm/backends/wire_loops.py), in one place.
 
 numba is optional at run time: `load` gives None where it cannot be imported, and the
-kernels' callers keep their numpy paths. Each module's `compile_all` runs once per process,
-whichever thread asks first (layer setups and chunk-runner threads may ask at the same time;
-a second run would wrap its compiled helpers again). `jit` compiles lazily, per argument
-types, without the GIL (the layers' chunk runner calls the loops from several threads on
-disjoint data), into numba's on-disk cache where a cache directory is writable and in memory
-in each process where none is.
+callers keep their numpy paths; each module's `load()` is `loader(its compile_all)`. Each
+module's `compile_all` runs once per process, whichever thread asks first (layer setups and
+chunk-runner threads may ask at the same time; a second run would wrap its compiled helpers
+again). `jit` compiles lazily, per argument types, without the GIL (the layers' chunk runner
+calls the loops from several threads on disjoint data), into numba's on-disk cache where a
+cache directory is writable and in memory in each process where none is.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 _lock = threading.Lock()
 _done: dict = {}  # compile_all -> its result
@@ -33,6 +34,22 @@ def load(compile_all: Callable):
                 warnings.simplefilter("ignore", numba.NumbaWarning)
                 _done[compile_all] = compile_all(numba)
         return _done[compile_all]
+
+
+def loader(compile_all: Callable, doc: str) -> Callable[[], Any]:
+    """A module's `load()`: `load(compile_all)` on its first call, that result (the compiled
+    functions, or None without numba) on every later one without taking the lock (the
+    wire's casts ask once per message). Two threads may both make the first call:
+    `load` compiles once."""
+    result: list = []
+
+    def load_once():
+        if not result:
+            result.append(load(compile_all))
+        return result[0]
+
+    load_once.__doc__ = doc
+    return load_once
 
 
 def jit(numba, fn: Callable, **options) -> Callable:

@@ -37,18 +37,18 @@ LARGE = ("num_output: 2 kernel_size: 3 pad: 1 group: 2", (2, 2, 32, 31))
 
 
 @pytest.fixture(autouse=True, params=["loops", "gemm"])
-def transforms(request, monkeypatch):
+def transforms(request, monkeypatch, untried):
     """Every test on both transform paths: the compiled loops (kernels.winograd_loops;
     skipped without numba) and the GEMM fallback, with numba's import made to fail."""
-    monkeypatch.setattr(winograd_loops, "_loaded", False)  # load() tries the import anew
-    monkeypatch.setattr(winograd4_loops, "_loaded", False)
+    loaded = untried(winograd_loops)  # load() tries the import anew
+    untried(winograd4_loops)
     if request.param == "loops":
         pytest.importorskip("numba")
     else:
         monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
     yield request.param
-    if winograd_loops._loaded is not False:  # the test ran a transform: on the path asked
-        assert (winograd_loops._loaded is None) == (request.param == "gemm")
+    if loaded:  # the test ran a transform: on the path asked
+        assert (loaded[-1] is None) == (request.param == "gemm")
 
 
 def build(body, shape, wino=True, threads=2, dtype=np.float64, seed=0, bottoms=1, tile=2):

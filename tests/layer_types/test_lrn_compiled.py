@@ -124,9 +124,9 @@ def test_within_channel_keeps_the_numpy_path():
     assert layer._loops is None
 
 
-def test_without_numba_the_numpy_path_runs(monkeypatch):
+def test_without_numba_the_numpy_path_runs(monkeypatch, untried):
     """numba missing: `load` gives None and the layer keeps its numpy passes."""
-    monkeypatch.setattr(lrn_loops, "_loaded", False)  # not tried yet
+    untried(lrn_loops)  # load() tries the import anew
     monkeypatch.setitem(sys.modules, "numba", None)    # `import numba` raises ImportError
     assert lrn_loops.load() is None
     text = CASES[2][0]

@@ -134,9 +134,9 @@ def test_max_special_values(text):
     np.testing.assert_array_equal(bottom.diff.reshape(3, 4), [[0, 5, 0, 0], [0] * 4, [0] * 4])
 
 
-def test_without_numba_the_numpy_path_runs(monkeypatch):
+def test_without_numba_the_numpy_path_runs(monkeypatch, untried):
     """numba missing: `load` gives None and the layer keeps its numpy passes."""
-    monkeypatch.setattr(pool_loops, "_loaded", False)  # not tried yet
+    untried(pool_loops)  # load() tries the import anew
     monkeypatch.setitem(sys.modules, "numba", None)    # `import numba` raises ImportError
     assert pool_loops.load() is None
     layer, bottom, top = pooling("kernel_size: 3 stride: 2", (2, 3, 9, 9), np.float64, True, 1)

@@ -25,8 +25,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 #: Elements per block of a sum: a block's float32 partial sums stay in the L1 cache.
 BLOCK = 2048
 
@@ -151,9 +149,5 @@ def _compile(numba) -> types.SimpleNamespace:
                                  sum_wire=jit(sum_wire))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled loops (compiled on first call), or None without numba."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled loops (compiled on first call), or None without numba.")

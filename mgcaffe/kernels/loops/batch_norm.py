@@ -44,8 +44,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 
 def _row_mean(x):
     """The mean of x in float64."""
@@ -176,9 +174,5 @@ def _compile(numba) -> types.SimpleNamespace:
         scaled_input_grad=compiled.jit(numba, _scaled_input_grad))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled loops (compiled on first call per dtype), or None without numba."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled loops (compiled on first call per dtype), or None without numba.")

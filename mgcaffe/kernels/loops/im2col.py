@@ -21,8 +21,6 @@ import types
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 
 def _im2col_sample(x, out, kh, kw, ph, pw, sh, sw, dh, dw, out_h, out_w):
     # One loop over each output row with the bounds test inside: numba vectorises it as a
@@ -72,9 +70,5 @@ def _compile(numba) -> types.SimpleNamespace:
                                  col2im_sample=compiled.jit(numba, _col2im_sample))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled loops (compiled on first call per dtype), or None without numba."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled loops (compiled on first call per dtype), or None without numba.")

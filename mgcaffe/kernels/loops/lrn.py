@@ -35,8 +35,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 
 def _window_squares(x, n, c, half, out):
     """out = the sum of x[n, j]^2 over the window of channel c (the numpy path's order)."""
@@ -148,9 +146,5 @@ def _compile(numba) -> types.SimpleNamespace:
                                  across_backward=jit(_across_backward))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled loops (compiled on first call per dtype), or None without numba."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled loops (compiled on first call per dtype), or None without numba.")

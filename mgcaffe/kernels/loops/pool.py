@@ -37,9 +37,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
-
 #: Grid cells per block of planes: a block's phases and running results stay in the L2 cache
 #: across the kernel offsets.
 BLOCK_CELLS = 1 << 13
@@ -315,9 +312,5 @@ def _compile(numba):
         ave_backward=jit(_ave_backward))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled pooling functions, or None when numba cannot be imported."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled pooling functions, or None when numba cannot be imported.")

@@ -27,7 +27,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
 
 def _forward(x, y, copy, s, b, keep, bias, r0, r1):
     """y[r] = x[r] * s[r] (+ b[r]) for rows [r0, r1); with `keep`, x[r] is first copied into
@@ -106,9 +105,5 @@ def _compile(numba) -> types.SimpleNamespace:
                                  backward=compiled.jit(numba, _backward))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled loops (compiled on first call per dtype), or None without numba."""
-    global _loaded
-    if _loaded is False:
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled loops (compiled on first call per dtype), or None without numba.")

@@ -38,8 +38,6 @@ import numpy as np
 
 from ...cpu import compiled
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 
 def _column_in(padded, y0, x):
     """B^T times the 4-cell column x of the tile from row y0 of `padded` (B^T's rows:
@@ -203,9 +201,5 @@ def _compile(numba):
         input_grad_tiles=jit(_input_grad_tiles))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled transforms, or None when numba cannot be imported."""
-    global _loaded
-    if _loaded is False:  # two threads may both get here: compiled.load compiles once
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled transforms, or None when numba cannot be imported.")

@@ -28,8 +28,6 @@ import numpy as np
 from ...cpu import compiled
 from . import winograd as winograd_loops
 
-_loaded: types.SimpleNamespace | None | bool = False  # False: not tried yet
-
 #: A tile row's image rows are padded as for F(2x2): winograd_loops' row copy.
 _padded_row = winograd_loops._padded_row
 
@@ -282,9 +280,5 @@ def _compile(numba) -> types.SimpleNamespace:
         input_grad_tiles=jit(_input_grad_tiles))
 
 
-def load() -> types.SimpleNamespace | None:
-    """The compiled transforms, or None when numba cannot be imported."""
-    global _loaded
-    if _loaded is False:  # two threads may both get here: compiled.load compiles once
-        _loaded = compiled.load(_compile)
-    return _loaded
+load = compiled.loader(
+    _compile, "The compiled transforms, or None when numba cannot be imported.")

@@ -3,8 +3,8 @@
     mpiexec -n 2 python tests/mpi/wire_checks.py
 
 Each rank sums payloads of 1001 values (uneven blocks) in float16 (the library's
-MPI_FLOAT16_T sum, and the all-to-all + numpy sum) and bfloat16 (no MPI type: all-to-all +
-numpy), whole and in halves, in one all-to-all round and in several, and compares them
+MPI_FLOAT16_T sum, and the all-to-all + host sum) and bfloat16 (no MPI type: all-to-all +
+host sum), whole and in halves, in one all-to-all round and in several, and compares them
 with the correctly rounded sum of the two ranks' values computed here in numpy; prints
 `OK rank R`."""
 

@@ -92,10 +92,10 @@ class MpiCommunicator(Communicator):
     says how float16 is summed: "mpi" (the library's all-reduce of float16) or "host" (an
     all-to-all of the payload's blocks, each rank summing its block in float32 itself with
     wire.sum_payloads, then an all-gather of the 16-bit blocks, the default); bfloat16
-    always takes the second
-    way. MPICH sums float16 element by element in software: three times float32's time on
-    normal values and twenty times on the subnormal ones a mean gradient mostly holds
-    (8M elements, 2 ranks on one host: 99 and 626 ms against 22-32 ms for float32)."""
+    always takes the second way. MPICH sums float16 element by element in software: three
+    times float32's time on normal values and twenty times on the subnormal ones a mean
+    gradient mostly holds (8M elements, 2 ranks on one host: 99 and 626 ms against 22-32 ms
+    for float32)."""
 
     name = "mpi"
     one_process_per_rank = True

@@ -394,6 +394,20 @@ class Solver:
         finite.check_loss(loss, self.net, self.iter)
         return loss
 
+    def serve_requests(self) -> bool:
+        """Serve the snapshot and stop requests pending now, as Caffe's Solver::Test does
+        between test passes; True once a stop was asked. A stop ends the serving: a hook's
+        should_stop stays true once it is, where Caffe's signal flags clear when read."""
+        request = self._requested_action()
+        while request != SolverAction.NONE:
+            if request in SolverAction.SNAPSHOTS:
+                self.snapshot()
+            if request in SolverAction.STOPS:
+                self._requested_early_exit = True
+                break
+            request = self._requested_action()
+        return self._requested_early_exit
+
     def _requested_action(self) -> str:
         action = self.action_function() if self.action_function else SolverAction.NONE
         for hook in self.iteration_hooks:

@@ -10,7 +10,6 @@ import numpy as np
 
 from ..backend import to_host
 from . import progress
-from .actions import SolverAction
 
 log = logging.getLogger("mgcaffe.solvers")
 
@@ -51,14 +50,7 @@ def run_test(solver, k: int) -> None:
     ticker = progress.Ticker(f"Test pass (#{k})", n)
     for i in range(n):
         ticker.tick(i)
-        request = solver._requested_action()
-        while request != SolverAction.NONE:
-            if request in SolverAction.SNAPSHOTS:
-                solver.snapshot()
-            if request in SolverAction.STOPS:
-                solver._requested_early_exit = True
-            request = solver._requested_action()
-        if solver._requested_early_exit:
+        if solver.serve_requests():
             log.info("Test interrupted.")
             return
         net.forward()

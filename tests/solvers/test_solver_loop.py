@@ -72,6 +72,23 @@ def test_hooks_and_stop(tiny, caplog):
     assert "Optimization stopped early." in caplog.text
 
 
+def test_a_stop_that_stays_asked_interrupts_the_test_pass_once(tiny, caplog):
+    # a distributed run's hook keeps saying stop once it has (its agreement is final): the
+    # test pass must end, not ask again forever
+    class StoppedRun:
+        def should_stop(self):
+            return True
+
+    solver = tiny.solver(FIELDS + "test_iter: 3\ntest_interval: 1",
+                         iteration_hooks=[StoppedRun()])
+    tiny.feed(solver.test_nets[0])
+    with caplog.at_level("INFO", logger="mgcaffe"):
+        solver.test(0)
+    assert solver.stopped_early
+    assert caplog.text.count("Test interrupted.") == 1
+    assert "Test net output" not in caplog.text
+
+
 def test_action_function_snapshot(tiny):
     requests = iter([SolverAction.NONE, SolverAction.SNAPSHOT])
     solver = tiny.solver(FIELDS, action_function=lambda: next(requests, SolverAction.NONE))

@@ -29,7 +29,6 @@ A benchmark, not a test: run it alone (the cast and MPI numbers are timings).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import subprocess
@@ -43,10 +42,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
 from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: E402
 from mgcaffe.comm.backends.wire import (  # noqa: E402
-    bf16_bits,  # noqa: E402
+    bf16_bits,
     cast_cost,
     from_wire,
     sum_payloads,
@@ -221,11 +219,9 @@ def mpi_halves(rate: str | None) -> dict:
                               timeout=600, cwd=REPO)
         status, text = proc.returncode, proc.stdout + proc.stderr
     else:
-        spec = importlib.util.spec_from_file_location("netns_cluster",
-                                                      REPO / "tools" / "netns_cluster.py")
-        netns = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(netns)
-        with netns.Cluster(2, None if rate == "none" else rate) as cluster:
+        from bench_netns_train import netns_tool
+
+        with netns_tool().Cluster(2, None if rate == "none" else rate) as cluster:
             status, text = cluster.run(mpiexec(), args[2:], timeout=900)
     lines = [x for x in text.splitlines() if x.startswith("{")]
     if status != 0 or not lines:

@@ -287,15 +287,11 @@ def launch(cmd, env, timeout):
 def launch_on_cluster(a, mpi_args, env, timeout):
     """Run `mpiexec mpi_args` across a namespace cluster; checks that the bytes went over
     the shaped links."""
-    import importlib.util  # noqa: PLC0415
+    from bench_netns_train import netns_tool  # noqa: PLC0415
 
     from mgcaffe.comm.backends.launcher import local_mpiexec as mpiexec  # noqa: PLC0415
 
-    spec = importlib.util.spec_from_file_location("netns_cluster",
-                                                  REPO / "tools" / "netns_cluster.py")
-    netns = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(netns)
-    with netns.Cluster(a.netns_hosts, a.rate, a.latency_ms) as cluster:
+    with netns_tool().Cluster(a.netns_hosts, a.rate, a.latency_ms) as cluster:
         before = cluster.link_bytes()
         status, out = cluster.run(mpiexec(), mpi_args, timeout=timeout, env=env)
         after = cluster.link_bytes()

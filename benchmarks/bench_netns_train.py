@@ -65,7 +65,9 @@ LONG_BAND, SHORT_BAND = (0.9, 1.1), (0.8, 1.25)
 NEAR_FASTEST = 1.05
 
 
-def _netns():
+def netns_tool():
+    """tools/netns_cluster.py as a module (the benchmarks that run on the namespace cluster
+    load it through here)."""
     spec = importlib.util.spec_from_file_location("netns_cluster",
                                                   REPO / "tools" / "netns_cluster.py")
     module = importlib.util.module_from_spec(spec)
@@ -208,7 +210,7 @@ def main() -> int:
                    help="more `mgcaffe train` arguments for every run, one string ('{run}' "
                         "becomes KIND-SCHEME), e.g. \"--timeline /tmp/{run}.json\"")
     a = p.parse_args()
-    netns = _netns()
+    netns = netns_tool()
     why = netns.unavailable()
     if why:
         raise SystemExit(f"bench_netns_train: the namespace cluster is unavailable: {why}")

@@ -39,8 +39,6 @@ def reference(per_rank: list[np.ndarray], fmt: str) -> np.ndarray:
     return round_to(fmt, total)
 
 
-
-
 def run(n, plan, iterations=2, in_place=True, poke=None, seed=3):
     """n fake ranks through an executor; per rank, per iteration, its reduced diffs; and
     each rank's own gradients (what backward wrote) for the reference."""

@@ -20,6 +20,10 @@ from mgcaffe.errors import CommError
 pytestmark = pytest.mark.timeout(120)
 
 
+def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
+    """Rank `rank`'s local gradients per iteration (comm_fakes.rank_gradients, this file's
+    draw)."""
+    return rank_gradients(rank, iterations, seed=29)
 
 
 def run(double, schedule, flat, formats, iterations=2, backend="nccl"):
@@ -133,7 +137,3 @@ def test_bfloat16_on_the_device_is_refused_in_one_line():
     for msg in results:
         assert "\n" not in msg and "bfloat16 is not available" in msg
         assert "available: float32, float16" in msg
-
-
-def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
-    return rank_gradients(rank, iterations, seed=29)

@@ -20,6 +20,11 @@ from mgcaffe.comm.runtime.executor import GradientExecutor
 pytestmark = pytest.mark.timeout(120)
 
 
+def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
+    """Rank `rank`'s local gradients per iteration (comm_fakes.rank_gradients, this file's
+    draw)."""
+    return rank_gradients(rank, iterations, seed=17)
+
 
 def run_executors(double, host_comms, schedule, flat, iterations=3, backend="nccl"):
     """Two thread-ranks running the fake net's backward into an executor; per rank: the
@@ -115,7 +120,3 @@ def test_nccl_halves_leave_the_sum_with_a_tail_under_the_ranks_count():
         np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 3)
     assert calls["nccl.reduceScatter"] == 2 and calls["nccl.allGather"] == 2
     assert calls["nccl.allReduce"] == 2  # the tail, once per rank
-
-
-def gradients(rank: int, iterations: int) -> list[list[np.ndarray]]:
-    return rank_gradients(rank, iterations, seed=17)

@@ -20,6 +20,7 @@ from mgcaffe.comm.model.schemes import SCHEMES, make_plan
 from mgcaffe.comm.model.timeline import timeline
 from mgcaffe.comm.training.options import check_for_world, options_from
 from mgcaffe.comm.training.trainer import attach
+from mgcaffe.commands import _plan_inputs
 from mgcaffe.errors import CommError, PlanError
 
 from .test_agreement import flags, make_solver
@@ -159,6 +160,18 @@ def test_plan_shows_the_compressed_columns(capsys, inputs):
                "--cast-ns-per-byte", "0.1"])
     out, err = capsys.readouterr()
     assert rc == 0 and "float32 (ms)" in out and "wire" in out and "--compress=auto" in out
+
+
+def test_plan_measures_the_casts_with_the_host_sum_as_training_does(capsys, inputs,
+                                                                   monkeypatch):
+    asked = []
+    monkeypatch.setattr(_plan_inputs, "cast_cost",
+                        lambda wires, **kw: asked.append((wires, kw)) or {"float16": 2e-10})
+    rc = main(["plan", *inputs, "--nodes", "8", "--compress", "fp16", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert asked == [(("float16",), {"sum_parts": 2})]
+    assert json.loads(out)["cast"] == {"float16": pytest.approx(2e-10)}
 
 
 def test_plan_without_compress_prints_as_before(capsys, inputs):

@@ -11,6 +11,7 @@ import numpy as np
 from ...backend import to_host
 from ...errors import CommError
 from ..backends.communicator import Communicator
+from ..model.timeline import wire_choice
 from ..runtime.layout import check_plan_layers
 
 __all__ = ["agree_on_layers_and_plan", "benchmark_sizes", "broadcast_parameters",
@@ -118,8 +119,8 @@ def in_wire_formats(chosen: Any, plan: Any, cost: Any, names: list[str], counts:
             getattr(plan, "formats", ()):
         return SimpleNamespace(groups=groups, formats=list(plan.formats))
     size = dict(zip(names, counts))
-    return SimpleNamespace(groups=groups, formats=[
-        cost.wire_for(sum(size[n] for n in g) * itemsize) for g in groups])
+    sizes = [sum(size[n] for n in g) * itemsize for g in groups]
+    return SimpleNamespace(groups=groups, formats=wire_choice(cost, sizes).get("formats", ()))
 
 
 def describe_groups(plan: Any, limit: int = 6) -> str:
